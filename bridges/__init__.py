@@ -1,0 +1,1 @@
+"""gsim.bridges: traffic-simulator and autonomy couplings (SUMO, CARLA), closed loop."""

@@ -1,0 +1,1 @@
+"""gsim.diffusion: diffusion-based scene expansion and harmonization."""

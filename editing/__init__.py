@@ -1,0 +1,1 @@
+"""gsim.editing: the Gaussian primitive library and scene edits."""

@@ -1,0 +1,109 @@
+"""Camera rendering: one protocol, a registry of backends, and `render_camera`.
+
+A backend is a function ``render(surfels, camera, T_world_camera, options) -> CameraFrame``
+plus a probe that says why it cannot run here (None when it can).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Union
+
+import numpy as np
+
+from ..cameras import FisheyeCamera, OpenCVCamera, PinholeCamera
+from ..scene import Scene
+from ..surfels import Surfels
+from ..transforms import check_pose
+from .common import CameraFrame, RenderOptions, frame_to_numpy, resolve_options
+
+
+def _always() -> Optional[str]:
+    return None
+
+
+def _numba_reason() -> Optional[str]:
+    try:
+        import numba  # noqa: F401
+    except ImportError as e:
+        return f"numba is not installed ({e})"
+    return None
+
+
+def _gsplat_reason() -> Optional[str]:
+    from .gsplat_backend import unavailable_reason
+    return unavailable_reason()
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    module: str  # imported lazily: gsim --help and gsim.info stay fast
+    probe: Callable[[], Optional[str]]
+    differentiable: bool
+
+    def render(self, surfels, camera, T_world_camera, options) -> CameraFrame:
+        return importlib.import_module(self.module, __name__).render(surfels, camera, T_world_camera, options)
+
+
+BACKENDS: Dict[str, Backend] = {
+    "torch": Backend("torch", ".torch_backend", _always, True),
+    "numba": Backend("numba", ".numba_backend", _numba_reason, False),
+    "gsplat": Backend("gsplat", ".gsplat_backend", _gsplat_reason, True),
+}
+
+
+def backend_report() -> Dict[str, str]:
+    """Each backend's status: 'available' or the reason it is not."""
+    return {name: (b.probe() or "available") for name, b in BACKENDS.items()}
+
+
+def available_backends() -> List[str]:
+    """Names of the camera backends that can render on this machine."""
+    return [name for name, b in BACKENDS.items() if b.probe() is None]
+
+
+def _pick(backend: str, surfels: Surfels) -> Backend:
+    if backend == "auto":
+        needs_grad = surfels.is_torch and any(getattr(x, "requires_grad", False) for x in surfels._fields().values())
+        if BACKENDS["gsplat"].probe() is None:
+            return BACKENDS["gsplat"]
+        return BACKENDS["torch" if needs_grad else "numba"]
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *BACKENDS]}")
+    b = BACKENDS[backend]
+    reason = b.probe()
+    if reason is not None:
+        raise RuntimeError(f"backend {backend!r} is not available: {reason}")
+    return b
+
+
+def render_camera(scene_or_surfels: Union[Scene, Surfels],
+                  camera: Union[PinholeCamera, OpenCVCamera, FisheyeCamera],
+                  T_world_camera, backend: str = "auto", timestamp_us: Optional[int] = None,
+                  options: Optional[RenderOptions] = None) -> CameraFrame:
+    """Render a camera image of a scene (at ``timestamp_us``) or of world-frame surfels.
+
+    ``T_world_camera`` maps OpenCV camera-frame points to world points (4x4). Returns a
+    `CameraFrame`; its arrays are torch tensors when the surfels are tensors (and, with
+    the torch backend, differentiable), numpy arrays otherwise.
+    """
+    if isinstance(scene_or_surfels, Scene):
+        surfels = scene_or_surfels.at(timestamp_us)
+    elif isinstance(scene_or_surfels, Surfels):
+        surfels = scene_or_surfels
+    else:
+        raise TypeError(f"render_camera: expected a Scene or Surfels, got {type(scene_or_surfels).__name__}")
+    if not isinstance(camera, (PinholeCamera, OpenCVCamera, FisheyeCamera)):
+        raise TypeError(f"render_camera: expected a gsim camera model, got {type(camera).__name__}")
+    T = check_pose(T_world_camera, "T_world_camera")
+    b = _pick(backend, surfels)
+    frame = b.render(surfels, camera, T, resolve_options(options))
+    if not surfels.is_torch:
+        return frame_to_numpy(frame)
+    if hasattr(frame.rgb, "detach"):
+        return frame
+    import torch
+    conv = lambda x: torch.as_tensor(np.ascontiguousarray(x), device=surfels.means.device)
+    return CameraFrame(rgb=conv(frame.rgb), alpha=conv(frame.alpha), depth=conv(frame.depth),
+                       normal=conv(frame.normal))

@@ -1,0 +1,125 @@
+"""What every camera backend shares: the 2DGS constants, options, outputs and tile tables.
+
+The image is defined per pixel (dense math): the backends' tiles only prune work.
+A surfel's screen footprint is bounded on the z=1 ray plane by the exact region where
+its alpha can reach the 1/255 threshold, and a tile's by the rays of its pixels, so
+pruning never changes a pixel, for any camera model.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+ALPHA_THRESHOLD = 1.0 / 255.0  # contributions below are skipped
+MAX_ALPHA = 0.999
+T_MIN = 1e-4  # a pixel is done once its transmittance would fall to this (exclusive)
+FILTER_INV_SQUARE = 2.0  # 2DGS object-space low-pass: rho_2d = 2 |pixel - centre|^2
+TILE_SIZE = 16
+SUPER = 4  # tiles per super-tile side, for the two-level tile search
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """near/far (m) cull surfels by the camera z of their centre; background is RGB in [0,1]."""
+
+    near: float = 0.01
+    far: float = 1e10
+    background: Tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def __post_init__(self):
+        if not (0 < self.near < self.far):
+            raise ValueError(f"RenderOptions: need 0 < near < far, got near={self.near}, far={self.far}")
+        if len(self.background) != 3 or not all(np.isfinite(self.background)):
+            raise ValueError(f"RenderOptions.background: expected 3 finite values, got {self.background}")
+
+
+@dataclass(frozen=True, eq=False)
+class CameraFrame:
+    """A rendered camera image. rgb (H,W,3) in [0,1] over the background; alpha (H,W);
+    depth (H,W) m, the camera z of the ray-surfel hits, alpha-weighted and divided by
+    alpha (0 where alpha is 0); normal (H,W,3) in the camera frame (OpenCV), alpha-weighted
+    and divided by alpha, facing the camera. numpy arrays, or tensors for torch input."""
+
+    rgb: Any
+    alpha: Any
+    depth: Any
+    normal: Any
+
+
+def opacity_cutoffs(opacity: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Radii beyond which alpha < 1/255: in surfel sigmas (3D) and in pixels (2D filter)."""
+    lg = np.log(np.maximum(opacity * 255.0, 1.0))
+    return np.sqrt(2.0 * lg), np.sqrt(lg / (0.5 * FILTER_INV_SQUARE))
+
+
+@dataclass(frozen=True)
+class TileTable:
+    """Per-tile pixel rays and ray-plane bounds for one camera.
+
+    rays (n_tiles, TILE_SIZE**2, 2) float32, NaN for pixels outside the image or
+    without a ray; pixel (n_tiles, TILE_SIZE**2) int64 flat pixel index or -1;
+    bounds (n_tiles, 4) [umin, umax, vmin, vmax] (empty tiles: +inf, -inf);
+    super_bounds (n_super, 4) the same for groups of SUPER x SUPER tiles;
+    super_tiles (n_super, SUPER*SUPER) tile ids of each group, -1 padded.
+    """
+
+    tiles_x: int
+    tiles_y: int
+    rays: np.ndarray
+    pixel: np.ndarray
+    bounds: np.ndarray
+    super_bounds: np.ndarray
+    super_tiles: np.ndarray
+
+
+def _bounds(rays: np.ndarray) -> np.ndarray:
+    """[umin, umax, vmin, vmax] over axis 1 of (n, P, 2) rays, ignoring NaN."""
+    ok = np.isfinite(rays[..., 0])
+    u = np.where(ok, rays[..., 0], np.inf), np.where(ok, rays[..., 0], -np.inf)
+    v = np.where(ok, rays[..., 1], np.inf), np.where(ok, rays[..., 1], -np.inf)
+    return np.stack([u[0].min(1), u[1].max(1), v[0].min(1), v[1].max(1)], 1)
+
+
+@functools.lru_cache(maxsize=16)
+def tile_table(camera) -> TileTable:
+    """The tile table of ``camera`` (cached; cameras are frozen and hashable)."""
+    H, W, ts = camera.height, camera.width, TILE_SIZE
+    tx, ty = -(-W // ts), -(-H // ts)
+    table = np.full((ty * ts, tx * ts, 2), np.nan)
+    table[:H, :W] = camera.ray_table()
+    pix = np.full((ty * ts, tx * ts), -1, dtype=np.int64)
+    pix[:H, :W] = np.arange(H * W).reshape(H, W)
+    rays = table.reshape(ty, ts, tx, ts, 2).transpose(0, 2, 1, 3, 4).reshape(ty * tx, ts * ts, 2)
+    pixel = pix.reshape(ty, ts, tx, ts).transpose(0, 2, 1, 3).reshape(ty * tx, ts * ts)
+    bounds = _bounds(rays)
+    sx, sy = -(-tx // SUPER), -(-ty // SUPER)
+    super_tiles = np.full((sy * sx, SUPER * SUPER), -1, dtype=np.int64)
+    super_bounds = np.empty((sy * sx, 4))
+    for gy in range(sy):
+        for gx in range(sx):
+            ids = [y * tx + x for y in range(gy * SUPER, min((gy + 1) * SUPER, ty))
+                   for x in range(gx * SUPER, min((gx + 1) * SUPER, tx))]
+            g = gy * sx + gx
+            super_tiles[g, :len(ids)] = ids
+            b = bounds[ids]
+            super_bounds[g] = [b[:, 0].min(), b[:, 1].max(), b[:, 2].min(), b[:, 3].max()]
+    return TileTable(tx, ty, rays.astype(np.float32), pixel, bounds, super_bounds, super_tiles)
+
+
+def world_to_camera(T_world_camera: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(R_cw, t_cw, camera centre in world) from a checked T_world_camera."""
+    R_wc, c = T_world_camera[:3, :3], T_world_camera[:3, 3]
+    return R_wc.T, -R_wc.T @ c, c
+
+
+def frame_to_numpy(frame: CameraFrame) -> CameraFrame:
+    conv = lambda x: x.detach().cpu().numpy() if hasattr(x, "detach") else x
+    return CameraFrame(rgb=conv(frame.rgb), alpha=conv(frame.alpha), depth=conv(frame.depth),
+                       normal=conv(frame.normal))
+
+
+def resolve_options(options: Optional[RenderOptions]) -> RenderOptions:
+    return options if options is not None else RenderOptions()

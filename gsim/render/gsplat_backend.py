@@ -1,0 +1,92 @@
+"""NVIDIA GPU camera backend through gsplat's public ``rasterization_2dgs``.
+
+gsplat compiles its CUDA code on first use, so availability is probed once with a
+tiny render and the reason is kept when it fails. Differences from the reference,
+both gsplat's own choices: its expected depth composites each surfel's centre depth
+(not the per-pixel hit depth), and it has no distortion model, so distorted cameras
+are rendered as a pinhole image covering their rays and resampled bilinearly
+(approximate, unlike the exact per-ray torch/numba backends).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import numpy as np
+
+from ..cameras import Camera, PinholeCamera
+from ..surfels import Surfels
+from .common import CameraFrame, RenderOptions, world_to_camera
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable_reason() -> Optional[str]:
+    """None when gsplat renders on this machine, else why not."""
+    try:
+        import torch
+    except ImportError as e:
+        return f"torch is not importable ({e})"
+    if not torch.cuda.is_available():
+        return "CUDA is not available (torch.cuda.is_available() is False)"
+    try:
+        import gsplat
+    except ImportError as e:
+        return f"gsplat is not installed ({e}); install it with pip install 'gsim[cuda]'"
+    try:
+        dev = "cuda"
+        gsplat.rasterization_2dgs(
+            torch.zeros(1, 3, device=dev) + torch.tensor([0.0, 0.0, 2.0], device=dev),
+            torch.tensor([[1.0, 0, 0, 0]], device=dev), torch.full((1, 3), 0.1, device=dev),
+            torch.ones(1, device=dev) * 0.5, torch.ones(1, 3, device=dev), torch.eye(4, device=dev)[None],
+            torch.tensor([[[10.0, 0, 8], [0, 10.0, 8], [0, 0, 1]]], device=dev), 16, 16)
+        torch.cuda.synchronize()
+    except Exception as e:  # compilation or launch failure: report it, do not fall back silently
+        return f"gsplat failed to run its CUDA kernels: {type(e).__name__}: {e}"
+    return None
+
+
+def _pinhole_cover(camera: Camera) -> PinholeCamera:
+    """A pinhole camera, same focal lengths, whose image covers every ray of ``camera``."""
+    rays = camera.ray_table()
+    u, v = rays[..., 0], rays[..., 1]
+    umin, umax, vmin, vmax = np.nanmin(u), np.nanmax(u), np.nanmin(v), np.nanmax(v)
+    w = int(math.ceil((umax - umin) * camera.fx)) + 4
+    h = int(math.ceil((vmax - vmin) * camera.fy)) + 4
+    return PinholeCamera(w, h, camera.fx, camera.fy, -umin * camera.fx + 2, -vmin * camera.fy + 2)
+
+
+def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
+    import gsplat
+    import torch
+    import torch.nn.functional as F
+
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"gsplat backend not available: {reason}")
+    s = surfels.torch(device="cuda", dtype=torch.float32) if not surfels.is_torch or \
+        surfels.means.device.type != "cuda" else surfels
+    pin = camera if isinstance(camera, PinholeCamera) else _pinhole_cover(camera)
+    R_cw, t_cw, _ = world_to_camera(T_world_camera)
+    view = np.eye(4)
+    view[:3, :3], view[:3, 3] = R_cw, t_cw
+    dev, dt = s.means.device, s.means.dtype
+    viewmat = torch.as_tensor(view, device=dev, dtype=dt)
+    scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)  # gsplat ignores the 3rd
+    bg = torch.as_tensor(options.background, device=dev, dtype=dt)
+    colors, alphas, normals, *_ = gsplat.rasterization_2dgs(
+        s.means, s.quats, scales3, s.opacities, s.colors, viewmat[None],
+        torch.as_tensor(pin.K, device=dev, dtype=dt)[None], pin.width, pin.height,
+        near_plane=options.near, far_plane=options.far, sh_degree=surfels.sh_degree,
+        backgrounds=bg[None], render_mode="RGB+ED")
+    alpha = alphas[0, ..., 0]
+    normal = normals[0] @ viewmat[:3, :3].T  # gsplat returns world-frame normals
+    normal = torch.where((alpha > 0)[..., None], normal / alpha.clamp_min(1e-10)[..., None], 0.0)
+    img = torch.cat([colors[0, ..., :3], alpha[..., None], colors[0, ..., 3:4], normal], -1)
+    if pin is not camera:  # resample the cover image at each pixel's ray
+        rays = torch.as_tensor(camera.ray_table(), device=dev, dtype=dt)
+        gx = (rays[..., 0] * pin.fx + pin.cx) / pin.width * 2 - 1
+        gy = (rays[..., 1] * pin.fy + pin.cy) / pin.height * 2 - 1
+        grid = torch.nan_to_num(torch.stack([gx, gy], -1), nan=-2.0)[None]
+        img = F.grid_sample(img.permute(2, 0, 1)[None], grid, align_corners=False)[0].permute(1, 2, 0)
+    return CameraFrame(rgb=img[..., :3], alpha=img[..., 3], depth=img[..., 4], normal=img[..., 5:8])

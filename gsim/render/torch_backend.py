@@ -1,0 +1,189 @@
+"""The reference camera backend: pure PyTorch, differentiable, any device.
+
+It is the oracle for the other backends and the CPU training path. Per pixel it
+evaluates, front to back in centre-depth order, every surfel whose footprint bound
+overlaps the pixel's tile (independent of the numba binning code), with the exact
+2DGS math:
+
+- the ray r = (u, v, 1) of the pixel hits the surfel plane at local (a, b) with
+  (a, b, 1) ~ adj(H) r, H = [t_u, t_v, c] (tangent axes scaled by the scales, centre);
+  the hit's camera z is det(H) / (adj(H) r)_z;
+- rho_3d = a^2 + b^2 (0 if the hit is behind the camera: +inf), rho_2d =
+  2 |pixel offset from the projected centre|^2 (pixels, low-pass filter);
+  alpha = min(0.999, opacity * exp(-min(rho)/2)), skipped below 1/255;
+- depth is the hit's z when rho_3d wins, the centre's z when the filter wins (2DGS);
+- compositing stops (exclusive) once transmittance would fall to 1e-4.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..cameras import Camera
+from ..surfels import Surfels
+from .common import (ALPHA_THRESHOLD, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN, CameraFrame,
+                     RenderOptions, opacity_cutoffs, tile_table, world_to_camera)
+
+SH_C = (0.28209479177387814, 0.4886025119029199,
+        (1.0925484305920792, -1.0925484305920792, 0.31539156525252005, -1.0925484305920792,
+         0.5462742152960396),
+        (-0.5900435899266435, 2.890611442640554, -0.4570457994644658, 0.3731763325901154,
+         -0.4570457994644658, 1.445305721320277, -0.5900435899266435))
+PAIR_BUDGET = 1 << 21  # pixel-surfel pairs evaluated per batch (bounds memory)
+
+
+def eval_sh(sh: torch.Tensor, dirs: torch.Tensor) -> torch.Tensor:
+    """Real SH (N,K,3) evaluated at unit directions (N,3) -> (N,3), the 3DGS basis and signs."""
+    k = sh.shape[1]
+    out = SH_C[0] * sh[:, 0]
+    if k == 1:
+        return out
+    x, y, z = dirs[:, 0:1], dirs[:, 1:2], dirs[:, 2:3]
+    out = out - SH_C[1] * y * sh[:, 1] + SH_C[1] * z * sh[:, 2] - SH_C[1] * x * sh[:, 3]
+    if k == 4:
+        return out
+    xx, yy, zz, xy, yz, xz = x * x, y * y, z * z, x * y, y * z, x * z
+    c2 = SH_C[2]
+    out = (out + c2[0] * xy * sh[:, 4] + c2[1] * yz * sh[:, 5] + c2[2] * (2 * zz - xx - yy) * sh[:, 6]
+           + c2[3] * xz * sh[:, 7] + c2[4] * (xx - yy) * sh[:, 8])
+    if k == 9:
+        return out
+    c3 = SH_C[3]
+    return (out + c3[0] * y * (3 * xx - yy) * sh[:, 9] + c3[1] * xy * z * sh[:, 10]
+            + c3[2] * y * (4 * zz - xx - yy) * sh[:, 11] + c3[3] * z * (2 * zz - 3 * xx - 3 * yy) * sh[:, 12]
+            + c3[4] * x * (4 * zz - xx - yy) * sh[:, 13] + c3[5] * z * (xx - yy) * sh[:, 14]
+            + c3[6] * x * (xx - 3 * yy) * sh[:, 15])
+
+
+def quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
+    q = q / q.norm(dim=1, keepdim=True)
+    w, x, y, z = q.unbind(1)
+    return torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+                        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+                        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], 1).view(-1, 3, 3)
+
+
+def _footprint_bounds(c, tu, tv, k3, r2d_u, r2d_v):
+    """[umin, umax, vmin, vmax] on the z=1 plane of where alpha can reach 1/255 (float64)."""
+    # Image of the k3-sigma ellipse c + k3 (cos t tu + sin t tv): the 2DGS conic AABB.
+    T0 = torch.stack([k3 * tu[:, 0], k3 * tv[:, 0], c[:, 0]], 1)
+    T1 = torch.stack([k3 * tu[:, 1], k3 * tv[:, 1], c[:, 1]], 1)
+    T2 = torch.stack([k3 * tu[:, 2], k3 * tv[:, 2], c[:, 2]], 1)
+    sgn = torch.tensor([1.0, 1.0, -1.0], dtype=c.dtype, device=c.device)
+    d = (T2 * T2 * sgn).sum(1)
+    ellipse = d < 0  # else the disk reaches the camera plane: unbounded image
+    f = sgn / torch.where(ellipse, d, -torch.ones_like(d))[:, None]
+    cu, cv = (T0 * T2 * f).sum(1), (T1 * T2 * f).sum(1)
+    hu = (cu * cu - (T0 * T0 * f).sum(1)).clamp_min(0).sqrt()
+    hv = (cv * cv - (T1 * T1 * f).sum(1)).clamp_min(0).sqrt()
+    inf = torch.full_like(cu, float("inf"))
+    lo_u, hi_u = torch.where(ellipse, cu - hu, -inf), torch.where(ellipse, cu + hu, inf)
+    lo_v, hi_v = torch.where(ellipse, cv - hv, -inf), torch.where(ellipse, cv + hv, inf)
+    uc, vc = c[:, 0] / c[:, 2], c[:, 1] / c[:, 2]
+    b = torch.stack([torch.minimum(lo_u, uc - r2d_u), torch.maximum(hi_u, uc + r2d_u),
+                     torch.minimum(lo_v, vc - r2d_v), torch.maximum(hi_v, vc + r2d_v)], 1)
+    pad = 1e-6 * (1 + b.abs())
+    return b + torch.stack([-pad[:, 0], pad[:, 1], -pad[:, 2], pad[:, 3]], 1)
+
+
+def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
+    s = surfels if surfels.is_torch else surfels.torch()
+    dev, dt = s.means.device, s.means.dtype
+    R_cw, t_cw, cam_centre = (torch.as_tensor(x, dtype=dt, device=dev) for x in world_to_camera(T_world_camera))
+    H, W = camera.height, camera.width
+
+    Rw = quat_to_rotmat(s.quats)
+    c = s.means @ R_cw.T + t_cw
+    tu = (Rw[:, :, 0] * s.scales[:, 0:1]) @ R_cw.T
+    tv = (Rw[:, :, 1] * s.scales[:, 1:2]) @ R_cw.T
+    n = Rw[:, :, 2] @ R_cw.T
+    n = torch.where(((n * c).sum(1) > 0)[:, None], -n, n)  # face the camera
+    adj = torch.stack([torch.cross(tv, c, dim=1), torch.cross(c, tu, dim=1), torch.cross(tu, tv, dim=1)], 1)
+    det = (tu * adj[:, 0]).sum(1)
+    dirs = s.means - cam_centre
+    rgb = (eval_sh(s.colors, dirs / dirs.norm(dim=1, keepdim=True).clamp_min(1e-12)) + 0.5).clamp_min(0)
+
+    with torch.no_grad():
+        k3, r2d = (torch.as_tensor(x, device=dev, dtype=torch.float64)
+                   for x in opacity_cutoffs(s.opacities.detach().double().cpu().numpy()))
+        cz = c[:, 2].detach()
+        valid = (cz > options.near) & (cz < options.far) & (k3 > 0)
+        ids = torch.nonzero(valid).squeeze(1)
+        ids = ids[torch.sort(cz[ids], stable=True).indices]  # front to back
+        cd = lambda x: x.detach()[ids].double()
+        bounds = _footprint_bounds(cd(c), cd(tu), cd(tv), k3[ids], r2d[ids] / camera.fx, r2d[ids] / camera.fy)
+
+    tab = tile_table(camera)
+    bg = torch.as_tensor(options.background, dtype=dt, device=dev)
+    out = torch.zeros(H * W, 8, dtype=dt, device=dev)
+    tiles = np.nonzero(np.isfinite(tab.bounds[:, 0]))[0]
+    tb = torch.as_tensor(tab.bounds, device=dev)
+    # candidate lists per tile, in depth order, batched so that pairs stay within budget
+    masks = [((bounds[None, :, 0] <= tb[t, 1, None]) & (bounds[None, :, 1] >= tb[t, 0, None])
+              & (bounds[None, :, 2] <= tb[t, 3, None]) & (bounds[None, :, 3] >= tb[t, 2, None]))
+             for t in np.array_split(tiles, max(1, len(tiles) * len(ids) // 4_000_000 + 1))]
+    mask = torch.cat(masks, 0) if masks else torch.zeros(0, len(ids), dtype=torch.bool)
+    counts = mask.sum(1).cpu().numpy()
+    P = tab.rays.shape[1]
+    start = 0
+    while start < len(tiles):
+        stop = start + 1
+        while stop < len(tiles) and (stop + 1 - start) * P * max(1, counts[start:stop + 1].max()) <= PAIR_BUDGET:
+            stop += 1
+        vals, pix = _render_tiles(tab, tiles[start:stop], mask[start:stop], ids, c, adj, det, n, rgb,
+                                  s.opacities, camera, dt, dev)
+        out = out.index_copy(0, pix, vals)
+        start = stop
+    alpha = out[:, 3]
+    rgb_img = out[:, :3] + (1 - alpha)[:, None] * bg
+    safe = alpha.clamp_min(1e-10)
+    depth = torch.where(alpha > 0, out[:, 4] / safe, torch.zeros_like(alpha))
+    normal = torch.where((alpha > 0)[:, None], out[:, 5:8] / safe[:, None], torch.zeros_like(out[:, 5:8]))
+    return CameraFrame(rgb=rgb_img.view(H, W, 3), alpha=alpha.view(H, W), depth=depth.view(H, W),
+                       normal=normal.view(H, W, 3))
+
+
+def _render_tiles(tab, tiles, mask, ids, c, adj, det, n, rgb, opac, camera, dt, dev):
+    """Composite a batch of tiles; returns (pixels, 8) [rgb*w, alpha, depth*w, normal*w] and flat pixel ids."""
+    nb = len(tiles)
+    counts = mask.sum(1)
+    K = max(1, int(counts.max()))
+    rows, cols = torch.nonzero(mask, as_tuple=True)
+    slot = torch.arange(len(rows), device=dev) - (torch.cumsum(counts, 0) - counts)[rows]
+    idx = torch.zeros(nb, K, dtype=torch.long, device=dev)
+    used = torch.zeros(nb, K, dtype=torch.bool, device=dev)
+    idx[rows, slot] = ids[cols]
+    used[rows, slot] = True
+
+    rays = torch.as_tensor(tab.rays[tiles], device=dev, dtype=dt)  # (nb,P,2)
+    pix = torch.as_tensor(tab.pixel[tiles], device=dev)
+    ok_pix = torch.isfinite(rays[..., 0]) & (pix >= 0)
+    u = torch.nan_to_num(rays[..., 0])[:, :, None]
+    v = torch.nan_to_num(rays[..., 1])[:, :, None]
+    g = lambda x: x[idx][:, None]  # (nb,1,K,...)
+    A, cc = g(adj), g(c)
+    cz = cc[..., 2]
+    du, dv = u - cc[..., 0] / cz, v - cc[..., 1] / cz
+    # adj(H) rows 0 and 1 are orthogonal to the centre ray, so only the offset from it counts
+    qa = A[..., 0, 0] * du + A[..., 0, 1] * dv
+    qb = A[..., 1, 0] * du + A[..., 1, 1] * dv
+    qz = A[..., 2, 0] * u + A[..., 2, 1] * v + A[..., 2, 2]
+    hit_z_num = g(det)
+    hit = (qz.abs() > 1e-30) & (hit_z_num * qz > 0)  # the plane is hit in front of the camera
+    qz_safe = torch.where(hit, qz, torch.ones_like(qz))
+    rho3 = torch.where(hit, (qa * qa + qb * qb) / (qz_safe * qz_safe), torch.full_like(qa, float("inf")))
+    pu, pv = du * camera.fx, dv * camera.fy
+    rho2 = FILTER_INV_SQUARE * (pu * pu + pv * pv)
+    use3 = rho3 <= rho2
+    rho = torch.where(use3, rho3, rho2)
+    alpha = torch.clamp_max(g(opac) * torch.exp(-0.5 * rho), MAX_ALPHA)
+    alpha = torch.where((alpha >= ALPHA_THRESHOLD) & used[:, None] & ok_pix[:, :, None], alpha,
+                        torch.zeros_like(alpha))
+    z = torch.where(use3, hit_z_num / qz_safe, cz.expand_as(qz))
+    trans_incl = torch.cumprod(1 - alpha, dim=2)
+    trans_excl = torch.cat([torch.ones_like(trans_incl[..., :1]), trans_incl[..., :-1]], 2)
+    w = alpha * trans_excl * (trans_incl > T_MIN)
+    vals = torch.cat([torch.einsum("bpk,bkc->bpc", w, rgb[idx]), w.sum(2, keepdim=True),
+                      (w * z).sum(2, keepdim=True), torch.einsum("bpk,bkc->bpc", w, n[idx])], 2)
+    keep = ok_pix.reshape(-1)
+    return vals.reshape(-1, 8)[keep], pix.reshape(-1)[keep]

@@ -1,0 +1,180 @@
+"""`Scene` and the gsim scene directory.
+
+A scene directory holds ``scene.json`` (the manifest, with ``schema_version``) and
+one folder of ``.npy`` arrays per surfel set::
+
+    scene.json
+    background/{means,quats,scales,opacities,colors[,features]}.npy
+    actors/<id>/{...same...}.npy, actors/<id>/track_{timestamps_us,poses}.npy
+
+The directory is written next to its destination and renamed into place, so a
+reader never sees a half-written scene. The manifest reserves ``sky`` and
+``appearance`` for reconstruction; schema 1 requires them to be empty.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .surfels import Surfels
+from .transforms import check_pose, interpolate_pose
+
+SCHEMA_VERSION = 1
+FORMAT = "gsim-scene"
+SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
+
+
+class SceneFormatError(ValueError):
+    """A scene directory or file that cannot be read; the message names the file and field."""
+
+
+@dataclass(frozen=True, eq=False)
+class Actor:
+    """A rigid actor: surfels in its box frame moved by a timed track of T_world_actor."""
+
+    id: str
+    category: str
+    size: tuple  # (length, width, height) m of its box
+    surfels: Surfels
+    track_timestamps_us: np.ndarray  # (T,) int64, strictly increasing
+    track_poses: np.ndarray  # (T,4,4) float64 T_world_actor
+
+    def __post_init__(self):
+        ts = np.asarray(self.track_timestamps_us)
+        poses = np.asarray(self.track_poses, dtype=np.float64)
+        if ts.ndim != 1 or len(ts) == 0 or ts.dtype.kind not in "iu":
+            raise ValueError(f"actor {self.id}: track_timestamps_us must be a non-empty 1D integer array")
+        if np.any(np.diff(ts) <= 0):
+            raise ValueError(f"actor {self.id}: track_timestamps_us must be strictly increasing")
+        if poses.shape != (len(ts), 4, 4):
+            raise ValueError(f"actor {self.id}: track_poses must be ({len(ts)},4,4), got {poses.shape}")
+        for i, T in enumerate(poses):
+            check_pose(T, f"actor {self.id}: track_poses[{i}]")
+        object.__setattr__(self, "track_timestamps_us", ts.astype(np.int64))
+        object.__setattr__(self, "track_poses", poses)
+
+    def pose_at(self, timestamp_us: int) -> np.ndarray:
+        return interpolate_pose(self.track_timestamps_us, self.track_poses, timestamp_us)
+
+
+@dataclass(frozen=True, eq=False)
+class Scene:
+    """Background surfels (world frame) plus rigid actors."""
+
+    background: Surfels
+    actors: tuple = field(default_factory=tuple)
+
+    def at(self, timestamp_us: Optional[int] = None) -> Surfels:
+        """World-space surfels at ``timestamp_us`` (actors placed at their tracked poses)."""
+        if not self.actors:
+            return self.background
+        if timestamp_us is None:
+            raise ValueError("Scene.at: this scene has actors; give timestamp_us (integer microseconds)")
+        bg = self.background.numpy()
+        parts = [bg] + [a.surfels.numpy().transformed(a.pose_at(int(timestamp_us))) for a in self.actors]
+        return Surfels.concatenate(parts)
+
+    def save(self, path) -> None:
+        save_scene(self, path)
+
+
+def _save_surfels(s: Surfels, folder: Path) -> None:
+    folder.mkdir(parents=True)
+    for k, v in s.numpy()._fields().items():
+        np.save(folder / f"{k}.npy", np.ascontiguousarray(v))
+
+
+def _load_array(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise SceneFormatError(f"{path}: file missing")
+    try:
+        return np.load(path, allow_pickle=False)
+    except Exception as e:  # numpy raises several types for corrupt headers/payloads
+        raise SceneFormatError(f"{path}: not a readable .npy array ({e})") from None
+
+
+def _load_surfels(folder: Path) -> Surfels:
+    arrays = {k: _load_array(folder / f"{k}.npy") for k in SURFEL_FIELDS}
+    if (folder / "features.npy").exists():
+        arrays["features"] = _load_array(folder / "features.npy")
+    try:
+        return Surfels(**arrays)
+    except (ValueError, TypeError) as e:
+        raise SceneFormatError(f"{folder}: {e}") from None
+
+
+def save_scene(scene: Scene, path) -> None:
+    """Write ``scene`` as a directory at ``path`` atomically (replacing an existing scene)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not (path / "scene.json").is_file():
+        raise FileExistsError(f"{path}: exists and is not a gsim scene directory; refusing to replace it")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        _save_surfels(scene.background, tmp / "background")
+        actors = []
+        for a in scene.actors:
+            d = tmp / "actors" / a.id
+            _save_surfels(a.surfels, d)
+            np.save(d / "track_timestamps_us.npy", a.track_timestamps_us)
+            np.save(d / "track_poses.npy", a.track_poses)
+            actors.append({"id": a.id, "category": a.category, "size": [float(x) for x in a.size],
+                           "surfels": f"actors/{a.id}"})
+        manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
+                    "background": {"surfels": "background", "count": len(scene.background)},
+                    "actors": actors, "sky": None, "appearance": {}}
+        (tmp / "scene.json").write_text(json.dumps(manifest, indent=2))
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{os.getpid()}"
+            os.rename(path, old)
+        os.rename(tmp, path)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_scene(path) -> Scene:
+    """Open a gsim scene directory, or a 3DGS/2DGS ``.ply`` file as a background-only scene."""
+    path = Path(path)
+    if path.suffix.lower() == ".ply":
+        from .ply import load_ply
+        return Scene(background=load_ply(path))
+    mpath = path / "scene.json"
+    if not mpath.is_file():
+        raise SceneFormatError(f"{path}: not a gsim scene directory (no scene.json) nor a .ply file")
+    try:
+        m = json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise SceneFormatError(f"{mpath}: invalid JSON ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise SceneFormatError(f"{mpath}: field 'format' must be {FORMAT!r}")
+    if m.get("schema_version") != SCHEMA_VERSION:
+        raise SceneFormatError(f"{mpath}: field 'schema_version' is {m.get('schema_version')!r}; "
+                               f"this gsim reads version {SCHEMA_VERSION}")
+    if m.get("sky") is not None or m.get("appearance"):
+        raise SceneFormatError(f"{mpath}: fields 'sky'/'appearance' are not supported in schema_version 1")
+    try:
+        bg = _load_surfels(path / m["background"]["surfels"])
+        actors = []
+        for i, a in enumerate(m.get("actors", [])):
+            d = path / a["surfels"]
+            try:
+                actors.append(Actor(id=str(a["id"]), category=str(a["category"]), size=tuple(a["size"]),
+                                    surfels=_load_surfels(d),
+                                    track_timestamps_us=_load_array(d / "track_timestamps_us.npy"),
+                                    track_poses=_load_array(d / "track_poses.npy")))
+            except ValueError as e:
+                raise SceneFormatError(f"{mpath}: actors[{i}]: {e}") from None
+    except (KeyError, TypeError) as e:
+        raise SceneFormatError(f"{mpath}: missing or malformed field {e}") from None
+    return Scene(background=bg, actors=tuple(actors))

@@ -1,0 +1,177 @@
+"""`Surfels`: a set of 2D Gaussian surfels (flat, two tangent scales), activated values.
+
+Arrays are all numpy or all torch tensors (tensors keep their autograd graph, so the
+torch backend can differentiate through them). Colors are stored as real spherical
+harmonics coefficients (N,K,3), K in {1,4,9,16}; plain RGB (N,3) in [0,1] is turned
+into the degree-0 coefficient on construction, the 3DGS convention
+``rgb = SH_C0 * dc + 0.5``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+SH_C0 = 0.28209479177387814
+QUAT_NORM_TOL = 1e-3
+
+
+def is_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def rgb_to_sh(rgb):
+    return (rgb - 0.5) / SH_C0
+
+
+def sh_to_rgb(dc):
+    return dc * SH_C0 + 0.5
+
+
+def _all_finite(x) -> bool:
+    if is_tensor(x):
+        import torch
+        return bool(torch.isfinite(x.detach()).all())
+    return bool(np.all(np.isfinite(x)))
+
+
+def _prepare(name: str, x, tensors: bool):
+    if tensors:
+        if not is_tensor(x):
+            raise TypeError(f"Surfels.{name}: mix of torch tensors and numpy arrays; use one kind")
+        if not x.is_floating_point():
+            raise TypeError(f"Surfels.{name}: expected a floating-point tensor, got {x.dtype}")
+        return x
+    if is_tensor(x):
+        raise TypeError(f"Surfels.{name}: mix of torch tensors and numpy arrays; use one kind")
+    x = np.asarray(x)
+    if x.dtype.kind not in "fiu":
+        raise TypeError(f"Surfels.{name}: expected numbers, got dtype {x.dtype}")
+    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class Surfels:
+    """N surfels in one frame (world, or an actor's box frame).
+
+    means (N,3) m; quats (N,4) unit wxyz, the surfel's local x,y are its tangent
+    axes and local z its normal; scales (N,2) m, standard deviations along the
+    tangent axes; opacities (N,) in [0,1]; colors (N,K,3) SH coefficients (or (N,3)
+    RGB on input); features (N,F) optional per-surfel features for neural heads.
+    """
+
+    means: Any
+    quats: Any
+    scales: Any
+    opacities: Any
+    colors: Any
+    features: Optional[Any] = None
+
+    def __post_init__(self):
+        tensors = is_tensor(self.means)
+        fields = ["means", "quats", "scales", "opacities", "colors"]
+        if self.features is not None:
+            fields.append("features")
+        for f in fields:
+            object.__setattr__(self, f, _prepare(f, getattr(self, f), tensors))
+        m = self.means
+        if m.ndim != 2 or m.shape[1] != 3:
+            raise ValueError(f"Surfels.means: expected shape (N,3), got {tuple(m.shape)}")
+        n = m.shape[0]
+        expect = {"quats": (n, 4), "scales": (n, 2), "opacities": (n,)}
+        for f, shape in expect.items():
+            if tuple(getattr(self, f).shape) != shape:
+                raise ValueError(f"Surfels.{f}: expected shape {shape}, got {tuple(getattr(self, f).shape)}")
+        c = self.colors
+        if c.ndim == 2 and c.shape == (n, 3):
+            c = rgb_to_sh(c)[:, None, :]
+            object.__setattr__(self, "colors", c)
+        if c.ndim != 3 or c.shape[0] != n or c.shape[2] != 3 or c.shape[1] not in (1, 4, 9, 16):
+            raise ValueError(f"Surfels.colors: expected (N,3) RGB or (N,K,3) SH with K in 1,4,9,16 "
+                             f"and N={n}, got {tuple(c.shape)}")
+        if self.features is not None and (self.features.ndim != 2 or self.features.shape[0] != n):
+            raise ValueError(f"Surfels.features: expected shape (N,F) with N={n}, got {tuple(self.features.shape)}")
+        for f in fields:
+            if not _all_finite(getattr(self, f)):
+                raise ValueError(f"Surfels.{f}: contains NaN or inf")
+        q = self.quats.detach() if tensors else self.quats
+        norms = (q * q).sum(1) ** 0.5
+        bad = (abs(norms - 1) > QUAT_NORM_TOL)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0][0]) if not tensors else int(bad.nonzero()[0, 0])
+            raise ValueError(f"Surfels.quats: quaternion {i} has norm {float(norms[i]):.6g}; expected "
+                             f"unit wxyz quaternions (normalize them first; zero is not a rotation)")
+        s = self.scales.detach() if tensors else self.scales
+        if bool((s < 0).any()):
+            raise ValueError("Surfels.scales: expected scales >= 0 (metres, activated, not log)")
+        o = self.opacities.detach() if tensors else self.opacities
+        if bool(((o < 0) | (o > 1)).any()):
+            raise ValueError("Surfels.opacities: expected values in [0, 1] (activated, not logits)")
+
+    def __len__(self) -> int:
+        return int(self.means.shape[0])
+
+    @property
+    def sh_degree(self) -> int:
+        return int(round(self.colors.shape[1] ** 0.5)) - 1
+
+    @property
+    def is_torch(self) -> bool:
+        return is_tensor(self.means)
+
+    def _fields(self) -> dict:
+        d = dict(means=self.means, quats=self.quats, scales=self.scales,
+                 opacities=self.opacities, colors=self.colors)
+        if self.features is not None:
+            d["features"] = self.features
+        return d
+
+    def numpy(self) -> "Surfels":
+        """Detached numpy copy (no-op for numpy surfels)."""
+        if not self.is_torch:
+            return self
+        return Surfels(**{k: v.detach().cpu().numpy() for k, v in self._fields().items()})
+
+    def torch(self, device=None, dtype=None) -> "Surfels":
+        """Torch view; numpy arrays are converted (no gradient), tensors moved/cast."""
+        import torch
+        conv = (lambda v: v.to(device=device, dtype=dtype)) if self.is_torch else \
+            (lambda v: torch.as_tensor(v, device=device, dtype=dtype))
+        return Surfels(**{k: conv(v) for k, v in self._fields().items()})
+
+    @staticmethod
+    def concatenate(parts: list["Surfels"]) -> "Surfels":
+        """Concatenate surfel sets; SH degrees are padded with zeros to the largest."""
+        if not parts:
+            raise ValueError("Surfels.concatenate: nothing to concatenate")
+        k = max(p.colors.shape[1] for p in parts)
+        has_feat = [p.features is not None for p in parts]
+        if any(has_feat) and not all(has_feat):
+            raise ValueError("Surfels.concatenate: some parts have features and others do not")
+        if parts[0].is_torch:
+            import torch
+            cat = lambda xs: torch.cat(xs, 0)
+            pad = lambda c: torch.nn.functional.pad(c, (0, 0, 0, k - c.shape[1]))
+        else:
+            cat = lambda xs: np.concatenate(xs, 0)
+            pad = lambda c: np.pad(c, ((0, 0), (0, k - c.shape[1]), (0, 0)))
+        return Surfels(means=cat([p.means for p in parts]), quats=cat([p.quats for p in parts]),
+                       scales=cat([p.scales for p in parts]), opacities=cat([p.opacities for p in parts]),
+                       colors=cat([pad(p.colors) for p in parts]),
+                       features=cat([p.features for p in parts]) if all(has_feat) else None)
+
+    def transformed(self, T_dst_src: np.ndarray) -> "Surfels":
+        """These surfels moved by a rigid 4x4 transform (numpy surfels only)."""
+        from .transforms import quat_multiply, rotmat_to_quat
+        if self.is_torch:
+            raise TypeError("Surfels.transformed: convert to numpy first (surfels.numpy())")
+        R, t = T_dst_src[:3, :3], T_dst_src[:3, 3]
+        means = (self.means.astype(np.float64) @ R.T + t).astype(self.means.dtype)
+        quats = quat_multiply(rotmat_to_quat(R)[None], self.quats).astype(self.quats.dtype)
+        # SH colours are view-dependent in the surfel's own frame, but a rotation of SH
+        # bands beyond degree 0 is not implemented yet: refuse rather than render wrongly.
+        if self.colors.shape[1] > 1 and not np.allclose(R, np.eye(3)):
+            raise NotImplementedError("rotating surfels with SH degree > 0 is not supported yet")
+        return Surfels(means=means, quats=quats, scales=self.scales, opacities=self.opacities,
+                       colors=self.colors, features=self.features)

@@ -1,0 +1,139 @@
+"""Rigid transforms, quaternions and pose checks.
+
+Conventions (DESIGN.md): a transform ``T_dst_src`` is a 4x4 float64 matrix that
+maps points from ``src`` to ``dst``; quaternions are (w, x, y, z).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+RIGID_TOL = 1e-6
+
+
+def quat_to_rotmat(q: np.ndarray) -> np.ndarray:
+    """(N,4) unit wxyz quaternions -> (N,3,3) rotation matrices."""
+    q = np.asarray(q, dtype=np.float64)
+    w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    R = np.empty(q.shape[:-1] + (3, 3))
+    R[..., 0, 0] = 1 - 2 * (y * y + z * z)
+    R[..., 0, 1] = 2 * (x * y - w * z)
+    R[..., 0, 2] = 2 * (x * z + w * y)
+    R[..., 1, 0] = 2 * (x * y + w * z)
+    R[..., 1, 1] = 1 - 2 * (x * x + z * z)
+    R[..., 1, 2] = 2 * (y * z - w * x)
+    R[..., 2, 0] = 2 * (x * z - w * y)
+    R[..., 2, 1] = 2 * (y * z + w * x)
+    R[..., 2, 2] = 1 - 2 * (x * x + y * y)
+    return R
+
+
+def rotmat_to_quat(R: np.ndarray) -> np.ndarray:
+    """(N,3,3) rotation matrices -> (N,4) unit wxyz quaternions with w >= 0."""
+    R = np.asarray(R, dtype=np.float64)
+    m = R.reshape(-1, 3, 3)
+    tr = m[:, 0, 0] + m[:, 1, 1] + m[:, 2, 2]
+    # Shepperd's method: pick the largest of 4 candidate denominators per matrix.
+    cand = np.stack([tr, m[:, 0, 0], m[:, 1, 1], m[:, 2, 2]], axis=1)
+    k = np.argmax(cand, axis=1)
+    q = np.empty((m.shape[0], 4))
+    for case in range(4):
+        s = k == case
+        if not np.any(s):
+            continue
+        a = m[s]
+        if case == 0:
+            r = np.sqrt(1.0 + tr[s]) * 2
+            q[s] = np.stack([0.25 * r, (a[:, 2, 1] - a[:, 1, 2]) / r,
+                             (a[:, 0, 2] - a[:, 2, 0]) / r, (a[:, 1, 0] - a[:, 0, 1]) / r], 1)
+        elif case == 1:
+            r = np.sqrt(1.0 + a[:, 0, 0] - a[:, 1, 1] - a[:, 2, 2]) * 2
+            q[s] = np.stack([(a[:, 2, 1] - a[:, 1, 2]) / r, 0.25 * r,
+                             (a[:, 0, 1] + a[:, 1, 0]) / r, (a[:, 0, 2] + a[:, 2, 0]) / r], 1)
+        elif case == 2:
+            r = np.sqrt(1.0 + a[:, 1, 1] - a[:, 0, 0] - a[:, 2, 2]) * 2
+            q[s] = np.stack([(a[:, 0, 2] - a[:, 2, 0]) / r, (a[:, 0, 1] + a[:, 1, 0]) / r,
+                             0.25 * r, (a[:, 1, 2] + a[:, 2, 1]) / r], 1)
+        else:
+            r = np.sqrt(1.0 + a[:, 2, 2] - a[:, 0, 0] - a[:, 1, 1]) * 2
+            q[s] = np.stack([(a[:, 1, 0] - a[:, 0, 1]) / r, (a[:, 0, 2] + a[:, 2, 0]) / r,
+                             (a[:, 1, 2] + a[:, 2, 1]) / r, 0.25 * r], 1)
+    q *= np.where(q[:, :1] < 0, -1.0, 1.0)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    return q.reshape(R.shape[:-2] + (4,))
+
+
+def quat_multiply(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Hamilton product a*b of wxyz quaternions (broadcasting)."""
+    aw, ax, ay, az = np.moveaxis(np.asarray(a, np.float64), -1, 0)
+    bw, bx, by, bz = np.moveaxis(np.asarray(b, np.float64), -1, 0)
+    return np.stack([aw * bw - ax * bx - ay * by - az * bz,
+                     aw * bx + ax * bw + ay * bz - az * by,
+                     aw * by - ax * bz + ay * bw + az * bx,
+                     aw * bz + ax * by - ay * bx + az * bw], axis=-1)
+
+
+def check_pose(T, name: str = "pose") -> np.ndarray:
+    """Return ``T`` as a 4x4 float64 rigid transform or raise ValueError naming ``name``."""
+    T = np.asarray(T.detach().cpu().numpy() if hasattr(T, "detach") else T, dtype=np.float64)
+    if T.shape != (4, 4):
+        raise ValueError(f"{name}: expected a 4x4 matrix, got shape {T.shape}")
+    if not np.all(np.isfinite(T)):
+        raise ValueError(f"{name}: contains NaN or inf")
+    R = T[:3, :3]
+    if (np.abs(R @ R.T - np.eye(3)).max() > RIGID_TOL * 100 or abs(np.linalg.det(R) - 1) > 1e-4
+            or np.abs(T[3] - [0, 0, 0, 1]).max() > RIGID_TOL):
+        raise ValueError(f"{name}: not a rigid transform (rotation must be orthonormal with "
+                         f"det +1 and the last row [0, 0, 0, 1])")
+    return T
+
+
+def invert(T: np.ndarray) -> np.ndarray:
+    """Inverse of a rigid 4x4 transform."""
+    Ti = np.eye(4)
+    Ti[:3, :3] = T[:3, :3].T
+    Ti[:3, 3] = -T[:3, :3].T @ T[:3, 3]
+    return Ti
+
+
+def look_at(eye, target, up=(0.0, 0.0, 1.0)) -> np.ndarray:
+    """T_world_camera for an OpenCV camera (x right, y down, z forward) at ``eye`` looking at ``target``."""
+    eye, target, up = (np.asarray(v, dtype=np.float64) for v in (eye, target, up))
+    z = target - eye
+    if np.linalg.norm(z) == 0:
+        raise ValueError("look_at: eye and target coincide")
+    z /= np.linalg.norm(z)
+    x = np.cross(z, up)
+    if np.linalg.norm(x) < 1e-9:
+        raise ValueError("look_at: viewing direction is parallel to up")
+    x /= np.linalg.norm(x)
+    y = np.cross(z, x)
+    T = np.eye(4)
+    T[:3, 0], T[:3, 1], T[:3, 2], T[:3, 3] = x, y, z, eye
+    return T
+
+
+def interpolate_pose(times_us: np.ndarray, poses: np.ndarray, t_us: int) -> np.ndarray:
+    """Pose at ``t_us`` from a timed track: linear in translation, slerp in rotation.
+
+    Times outside the track clamp to its ends (an actor holds its first/last pose).
+    """
+    i = int(np.searchsorted(times_us, t_us, side="right"))
+    if i == 0:
+        return poses[0].copy()
+    if i >= len(times_us):
+        return poses[-1].copy()
+    t0, t1 = times_us[i - 1], times_us[i]
+    a = (t_us - t0) / (t1 - t0)
+    q0, q1 = rotmat_to_quat(poses[i - 1, :3, :3]), rotmat_to_quat(poses[i, :3, :3])
+    d = float(np.dot(q0, q1))
+    if d < 0:
+        q1, d = -q1, -d
+    if d > 0.9995:
+        q = q0 + a * (q1 - q0)
+    else:
+        th = np.arccos(d)
+        q = (np.sin((1 - a) * th) * q0 + np.sin(a * th) * q1) / np.sin(th)
+    T = np.eye(4)
+    T[:3, :3] = quat_to_rotmat(q / np.linalg.norm(q))
+    T[:3, 3] = (1 - a) * poses[i - 1, :3, 3] + a * poses[i, :3, 3]
+    return T

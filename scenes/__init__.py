@@ -1,0 +1,1 @@
+"""gsim.scenes: driving logs, converters, the synthetic street, reconstruction and evaluation (issue 3)."""
