@@ -18,7 +18,6 @@ MAX_ALPHA = 0.999
 T_MIN = 1e-4  # a pixel is done once its transmittance would fall to this (exclusive)
 FILTER_INV_SQUARE = 2.0  # 2DGS object-space low-pass: rho_2d = 2 |pixel - centre|^2
 TILE_SIZE = 16
-SUPER = 4  # tiles per super-tile side, for the two-level tile search
 
 
 @dataclass(frozen=True)
@@ -57,13 +56,16 @@ def opacity_cutoffs(opacity: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class TileTable:
-    """Per-tile pixel rays and ray-plane bounds for one camera.
+    """Per-tile pixel rays and ray-plane ranges for one camera.
 
     rays (n_tiles, TILE_SIZE**2, 2) float32, NaN for pixels outside the image or
     without a ray; pixel (n_tiles, TILE_SIZE**2) int64 flat pixel index or -1;
     bounds (n_tiles, 4) [umin, umax, vmin, vmax] (empty tiles: +inf, -inf);
-    super_bounds (n_super, 4) the same for groups of SUPER x SUPER tiles;
-    super_tiles (n_super, SUPER*SUPER) tile ids of each group, -1 padded.
+    tile_col_u (tiles_x, 2) the [umin, umax] of each column of tiles and tile_row_v
+    (tiles_y, 2) the [vmin, vmax] of each row of tiles; row_v (n_tiles, TILE_SIZE, 2)
+    and col_u the same for the pixel rows and columns inside each tile. A footprint
+    bound thus selects a rectangle of tiles, and in a tile a rectangle of pixels,
+    without missing any pixel for any camera model.
     """
 
     tiles_x: int
@@ -71,16 +73,16 @@ class TileTable:
     rays: np.ndarray
     pixel: np.ndarray
     bounds: np.ndarray
-    super_bounds: np.ndarray
-    super_tiles: np.ndarray
+    tile_col_u: np.ndarray
+    tile_row_v: np.ndarray
+    row_v: np.ndarray
+    col_u: np.ndarray
 
 
-def _bounds(rays: np.ndarray) -> np.ndarray:
-    """[umin, umax, vmin, vmax] over axis 1 of (n, P, 2) rays, ignoring NaN."""
-    ok = np.isfinite(rays[..., 0])
-    u = np.where(ok, rays[..., 0], np.inf), np.where(ok, rays[..., 0], -np.inf)
-    v = np.where(ok, rays[..., 1], np.inf), np.where(ok, rays[..., 1], -np.inf)
-    return np.stack([u[0].min(1), u[1].max(1), v[0].min(1), v[1].max(1)], 1)
+def _minmax(x: np.ndarray, axis) -> np.ndarray:
+    """[..., 2] = [min, max] of ``x`` over ``axis``, ignoring NaN ((+inf, -inf) when all NaN)."""
+    ok = np.isfinite(x)
+    return np.stack([np.where(ok, x, np.inf).min(axis), np.where(ok, x, -np.inf).max(axis)], -1)
 
 
 @functools.lru_cache(maxsize=16)
@@ -92,21 +94,15 @@ def tile_table(camera) -> TileTable:
     table[:H, :W] = camera.ray_table()
     pix = np.full((ty * ts, tx * ts), -1, dtype=np.int64)
     pix[:H, :W] = np.arange(H * W).reshape(H, W)
-    rays = table.reshape(ty, ts, tx, ts, 2).transpose(0, 2, 1, 3, 4).reshape(ty * tx, ts * ts, 2)
-    pixel = pix.reshape(ty, ts, tx, ts).transpose(0, 2, 1, 3).reshape(ty * tx, ts * ts)
-    bounds = _bounds(rays)
-    sx, sy = -(-tx // SUPER), -(-ty // SUPER)
-    super_tiles = np.full((sy * sx, SUPER * SUPER), -1, dtype=np.int64)
-    super_bounds = np.empty((sy * sx, 4))
-    for gy in range(sy):
-        for gx in range(sx):
-            ids = [y * tx + x for y in range(gy * SUPER, min((gy + 1) * SUPER, ty))
-                   for x in range(gx * SUPER, min((gx + 1) * SUPER, tx))]
-            g = gy * sx + gx
-            super_tiles[g, :len(ids)] = ids
-            b = bounds[ids]
-            super_bounds[g] = [b[:, 0].min(), b[:, 1].max(), b[:, 2].min(), b[:, 3].max()]
-    return TileTable(tx, ty, rays.astype(np.float32), pixel, bounds, super_bounds, super_tiles)
+    grid = table.reshape(ty, ts, tx, ts, 2)  # (tile row, pixel row, tile col, pixel col, uv)
+    u, v = grid[..., 0], grid[..., 1]
+    bounds = np.concatenate([_minmax(u, (1, 3)), _minmax(v, (1, 3))], -1).reshape(-1, 4)
+    row_v = _minmax(v, 3).transpose(0, 2, 1, 3).reshape(ty * tx, ts, 2)
+    col_u = _minmax(u, 1).reshape(ty * tx, ts, 2)
+    f32 = lambda x: np.ascontiguousarray(x, dtype=np.float32)
+    return TileTable(tx, ty, f32(grid.transpose(0, 2, 1, 3, 4).reshape(ty * tx, ts * ts, 2)),
+                     pix.reshape(ty, ts, tx, ts).transpose(0, 2, 1, 3).reshape(ty * tx, ts * ts),
+                     bounds, _minmax(u, (0, 1, 3)), _minmax(v, (1, 2, 3)), f32(row_v), f32(col_u))
 
 
 def world_to_camera(T_world_camera: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

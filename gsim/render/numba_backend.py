@@ -24,8 +24,8 @@ from .torch_backend import SH_C
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 # Per-surfel record: adj(H) entries a00 a01 a10 a11 a20 a21 a22 (0-6; a02, a12 are not needed
 # since pixel offsets are taken from the centre ray), det 7, centre ray u,v 8-9, opacity 10,
-# rho cut-off 11, rgb 12-14, normal 15-17, centre depth 18.
-REC = 19
+# rho cut-off 11, rgb 12-14, normal 15-17, centre depth 18, footprint bounds 19-22.
+REC = 23
 C0, C1 = SH_C[0], SH_C[1]
 C2, C3 = SH_C[2], SH_C[3]
 
@@ -48,9 +48,36 @@ def _sh_channel(sh, ch, x, y, z):
     return r
 
 
-@njit(cache=True, inline="always")
-def _cross(a, b):
-    return np.array([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
+@njit(cache=True)
+def _clipped_disk_bounds(c0, c1, c2, u0, u1, u2, v0, v1, v2, near, out):
+    """[umin, umax, vmin, vmax] of the image of the disk c + (cos t) u + (sin t) v clipped to z >= near.
+
+    The disk is enclosed by a circumscribed 16-gon, clipped by the plane, projected vertex by vertex.
+    """
+    n = 16
+    rad = 1.0 / math.cos(math.pi / n)
+    out[0], out[1], out[2], out[3] = np.inf, -np.inf, np.inf, -np.inf
+    for j in range(n):
+        for e in range(2):  # the vertex itself, then where the edge to the next one crosses z = near
+            t0, t1 = 2 * math.pi * j / n, 2 * math.pi * (j + 1) / n
+            ca, sa, cb, sb = rad * math.cos(t0), rad * math.sin(t0), rad * math.cos(t1), rad * math.sin(t1)
+            pz, qz = c2 + ca * u2 + sa * v2, c2 + cb * u2 + sb * v2
+            if e == 0:
+                if pz < near:
+                    continue
+                f = 0.0
+            else:
+                if (pz - near) * (qz - near) >= 0:
+                    continue
+                f = (near - pz) / (qz - pz)
+            x = c0 + ((1 - f) * ca + f * cb) * u0 + ((1 - f) * sa + f * sb) * v0
+            y = c1 + ((1 - f) * ca + f * cb) * u1 + ((1 - f) * sa + f * sb) * v1
+            z = max(pz + f * (qz - pz), near)
+            out[0], out[1] = min(out[0], x / z), max(out[1], x / z)
+            out[2], out[3] = min(out[2], y / z), max(out[3], y / z)
+    pad = 1e-6
+    out[0], out[1], out[2], out[3] = out[0] - pad * (1 + abs(out[0])), out[1] + pad * (1 + abs(out[1])), \
+        out[2] - pad * (1 + abs(out[2])), out[3] + pad * (1 + abs(out[3]))
 
 
 @njit(parallel=True, cache=True)
@@ -60,51 +87,56 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
         o = opac[i]
         if o * 255.0 <= 1.0:
             continue
-        m = means[i]
-        c = np.empty(3)
-        for r in range(3):
-            c[r] = Rcw[r, 0] * m[0] + Rcw[r, 1] * m[1] + Rcw[r, 2] * m[2] + tcw[r]
-        if not (c[2] > near and c[2] < far):
+        m0, m1, m2 = means[i, 0], means[i, 1], means[i, 2]
+        c0 = Rcw[0, 0] * m0 + Rcw[0, 1] * m1 + Rcw[0, 2] * m2 + tcw[0]
+        c1 = Rcw[1, 0] * m0 + Rcw[1, 1] * m1 + Rcw[1, 2] * m2 + tcw[1]
+        c2 = Rcw[2, 0] * m0 + Rcw[2, 1] * m1 + Rcw[2, 2] * m2 + tcw[2]
+        if not (c2 > near and c2 < far):
             continue
         qw, qx, qy, qz = quats[i, 0], quats[i, 1], quats[i, 2], quats[i, 3]
         qn = math.sqrt(qw * qw + qx * qx + qy * qy + qz * qz)
         qw, qx, qy, qz = qw / qn, qx / qn, qy / qn, qz / qn
-        Rw = np.array([[1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy - qw * qz), 2 * (qx * qz + qw * qy)],
-                       [2 * (qx * qy + qw * qz), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz - qw * qx)],
-                       [2 * (qx * qz - qw * qy), 2 * (qy * qz + qw * qx), 1 - 2 * (qx * qx + qy * qy)]])
-        M = np.empty((3, 3))  # surfel axes in the camera frame (no BLAS in numba without scipy)
-        for r in range(3):
-            for k in range(3):
-                M[r, k] = Rcw[r, 0] * Rw[0, k] + Rcw[r, 1] * Rw[1, k] + Rcw[r, 2] * Rw[2, k]
-        tu = M[:, 0] * scales[i, 0]
-        tv = M[:, 1] * scales[i, 1]
-        n = M[:, 2].copy()
-        if n[0] * c[0] + n[1] * c[1] + n[2] * c[2] > 0:
-            n = -n
-        a0 = _cross(tv, c)
-        a1 = _cross(c, tu)
-        a2 = _cross(tu, tv)
-        rc = rec[i]
-        rc[0], rc[1], rc[2], rc[3] = a0[0], a0[1], a1[0], a1[1]
-        rc[4], rc[5], rc[6] = a2[0], a2[1], a2[2]
-        rc[7] = tu[0] * a0[0] + tu[1] * a0[1] + tu[2] * a0[2]
-        uc, vc = c[0] / c[2], c[1] / c[2]
+        # surfel axes (columns of the world rotation) taken into the camera frame; scalar code,
+        # since small arrays allocated per surfel cost more than the arithmetic
+        ex0, ex1, ex2 = 1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy + qw * qz), 2 * (qx * qz - qw * qy)
+        ey0, ey1, ey2 = 2 * (qx * qy - qw * qz), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz + qw * qx)
+        ez0, ez1, ez2 = 2 * (qx * qz + qw * qy), 2 * (qy * qz - qw * qx), 1 - 2 * (qx * qx + qy * qy)
+        s0, s1 = scales[i, 0], scales[i, 1]
+        u0 = (Rcw[0, 0] * ex0 + Rcw[0, 1] * ex1 + Rcw[0, 2] * ex2) * s0
+        u1 = (Rcw[1, 0] * ex0 + Rcw[1, 1] * ex1 + Rcw[1, 2] * ex2) * s0
+        u2 = (Rcw[2, 0] * ex0 + Rcw[2, 1] * ex1 + Rcw[2, 2] * ex2) * s0
+        v0 = (Rcw[0, 0] * ey0 + Rcw[0, 1] * ey1 + Rcw[0, 2] * ey2) * s1
+        v1 = (Rcw[1, 0] * ey0 + Rcw[1, 1] * ey1 + Rcw[1, 2] * ey2) * s1
+        v2 = (Rcw[2, 0] * ey0 + Rcw[2, 1] * ey1 + Rcw[2, 2] * ey2) * s1
+        n0 = Rcw[0, 0] * ez0 + Rcw[0, 1] * ez1 + Rcw[0, 2] * ez2
+        n1 = Rcw[1, 0] * ez0 + Rcw[1, 1] * ez1 + Rcw[1, 2] * ez2
+        n2 = Rcw[2, 0] * ez0 + Rcw[2, 1] * ez1 + Rcw[2, 2] * ez2
+        if n0 * c0 + n1 * c1 + n2 * c2 > 0:  # face the camera
+            n0, n1, n2 = -n0, -n1, -n2
+        # rows of adj(H), H = [tu, tv, c]: tv x c, c x tu, tu x tv
+        a00, a01, a02 = v1 * c2 - v2 * c1, v2 * c0 - v0 * c2, v0 * c1 - v1 * c0
+        a10, a11 = c1 * u2 - c2 * u1, c2 * u0 - c0 * u2
+        a20, a21, a22 = u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0
+        uc, vc = c0 / c2, c1 / c2
         lg = math.log(o * 255.0)
+        rc = rec[i]
+        rc[0], rc[1], rc[2], rc[3] = a00, a01, a10, a11
+        rc[4], rc[5], rc[6], rc[7] = a20, a21, a22, u0 * a00 + u1 * a01 + u2 * a02
         rc[8], rc[9], rc[10], rc[11] = uc, vc, o, 2.0 * lg
-        d = m - cen
-        dn = math.sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2])
+        d0, d1, d2 = m0 - cen[0], m1 - cen[1], m2 - cen[2]
+        dn = math.sqrt(d0 * d0 + d1 * d1 + d2 * d2)
         if dn > 1e-12:
-            d /= dn
+            d0, d1, d2 = d0 / dn, d1 / dn, d2 / dn
         for ch in range(3):
-            rc[12 + ch] = max(_sh_channel(sh[i], ch, d[0], d[1], d[2]) + 0.5, 0.0)
-        rc[15], rc[16], rc[17], rc[18] = n[0], n[1], n[2], c[2]
+            rc[12 + ch] = max(_sh_channel(sh[i], ch, d0, d1, d2) + 0.5, 0.0)
+        rc[15], rc[16], rc[17], rc[18] = n0, n1, n2, c2
         # footprint bounds on the z=1 plane (see torch_backend._footprint_bounds)
         k3 = math.sqrt(2.0 * lg)
         r2u = math.sqrt(lg / (0.5 * FILTER_INV_SQUARE)) / fx
         r2v = math.sqrt(lg / (0.5 * FILTER_INV_SQUARE)) / fy
-        t00, t01, t02 = k3 * tu[0], k3 * tv[0], c[0]
-        t10, t11, t12 = k3 * tu[1], k3 * tv[1], c[1]
-        t20, t21, t22 = k3 * tu[2], k3 * tv[2], c[2]
+        t00, t01, t02 = k3 * u0, k3 * v0, c0
+        t10, t11, t12 = k3 * u1, k3 * v1, c1
+        t20, t21, t22 = k3 * u2, k3 * v2, c2
         dd = t20 * t20 + t21 * t21 - t22 * t22
         if dd < 0:
             cu = (t00 * t20 + t01 * t21 - t02 * t22) / dd
@@ -116,30 +148,45 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
             bounds[i, 1] = b1 + 1e-6 * (1 + abs(b1))
             bounds[i, 2] = b2 - 1e-6 * (1 + abs(b2))
             bounds[i, 3] = b3 + 1e-6 * (1 + abs(b3))
-        else:  # the disk reaches the camera plane: its image is unbounded
-            bounds[i, 0], bounds[i, 1], bounds[i, 2], bounds[i, 3] = -np.inf, np.inf, -np.inf, np.inf
-        depth[i] = c[2]
+        else:  # the disk reaches the camera plane: bound the part at z >= near instead
+            _clipped_disk_bounds(c0, c1, c2, k3 * u0, k3 * u1, k3 * u2, k3 * v0, k3 * v1, k3 * v2,
+                                 near, bounds[i])
+            b = bounds[i]
+            b[0], b[1] = min(b[0], uc - r2u), max(b[1], uc + r2u)
+            b[2], b[3] = min(b[2], vc - r2v), max(b[3], vc + r2v)
+        rc[19], rc[20], rc[21], rc[22] = bounds[i, 0], bounds[i, 1], bounds[i, 2], bounds[i, 3]
+        depth[i] = c2
         valid[i] = True
 
 
 @njit(cache=True, inline="always")
-def _overlap(b, t):
-    return b[0] <= t[1] and b[1] >= t[0] and b[2] <= t[3] and b[3] >= t[2]
+def _span(ranges, lo, hi):
+    """First and one-past-last index whose [min, max] range meets [lo, hi] (empty: first >= last)."""
+    first, last = ranges.shape[0], 0
+    for k in range(ranges.shape[0]):
+        if ranges[k, 0] <= hi and ranges[k, 1] >= lo:
+            first = min(first, k)
+            last = k + 1
+    return first, last
 
 
 @njit(parallel=True, cache=True)
-def _bin(order, bounds, tile_bounds, super_bounds, super_tiles, offsets, pair_tile, write):
+def _bin(order, bounds, tile_bounds, tile_col_u, tile_row_v, offsets, pair_tile, write):
     """Count (write=False, into offsets[j+1]) or write the tiles each surfel order[j] overlaps."""
+    tx = tile_col_u.shape[0]
     for j in prange(order.shape[0]):
         b = bounds[order[j]]
         k = offsets[j] if write else 0
-        for g in range(super_bounds.shape[0]):
-            if _overlap(b, super_bounds[g]):
-                for t in super_tiles[g]:
-                    if t >= 0 and _overlap(b, tile_bounds[t]):
-                        if write:
-                            pair_tile[k] = t
-                        k += 1
+        x0, x1 = _span(tile_col_u, b[0], b[1])
+        y0, y1 = _span(tile_row_v, b[2], b[3])
+        for ty in range(y0, y1):
+            for tx_ in range(x0, x1):
+                t = ty * tx + tx_
+                tb = tile_bounds[t]
+                if b[0] <= tb[1] and b[1] >= tb[0] and b[2] <= tb[3] and b[3] >= tb[2]:
+                    if write:
+                        pair_tile[k] = t
+                    k += 1
         if not write:
             offsets[j + 1] = k
 
@@ -163,14 +210,12 @@ def _sort_pairs(order, offsets, pair_tile, n_tiles):
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _rasterize(start, lst, rec, rays, fx, fy, out):
+def _rasterize(start, lst, rec, rays, pixel, row_v, col_u, fx, fy, near, bg, rgb, alpha, depth, normal):
     n_tiles, P = rays.shape[0], rays.shape[1]
+    ts = row_v.shape[1]
     for t in prange(n_tiles):
-        acc = out[t]
-        acc[:] = 0.0
+        acc = np.zeros((P, 8), np.float32)
         s0, s1 = start[t], start[t + 1]
-        if s0 == s1:
-            continue
         T = np.ones(P, np.float32)
         done = np.zeros(P, np.bool_)
         ndone = 0
@@ -182,46 +227,63 @@ def _rasterize(start, lst, rec, rays, fx, fy, out):
             if ndone == P:
                 break
             r = rec[lst[k]]
+            # only the rows and columns whose rays can fall inside the footprint bound
+            y0, y1 = _span(row_v[t], r[21], r[22])
+            x0, x1 = _span(col_u[t], r[19], r[20])
             a00, a01, a10, a11 = r[0], r[1], r[2], r[3]
             a20, a21, a22, det = r[4], r[5], r[6], r[7]
             uc, vc, op, cut, cz = r[8], r[9], r[10], r[11], r[18]
-            for p in range(P):
-                if done[p]:
-                    continue
-                u, v = rays[t, p, 0], rays[t, p, 1]
-                du, dv = u - uc, v - vc
-                pu, pv = du * fx, dv * fy
-                rho = FILTER_INV_SQUARE * (pu * pu + pv * pv)
-                qz = a20 * u + a21 * v + a22
-                use3 = False
-                if qz * det > 0:
-                    qa = a00 * du + a01 * dv
-                    qb = a10 * du + a11 * dv
-                    rho3 = (qa * qa + qb * qb) / (qz * qz)
-                    if rho3 <= rho:
-                        rho = rho3
-                        use3 = True
-                if rho > cut:
-                    continue
-                al = min(op * math.exp(-0.5 * rho), MAX_ALPHA)
-                if al < ALPHA_THRESHOLD:
-                    continue
-                nT = T[p] * (1 - al)
-                if nT <= T_MIN:
-                    done[p] = True
-                    ndone += 1
-                    continue
-                w = al * T[p]
-                z = det / qz if use3 else cz
-                acc[p, 0] += w * r[12]
-                acc[p, 1] += w * r[13]
-                acc[p, 2] += w * r[14]
-                acc[p, 3] += w
-                acc[p, 4] += w * z
-                acc[p, 5] += w * r[15]
-                acc[p, 6] += w * r[16]
-                acc[p, 7] += w * r[17]
-                T[p] = nT
+            for py in range(y0, y1):
+                for px in range(x0, x1):
+                    p = py * ts + px
+                    if done[p]:
+                        continue
+                    u, v = rays[t, p, 0], rays[t, p, 1]
+                    du, dv = u - uc, v - vc
+                    pu, pv = du * fx, dv * fy
+                    rho = FILTER_INV_SQUARE * (pu * pu + pv * pv)
+                    qz = a20 * u + a21 * v + a22
+                    use3 = False
+                    if qz * det > 0 and abs(det) > near * abs(qz):  # hit in front of the near plane
+                        qa = a00 * du + a01 * dv
+                        qb = a10 * du + a11 * dv
+                        rho3 = (qa * qa + qb * qb) / (qz * qz)
+                        if rho3 <= rho:
+                            rho = rho3
+                            use3 = True
+                    if rho > cut:
+                        continue
+                    al = min(op * math.exp(-0.5 * rho), MAX_ALPHA)
+                    if al < ALPHA_THRESHOLD:
+                        continue
+                    nT = T[p] * (1 - al)
+                    if nT <= T_MIN:
+                        done[p] = True
+                        ndone += 1
+                        continue
+                    w = al * T[p]
+                    z = det / qz if use3 else cz
+                    acc[p, 0] += w * r[12]
+                    acc[p, 1] += w * r[13]
+                    acc[p, 2] += w * r[14]
+                    acc[p, 3] += w
+                    acc[p, 4] += w * z
+                    acc[p, 5] += w * r[15]
+                    acc[p, 6] += w * r[16]
+                    acc[p, 7] += w * r[17]
+                    T[p] = nT
+        for p in range(P):  # finish: over the background, depth and normal divided by alpha
+            q = pixel[t, p]
+            if q < 0:
+                continue
+            a = acc[p, 3]
+            alpha[q] = a
+            for ch in range(3):
+                rgb[q, ch] = acc[p, ch] + (1 - a) * bg[ch]
+            inv = 1 / a if a > 0 else 0.0
+            depth[q] = acc[p, 4] * inv
+            for ch in range(3):
+                normal[q, ch] = acc[p, 5 + ch] * inv
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
@@ -241,26 +303,21 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
     order = ids[np.argsort(depth[ids], kind="stable")]
     tab = tile_table(camera)
     offsets = np.zeros(len(order) + 1, np.int64)
-    _bin(order, bounds, tab.bounds, tab.super_bounds, tab.super_tiles, offsets, offsets, False)
+    _bin(order, bounds, tab.bounds, tab.tile_col_u, tab.tile_row_v, offsets, offsets, False)
     np.cumsum(offsets, out=offsets)
     pair_tile = np.empty(offsets[-1], np.int64)
-    _bin(order, bounds, tab.bounds, tab.super_bounds, tab.super_tiles, offsets, pair_tile, True)
+    _bin(order, bounds, tab.bounds, tab.tile_col_u, tab.tile_row_v, offsets, pair_tile, True)
     start, lst = _sort_pairs(order, offsets, pair_tile, len(tab.bounds))
-    out = np.empty(tab.rays.shape[:2] + (8,), np.float32)
+    H, W = camera.height, camera.width
+    rgb, normal = np.empty((H * W, 3), np.float32), np.empty((H * W, 3), np.float32)
+    alpha, depth_img = np.empty(H * W, np.float32), np.empty(H * W, np.float32)
     # small chunks: tiles differ widely in cost, and prange otherwise splits them evenly
     previous = numba.set_parallel_chunksize(2)
     try:
-        _rasterize(start, lst, rec, tab.rays, np.float32(camera.fx), np.float32(camera.fy), out)
+        _rasterize(start, lst, rec, tab.rays, tab.pixel, tab.row_v, tab.col_u, np.float32(camera.fx),
+                   np.float32(camera.fy), np.float32(options.near), np.asarray(options.background, np.float32),
+                   rgb, alpha, depth_img, normal)
     finally:
         numba.set_parallel_chunksize(previous)
-    H, W = camera.height, camera.width
-    keep = tab.pixel.reshape(-1) >= 0
-    img = np.empty((H * W, 8), np.float32)
-    img[tab.pixel.reshape(-1)[keep]] = out.reshape(-1, 8)[keep]
-    alpha = img[:, 3]
-    rgb = img[:, :3] + (1 - alpha)[:, None] * np.asarray(options.background, np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        depth_img = np.where(alpha > 0, img[:, 4] / alpha, 0).astype(np.float32)
-        normal = np.where(alpha[:, None] > 0, img[:, 5:8] / alpha[:, None], 0).astype(np.float32)
-    return CameraFrame(rgb=rgb.reshape(H, W, 3), alpha=alpha.reshape(H, W).copy(),
-                       depth=depth_img.reshape(H, W), normal=normal.reshape(H, W, 3))
+    return CameraFrame(rgb=rgb.reshape(H, W, 3), alpha=alpha.reshape(H, W), depth=depth_img.reshape(H, W),
+                       normal=normal.reshape(H, W, 3))

@@ -8,7 +8,7 @@ overlaps the pixel's tile (independent of the numba binning code), with the exac
 - the ray r = (u, v, 1) of the pixel hits the surfel plane at local (a, b) with
   (a, b, 1) ~ adj(H) r, H = [t_u, t_v, c] (tangent axes scaled by the scales, centre);
   the hit's camera z is det(H) / (adj(H) r)_z;
-- rho_3d = a^2 + b^2 (0 if the hit is behind the camera: +inf), rho_2d =
+- rho_3d = a^2 + b^2 (+inf unless the hit is beyond the near plane), rho_2d =
   2 |pixel offset from the projected centre|^2 (pixels, low-pass filter);
   alpha = min(0.999, opacity * exp(-min(rho)/2)), skipped below 1/255;
 - depth is the hit's z when rho_3d wins, the centre's z when the filter wins (2DGS);
@@ -131,7 +131,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
         while stop < len(tiles) and (stop + 1 - start) * P * max(1, counts[start:stop + 1].max()) <= PAIR_BUDGET:
             stop += 1
         vals, pix = _render_tiles(tab, tiles[start:stop], mask[start:stop], ids, c, adj, det, n, rgb,
-                                  s.opacities, camera, dt, dev)
+                                  s.opacities, camera, options.near, dt, dev)
         out = out.index_copy(0, pix, vals)
         start = stop
     alpha = out[:, 3]
@@ -143,7 +143,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
                        normal=normal.view(H, W, 3))
 
 
-def _render_tiles(tab, tiles, mask, ids, c, adj, det, n, rgb, opac, camera, dt, dev):
+def _render_tiles(tab, tiles, mask, ids, c, adj, det, n, rgb, opac, camera, near, dt, dev):
     """Composite a batch of tiles; returns (pixels, 8) [rgb*w, alpha, depth*w, normal*w] and flat pixel ids."""
     nb = len(tiles)
     counts = mask.sum(1)
@@ -169,7 +169,7 @@ def _render_tiles(tab, tiles, mask, ids, c, adj, det, n, rgb, opac, camera, dt, 
     qb = A[..., 1, 0] * du + A[..., 1, 1] * dv
     qz = A[..., 2, 0] * u + A[..., 2, 1] * v + A[..., 2, 2]
     hit_z_num = g(det)
-    hit = (qz.abs() > 1e-30) & (hit_z_num * qz > 0)  # the plane is hit in front of the camera
+    hit = (qz.abs() > 1e-30) & (hit_z_num * qz > 0) & (hit_z_num.abs() > near * qz.abs())  # z > near
     qz_safe = torch.where(hit, qz, torch.ones_like(qz))
     rho3 = torch.where(hit, (qa * qa + qb * qb) / (qz_safe * qz_safe), torch.full_like(qa, float("inf")))
     pu, pv = du * camera.fx, dv * camera.fy
