@@ -54,7 +54,7 @@ def opacity_cutoffs(opacity: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return np.sqrt(2.0 * lg), np.sqrt(lg / (0.5 * FILTER_INV_SQUARE))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TileTable:
     """Per-tile pixel rays and ray-plane ranges for one camera.
 
@@ -77,6 +77,14 @@ class TileTable:
     tile_row_v: np.ndarray
     row_v: np.ndarray
     col_u: np.ndarray
+
+    @functools.cached_property
+    def ray_u(self) -> np.ndarray:
+        return np.ascontiguousarray(self.rays[..., 0])
+
+    @functools.cached_property
+    def ray_v(self) -> np.ndarray:
+        return np.ascontiguousarray(self.rays[..., 1])
 
 
 def _minmax(x: np.ndarray, axis) -> np.ndarray:

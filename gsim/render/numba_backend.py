@@ -24,7 +24,7 @@ from .torch_backend import SH_C
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 # Per-surfel record: adj(H) entries a00 a01 a10 a11 a20 a21 a22 (0-6; a02, a12 are not needed
 # since pixel offsets are taken from the centre ray), det 7, centre ray u,v 8-9, opacity 10,
-# rho cut-off 11, rgb 12-14, normal 15-17, centre depth 18, footprint bounds 19-22.
+# (unused 11), rgb 12-14, normal 15-17, centre depth 18, footprint bounds 19-22.
 REC = 23
 C0, C1 = SH_C[0], SH_C[1]
 C2, C3 = SH_C[2], SH_C[3]
@@ -159,6 +159,25 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
         valid[i] = True
 
 
+# float32 constants keep the pixel loop in single precision (Python literals are float64)
+f32 = np.float32
+ONE, M_HALF, EXP_FLOOR, MAX_A, A_MIN, T_END = f32(1), f32(-0.5), f32(-5.6), f32(MAX_ALPHA), f32(ALPHA_THRESHOLD), f32(T_MIN)
+F_INV_SQ = f32(FILTER_INV_SQUARE)
+E16, E2, E6, E24, E120, E720, E5040 = f32(1 / 16), f32(1 / 2), f32(1 / 6), f32(1 / 24), f32(1 / 120), f32(1 / 720), f32(1 / 5040)
+
+
+@njit(cache=True, fastmath=FASTMATH, inline="always")
+def _exp_neg(x):
+    """exp(x) for x in [-6, 0] to ~1e-7 relative, branch-free so the pixel loop vectorizes:
+    a degree-7 Taylor series at x/16, squared four times."""
+    y = x * E16
+    p = ONE + y * (ONE + y * (E2 + y * (E6 + y * (E24 + y * (E120 + y * (E720 + y * E5040))))))
+    p = p * p
+    p = p * p
+    p = p * p
+    return p * p
+
+
 @njit(cache=True, inline="always")
 def _span(ranges, lo, hi):
     """First and one-past-last index whose [min, max] range meets [lo, hi] (empty: first >= last)."""
@@ -209,22 +228,21 @@ def _sort_pairs(order, offsets, pair_tile, n_tiles):
     return start, lst
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _rasterize(start, lst, rec, rays, pixel, row_v, col_u, fx, fy, near, bg, rgb, alpha, depth, normal):
-    n_tiles, P = rays.shape[0], rays.shape[1]
+@njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
+def _rasterize(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, bg, rgb, alpha, depth, normal):
+    n_tiles, P = ray_u.shape[0], ray_u.shape[1]
     ts = row_v.shape[1]
+    one, zero = np.float32(1.0), np.float32(0.0)
     for t in prange(n_tiles):
-        acc = np.zeros((P, 8), np.float32)
-        s0, s1 = start[t], start[t + 1]
-        T = np.ones(P, np.float32)
-        done = np.zeros(P, np.bool_)
-        ndone = 0
+        acc = np.zeros((8, P), np.float32)
+        # transmittance; 0 marks a finished pixel (or one without a ray), so it takes no more
+        T = np.where(np.isfinite(ray_u[t]), one, zero)
+        live = 0
         for p in range(P):
-            if not np.isfinite(rays[t, p, 0]):
-                done[p] = True
-                ndone += 1
-        for k in range(s0, s1):
-            if ndone == P:
+            live += T[p] > 0
+        u_t, v_t = ray_u[t], ray_v[t]
+        for k in range(start[t], start[t + 1]):
+            if live == 0:
                 break
             r = rec[lst[k]]
             # only the rows and columns whose rays can fall inside the footprint bound
@@ -232,58 +250,61 @@ def _rasterize(start, lst, rec, rays, pixel, row_v, col_u, fx, fy, near, bg, rgb
             x0, x1 = _span(col_u[t], r[19], r[20])
             a00, a01, a10, a11 = r[0], r[1], r[2], r[3]
             a20, a21, a22, det = r[4], r[5], r[6], r[7]
-            uc, vc, op, cut, cz = r[8], r[9], r[10], r[11], r[18]
+            uc, vc, op, cz = r[8], r[9], r[10], r[18]
+            cr, cg, cb, nx, ny, nz = r[12], r[13], r[14], r[15], r[16], r[17]
+            zero = np.float32(0.0)
             for py in range(y0, y1):
-                for px in range(x0, x1):
-                    p = py * ts + px
-                    if done[p]:
-                        continue
-                    u, v = rays[t, p, 0], rays[t, p, 1]
+                lo, hi = py * ts + x0, py * ts + x1
+                # contiguous 1D views and a branch-free body: LLVM vectorizes the pixel loop
+                u_, v_, T_ = u_t[lo:hi], v_t[lo:hi], T[lo:hi]
+                a0, a1, a2, a3 = acc[0, lo:hi], acc[1, lo:hi], acc[2, lo:hi], acc[3, lo:hi]
+                a4, a5, a6, a7 = acc[4, lo:hi], acc[5, lo:hi], acc[6, lo:hi], acc[7, lo:hi]
+                stops = zero
+                for p in range(hi - lo):
+                    u, v = u_[p], v_[p]
                     du, dv = u - uc, v - vc
                     pu, pv = du * fx, dv * fy
-                    rho = FILTER_INV_SQUARE * (pu * pu + pv * pv)
+                    rho2 = F_INV_SQ * (pu * pu + pv * pv)
                     qz = a20 * u + a21 * v + a22
-                    use3 = False
-                    if qz * det > 0 and abs(det) > near * abs(qz):  # hit in front of the near plane
-                        qa = a00 * du + a01 * dv
-                        qb = a10 * du + a11 * dv
-                        rho3 = (qa * qa + qb * qb) / (qz * qz)
-                        if rho3 <= rho:
-                            rho = rho3
-                            use3 = True
-                    if rho > cut:
-                        continue
-                    al = min(op * math.exp(-0.5 * rho), MAX_ALPHA)
-                    if al < ALPHA_THRESHOLD:
-                        continue
-                    nT = T[p] * (1 - al)
-                    if nT <= T_MIN:
-                        done[p] = True
-                        ndone += 1
-                        continue
-                    w = al * T[p]
-                    z = det / qz if use3 else cz
-                    acc[p, 0] += w * r[12]
-                    acc[p, 1] += w * r[13]
-                    acc[p, 2] += w * r[14]
-                    acc[p, 3] += w
-                    acc[p, 4] += w * z
-                    acc[p, 5] += w * r[15]
-                    acc[p, 6] += w * r[16]
-                    acc[p, 7] += w * r[17]
-                    T[p] = nT
+                    qa = a00 * du + a01 * dv
+                    qb = a10 * du + a11 * dv
+                    q2, qz2 = qa * qa + qb * qb, qz * qz
+                    # computed unconditionally (NaN/inf in lanes that are not selected) so that LLVM
+                    # turns every choice into a vector select
+                    rho3, z3 = q2 / qz2, det / qz
+                    # the ray-splat hit wins when it lies beyond the near plane and rho_3d <= rho_2d
+                    use3 = (qz * det > zero) & (abs(det) > near * abs(qz)) & (q2 <= rho2 * qz2)
+                    rho = rho3 if use3 else rho2
+                    z = z3 if use3 else cz
+                    al = min(op * _exp_neg(max(M_HALF * rho, EXP_FLOOR)), MAX_A)  # e^-5.6 < 1/255
+                    Tp = T_[p]
+                    nT = Tp * (ONE - al)
+                    take = (al >= A_MIN) & (Tp > zero)
+                    stop = take & (nT <= T_END)  # exclusive: this surfel is not composited
+                    w = al * Tp if take & ~stop else zero
+                    a0[p] += w * cr
+                    a1[p] += w * cg
+                    a2[p] += w * cb
+                    a3[p] += w
+                    a4[p] += w * z
+                    a5[p] += w * nx
+                    a6[p] += w * ny
+                    a7[p] += w * nz
+                    T_[p] = zero if stop else (nT if take else Tp)
+                    stops += ONE if stop else zero
+                live -= int(stops)
         for p in range(P):  # finish: over the background, depth and normal divided by alpha
             q = pixel[t, p]
             if q < 0:
                 continue
-            a = acc[p, 3]
+            a = acc[3, p]
             alpha[q] = a
             for ch in range(3):
-                rgb[q, ch] = acc[p, ch] + (1 - a) * bg[ch]
+                rgb[q, ch] = acc[ch, p] + (1 - a) * bg[ch]
             inv = 1 / a if a > 0 else 0.0
-            depth[q] = acc[p, 4] * inv
+            depth[q] = acc[4, p] * inv
             for ch in range(3):
-                normal[q, ch] = acc[p, 5 + ch] * inv
+                normal[q, ch] = acc[5 + ch, p] * inv
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
@@ -314,7 +335,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
     # small chunks: tiles differ widely in cost, and prange otherwise splits them evenly
     previous = numba.set_parallel_chunksize(2)
     try:
-        _rasterize(start, lst, rec, tab.rays, tab.pixel, tab.row_v, tab.col_u, np.float32(camera.fx),
+        _rasterize(start, lst, rec, tab.ray_u, tab.ray_v, tab.pixel, tab.row_v, tab.col_u, np.float32(camera.fx),
                    np.float32(camera.fy), np.float32(options.near), np.asarray(options.background, np.float32),
                    rgb, alpha, depth_img, normal)
     finally:
