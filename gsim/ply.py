@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Union
 
 import numpy as np
 
+from .io import atomic_path
 from .scene import SceneFormatError
 from .surfels import Surfels
 from .transforms import quat_to_rotmat, rotmat_to_quat
@@ -227,19 +227,7 @@ def save_ply(surfels: Surfels, path: PathLike, layout: str = "3dgs") -> None:
     body = np.concatenate([c.astype(np.float32) for c in cols], axis=1).astype("<f4")
     header = ["ply", "format binary_little_endian 1.0", f"element vertex {n}"]
     header += [f"property float {p}" for p in names] + ["end_header", ""]
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
             f.write("\n".join(header).encode("ascii"))
             f.write(np.ascontiguousarray(body).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

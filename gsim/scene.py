@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -23,12 +24,14 @@ from typing import Optional
 
 import numpy as np
 
+from .io import umask_mode
 from .surfels import Surfels
 from .transforms import check_pose, interpolate_pose
 
 SCHEMA_VERSION = 1
 FORMAT = "gsim-scene"
 SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
+ACTOR_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # also a safe folder name
 
 
 class SceneFormatError(ValueError):
@@ -47,6 +50,9 @@ class Actor:
     track_poses: np.ndarray  # (T,4,4) float64 T_world_actor
 
     def __post_init__(self):
+        if not isinstance(self.id, str) or not ACTOR_ID.fullmatch(self.id):
+            raise ValueError(f"actor id {self.id!r}: expected letters, digits, '_', '.', '-' "
+                             f"(not starting with '.' or '-')")
         ts = np.asarray(self.track_timestamps_us)
         poses = np.asarray(self.track_poses, dtype=np.float64)
         if ts.ndim != 1 or len(ts) == 0 or ts.dtype.kind not in "iu":
@@ -101,13 +107,22 @@ def _load_array(path: Path) -> np.ndarray:
 
 
 def _load_surfels(folder: Path) -> Surfels:
-    arrays = {k: _load_array(folder / f"{k}.npy") for k in SURFEL_FIELDS}
-    if (folder / "features.npy").exists():
-        arrays["features"] = _load_array(folder / "features.npy")
+    names = SURFEL_FIELDS + (("features",) if (folder / "features.npy").exists() else ())
+    arrays = {k: _load_array(folder / f"{k}.npy") for k in names}
     try:
         return Surfels(**arrays)
     except (ValueError, TypeError) as e:
-        raise SceneFormatError(f"{folder}: {e}") from None
+        m = re.match(r"Surfels\.(\w+)", str(e))
+        where = folder / f"{m.group(1)}.npy" if m and m.group(1) in names else folder
+        raise SceneFormatError(f"{where}: {e}") from None
+
+
+def _inside(root: Path, rel, field: str) -> Path:
+    """``root / rel`` for a relative manifest path that stays inside ``root``."""
+    if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise SceneFormatError(f"{root / 'scene.json'}: field {field!r} must be a relative path inside "
+                               f"the scene directory, got {rel!r}")
+    return root / rel
 
 
 def save_scene(scene: Scene, path) -> None:
@@ -117,7 +132,9 @@ def save_scene(scene: Scene, path) -> None:
     if path.exists() and not (path / "scene.json").is_file():
         raise FileExistsError(f"{path}: exists and is not a gsim scene directory; refusing to replace it")
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    old = path.parent / f".{path.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
     try:
+        os.chmod(tmp, umask_mode(0o777))  # mkdtemp creates 0700
         _save_surfels(scene.background, tmp / "background")
         actors = []
         for a in scene.actors:
@@ -131,16 +148,19 @@ def save_scene(scene: Scene, path) -> None:
                     "background": {"surfels": "background", "count": len(scene.background)},
                     "actors": actors, "sky": None, "appearance": {}}
         (tmp / "scene.json").write_text(json.dumps(manifest, indent=2))
-        old = None
         if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
             os.rename(path, old)
-        os.rename(tmp, path)
-        if old is not None:
-            shutil.rmtree(old)
+        try:
+            os.rename(tmp, path)
+        except BaseException:
+            if old.exists():  # put the previous scene back
+                os.rename(old, path)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
 
 
 def load_scene(path) -> Scene:
@@ -164,10 +184,10 @@ def load_scene(path) -> Scene:
     if m.get("sky") is not None or m.get("appearance"):
         raise SceneFormatError(f"{mpath}: fields 'sky'/'appearance' are not supported in schema_version 1")
     try:
-        bg = _load_surfels(path / m["background"]["surfels"])
+        bg = _load_surfels(_inside(path, m["background"]["surfels"], "background.surfels"))
         actors = []
         for i, a in enumerate(m.get("actors", [])):
-            d = path / a["surfels"]
+            d = _inside(path, a["surfels"], f"actors[{i}].surfels")
             try:
                 actors.append(Actor(id=str(a["id"]), category=str(a["category"]), size=tuple(a["size"]),
                                     surfels=_load_surfels(d),

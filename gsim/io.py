@@ -1,0 +1,83 @@
+"""Atomic file output: write next to the destination, then rename into place.
+
+A reader (or a killed run) never sees a half-written file: either the previous
+version or the complete new one.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+
+def umask_mode(base: int) -> int:
+    """``base`` permissions as the process umask allows (what open() would give)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return base & ~mask
+
+
+@contextlib.contextmanager
+def atomic_path(path, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path``, on error it is removed.
+
+    ``suffix`` keeps the extension for writers that infer the format from the name (video).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, umask_mode(0o666))  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes(path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json(path, obj) -> None:
+    write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def to_uint8(rgb: np.ndarray) -> np.ndarray:
+    """(H,W,3) float RGB in [0,1] -> uint8."""
+    return (np.clip(np.asarray(rgb, dtype=np.float32), 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+def write_png(path, image: np.ndarray) -> None:
+    """uint8 (H,W[,3]) or uint16 (H,W) image as PNG."""
+    from PIL import Image
+    with atomic_path(path, suffix=".png") as tmp:
+        Image.fromarray(image).save(tmp, format="PNG")
+
+
+def write_depth_png(path, depth_m: np.ndarray) -> None:
+    """Depth as 16-bit PNG in the KITTI convention: value = metres * 256, 0 = no depth."""
+    d = np.clip(np.nan_to_num(np.asarray(depth_m, np.float64)) * 256.0 + 0.5, 0, 65535)
+    write_png(path, d.astype(np.uint16))
+
+
+def write_video(path, frames_uint8, fps: float) -> None:
+    """H.264 MP4 from uint8 (H,W,3) frames (ffmpeg from the imageio-ffmpeg wheel)."""
+    import imageio.v2 as imageio
+    with atomic_path(path, suffix=".mp4") as tmp:
+        # macro_block_size=1: keep odd sizes exact rather than resizing them
+        with imageio.get_writer(tmp, format="FFMPEG", fps=fps, codec="libx264", quality=8,
+                                macro_block_size=1, pixelformat="yuv420p",
+                                output_params=["-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2"]) as w:
+            for f in frames_uint8:
+                w.append_data(f)

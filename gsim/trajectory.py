@@ -1,0 +1,68 @@
+"""Camera trajectory files: one camera model and a list of timed poses (JSON).
+
+    {"schema_version": 1,
+     "camera": {"model": "pinhole", "width": 640, "height": 360, "fx": ..., ...},
+     "frames": [{"timestamp_us": 0, "T_world_camera": [[...4 rows...]]}, ...]}
+
+T_world_camera maps OpenCV camera points (x right, y down, z forward) to world points.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .cameras import Camera, camera_from_dict
+from .io import write_json
+from .transforms import check_pose
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Trajectory:
+    camera: Camera
+    timestamps_us: np.ndarray  # (n,) int64, non-decreasing
+    poses: np.ndarray  # (n,4,4) float64 T_world_camera
+
+    def to_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "camera": self.camera.to_dict(),
+                "frames": [{"timestamp_us": int(t), "T_world_camera": T.tolist()}
+                           for t, T in zip(self.timestamps_us, self.poses)]}
+
+    def save(self, path) -> None:
+        write_json(path, self.to_dict())
+
+
+def load_trajectory(path) -> Trajectory:
+    """Read and validate a trajectory file; errors name the file and the field."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: trajectory file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict) or d.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: field 'schema_version' must be {SCHEMA_VERSION}")
+    camera = camera_from_dict(d.get("camera"), f"{path}: camera")
+    frames = d.get("frames")
+    if not isinstance(frames, list) or not frames:
+        raise ValueError(f"{path}: field 'frames' must be a non-empty list")
+    ts, poses = [], []
+    for i, f in enumerate(frames):
+        where = f"{path}: frames[{i}]"
+        if not isinstance(f, dict) or not isinstance(f.get("timestamp_us"), int) or isinstance(f.get("timestamp_us"), bool):
+            raise ValueError(f"{where}.timestamp_us: expected an integer (microseconds)")
+        try:
+            T = np.asarray(f.get("T_world_camera"), dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}.T_world_camera: expected a 4x4 array of numbers") from None
+        poses.append(check_pose(T, f"{where}.T_world_camera"))
+        ts.append(f["timestamp_us"])
+    ts = np.asarray(ts, dtype=np.int64)
+    if np.any(np.diff(ts) < 0):
+        raise ValueError(f"{path}: frames' timestamp_us must not decrease")
+    return Trajectory(camera, ts, np.stack(poses))

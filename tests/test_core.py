@@ -1,0 +1,165 @@
+"""Frames, camera models and the Surfels type."""
+import numpy as np
+import pytest
+import torch
+
+import gsim
+from gsim.cameras import camera_from_dict
+from gsim.transforms import (check_pose, interpolate_pose, invert, look_at, quat_to_rotmat,
+                             rotmat_to_quat)
+
+CAMERAS = [
+    gsim.PinholeCamera(64, 48, 50.0, 52.0, 31.0, 25.0),
+    gsim.OpenCVCamera(64, 48, 50.0, 52.0, 31.0, 25.0, k1=-0.25, k2=0.08, p1=0.001, p2=-0.002, k3=-0.01),
+    gsim.FisheyeCamera(64, 48, 25.0, 25.0, 32.0, 24.0, k1=0.03, k2=-0.01, k3=0.002, k4=-0.0005),
+]
+
+
+def test_quaternion_roundtrip_and_hamilton_convention():
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(200, 4))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    q *= np.sign(q[:, :1])
+    R = quat_to_rotmat(q)
+    assert np.allclose(R @ R.transpose(0, 2, 1), np.eye(3), atol=1e-12)
+    assert np.allclose(rotmat_to_quat(R), q, atol=1e-12)
+    # 90 deg about z (wxyz): x -> y
+    qz = np.array([np.cos(np.pi / 4), 0, 0, np.sin(np.pi / 4)])
+    assert np.allclose(quat_to_rotmat(qz[None])[0] @ [1, 0, 0], [0, 1, 0])
+
+
+def test_check_pose_rejects_bad_poses():
+    with pytest.raises(ValueError, match="4x4"):
+        check_pose(np.eye(3), "T")
+    T = np.eye(4)
+    T[0, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        check_pose(T, "T")
+    T = np.eye(4)
+    T[:3, :3] *= 2
+    with pytest.raises(ValueError, match="rigid"):
+        check_pose(T, "T_world_camera")
+    T = np.diag([1.0, 1.0, -1.0, 1.0])  # a reflection
+    with pytest.raises(ValueError, match="rigid"):
+        check_pose(T, "T")
+
+
+def test_look_at_is_opencv_and_invert():
+    T = look_at([0, 0, 1.5], [10, 0, 1.5])
+    assert np.allclose(T[:3, 2], [1, 0, 0])  # z forward
+    assert np.allclose(T[:3, 1], [0, 0, -1])  # y down
+    assert np.allclose(T[:3, 0], [0, -1, 0])  # x right (world -y when looking along +x)
+    assert np.allclose(invert(T) @ T, np.eye(4))
+
+
+def test_interpolate_pose_midpoint_and_clamp():
+    a, b = np.eye(4), np.eye(4)
+    b[:3, :3] = quat_to_rotmat(np.array([[np.cos(np.pi / 4), 0, 0, np.sin(np.pi / 4)]]))[0]
+    b[:3, 3] = [2, 0, 0]
+    ts, poses = np.array([0, 100]), np.stack([a, b])
+    mid = interpolate_pose(ts, poses, 50)
+    assert np.allclose(mid[:3, 3], [1, 0, 0])
+    assert np.isclose(np.arctan2(mid[1, 0], mid[0, 0]), np.pi / 4)
+    assert np.allclose(interpolate_pose(ts, poses, -5), a)
+    assert np.allclose(interpolate_pose(ts, poses, 500), b)
+
+
+@pytest.mark.parametrize("cam", CAMERAS, ids=lambda c: c.model)
+def test_unproject_project_roundtrip(cam):
+    jj, ii = np.meshgrid(np.arange(cam.width) + 0.5, np.arange(cam.height) + 0.5)
+    px = np.stack([jj.ravel(), ii.ravel()], 1)
+    rays, ok = cam.unproject(px)
+    assert ok.mean() > 0.5
+    uv, valid = cam.project(rays[ok] * 3.7)  # any depth along the ray
+    assert valid.all()
+    assert np.abs(uv - px[ok]).max() < 1e-6
+    assert np.allclose(rays[:, 2], 1.0)
+
+
+def test_opencv_projection_matches_the_formula():
+    cam = CAMERAS[1]
+    x, y, z = 0.3, -0.2, 2.0
+    xn, yn = x / z, y / z
+    r2 = xn * xn + yn * yn
+    radial = 1 + cam.k1 * r2 + cam.k2 * r2 ** 2 + cam.k3 * r2 ** 3
+    xd = xn * radial + 2 * cam.p1 * xn * yn + cam.p2 * (r2 + 2 * xn * xn)
+    yd = yn * radial + cam.p1 * (r2 + 2 * yn * yn) + 2 * cam.p2 * xn * yn
+    uv, ok = cam.project(np.array([[x, y, z]]))
+    assert ok[0] and np.allclose(uv[0], [cam.fx * xd + cam.cx, cam.fy * yd + cam.cy], atol=1e-12)
+
+
+def test_fisheye_projection_is_equidistant():
+    cam = gsim.FisheyeCamera(100, 100, 30.0, 30.0, 50.0, 50.0)  # no distortion terms
+    theta = np.deg2rad(60)
+    uv, ok = cam.project(np.array([[np.sin(theta), 0, np.cos(theta)]]))
+    assert ok[0] and np.isclose(uv[0, 0] - 50, 30 * theta)
+    _, ok = cam.project(np.array([[1.0, 0, -0.1]]))  # behind: no projection
+    assert not ok[0]
+
+
+def test_camera_validation_and_dict_roundtrip():
+    for cam in CAMERAS:
+        assert camera_from_dict(cam.to_dict()) == cam
+    with pytest.raises(ValueError, match="width"):
+        gsim.PinholeCamera(0, 10, 10, 10, 5, 5)
+    with pytest.raises(ValueError, match="height"):
+        gsim.PinholeCamera(10, -1, 10, 10, 5, 5)
+    with pytest.raises(ValueError, match="focal"):
+        gsim.PinholeCamera(10, 10, 0, 10, 5, 5)
+    with pytest.raises(ValueError, match="finite"):
+        gsim.OpenCVCamera(10, 10, 10, 10, 5, 5, k1=float("nan"))
+    with pytest.raises(ValueError, match="model"):
+        camera_from_dict({"model": "orthographic"})
+    with pytest.raises(ValueError, match="unknown fields"):
+        camera_from_dict({"model": "pinhole", "width": 2, "height": 2, "fx": 1, "fy": 1, "cx": 1, "cy": 1, "k1": 0})
+
+
+def _surfel_args(n=4):
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=(n, 4))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    return dict(means=rng.normal(size=(n, 3)), quats=q, scales=rng.uniform(0.1, 1, (n, 2)),
+                opacities=rng.uniform(0.1, 1, n), colors=rng.uniform(0, 1, (n, 3)))
+
+
+def test_surfels_rgb_becomes_sh_dc():
+    a = _surfel_args()
+    s = gsim.Surfels(**a)
+    assert s.colors.shape == (4, 1, 3) and s.sh_degree == 0
+    assert np.allclose(s.colors[:, 0] * 0.28209479177387814 + 0.5, a["colors"])
+    t = gsim.Surfels(**{k: torch.as_tensor(v) for k, v in a.items()})
+    assert t.is_torch and torch.allclose(t.colors[:, 0] * 0.28209479177387814 + 0.5, torch.as_tensor(a["colors"]))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("means", np.zeros((4, 2)), r"means: expected shape \(N,3\)"),
+    ("quats", np.zeros((4, 4)), "quaternion 0 has norm 0"),
+    ("quats", np.tile([2.0, 0, 0, 0], (4, 1)), "norm 2"),
+    ("scales", -np.ones((4, 2)), "scales >= 0"),
+    ("opacities", np.full(4, 1.5), r"opacities: expected values in \[0, 1\]"),
+    ("opacities", np.zeros(3), r"opacities: expected shape \(4,\)"),
+    ("colors", np.zeros((4, 5, 3)), "colors"),
+    ("means", np.full((4, 3), np.inf), "means: contains NaN or inf"),
+    ("scales", np.full((4, 2), np.nan), "scales: contains NaN or inf"),
+])
+def test_surfels_bad_input(field, value, match):
+    a = _surfel_args()
+    a[field] = value
+    with pytest.raises(ValueError, match=match):
+        gsim.Surfels(**a)
+
+
+def test_surfels_refuses_mixed_array_kinds():
+    a = _surfel_args()
+    a["means"] = torch.as_tensor(a["means"])
+    with pytest.raises(TypeError, match="mix"):
+        gsim.Surfels(**a)
+
+
+def test_concatenate_pads_sh():
+    a = _surfel_args()
+    s0 = gsim.Surfels(**a)
+    a["colors"] = np.zeros((4, 9, 3))
+    s2 = gsim.Surfels(**a)
+    c = gsim.Surfels.concatenate([s0, s2])
+    assert len(c) == 8 and c.sh_degree == 2 and np.all(c.colors[:4, 1:] == 0)

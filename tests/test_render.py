@@ -1,0 +1,332 @@
+"""Camera rendering: analytic cases, an independent dense oracle, backend parity, gradients."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import gsim
+from gsim.render.common import RenderOptions
+
+PIN = gsim.PinholeCamera(64, 64, 100.0, 100.0, 32.0, 32.0)
+CAMERAS = [
+    gsim.PinholeCamera(48, 32, 40.0, 42.0, 24.5, 15.5),
+    gsim.OpenCVCamera(48, 32, 40.0, 42.0, 23.0, 17.0, k1=-0.2, k2=0.05, p1=0.002, p2=-0.001),
+    gsim.FisheyeCamera(48, 32, 20.0, 20.0, 24.0, 16.0, k1=0.02, k2=-0.005),
+]
+BACKENDS = ["torch", "numba"]
+
+
+def quat_axis_angle(axis, angle):
+    axis = np.asarray(axis, float) / np.linalg.norm(axis)
+    return np.concatenate([[math.cos(angle / 2)], math.sin(angle / 2) * axis])
+
+
+def one_surfel(center, quat=(1, 0, 0, 0), scales=(0.2, 0.2), opacity=0.9, rgb=(1.0, 0.2, 0.1)):
+    return gsim.Surfels(np.array([center], float), np.array([quat], float), np.array([scales], float),
+                        np.array([opacity], float), np.array([rgb], float))
+
+
+def pixel_rays(cam):
+    return cam.ray_table()  # (H,W,2) rays (x/z, y/z) through pixel centres
+
+
+def random_scene(n, seed, sh_degree=1, spread=(2.0, 1.5, 1.0), z=6.0):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(n, 4))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    k = (sh_degree + 1) ** 2
+    colors = rng.normal(size=(n, k, 3)) * 0.3
+    colors[:, 0] += 0.5
+    return gsim.Surfels(rng.normal(size=(n, 3)) * spread + [0, 0, z], q, rng.uniform(0.05, 0.5, (n, 2)),
+                        rng.uniform(0.1, 1.0, n), colors)
+
+
+def dense_oracle(surfels, cam, near=0.01, bg=(0, 0, 0)):
+    """A per-pixel numpy loop over all surfels (no tiles, no bounds): the 2DGS definition, camera = world."""
+    s = surfels.numpy()
+    from gsim.transforms import quat_to_rotmat
+    R = quat_to_rotmat(s.quats / np.linalg.norm(s.quats, axis=1, keepdims=True))
+    order = np.argsort(s.means[:, 2], kind="stable")
+    rays = pixel_rays(cam)
+    out = {k: np.zeros((cam.height, cam.width) + sh) for k, sh in
+           (("rgb", (3,)), ("alpha", ()), ("depth", ()), ("normal", (3,)))}
+    rgb_all = np.clip(s.colors[:, 0] * 0.28209479177387814 + 0.5, 0, None)  # SH degree 0 only
+    for i in range(cam.height):
+        for j in range(cam.width):
+            u, v = rays[i, j]
+            if not np.isfinite(u):
+                continue
+            r = np.array([u, v, 1.0])
+            T, acc = 1.0, np.zeros(8)
+            for k in order:
+                c = s.means[k].astype(float)
+                if c[2] <= near:
+                    continue
+                tu, tv, n = R[k][:, 0] * s.scales[k, 0], R[k][:, 1] * s.scales[k, 1], R[k][:, 2]
+                # ray-plane hit: t r = c + a tu + b tv
+                A = np.stack([tu, tv, -r], 1)
+                rho3, z = np.inf, c[2]
+                if abs(np.linalg.det(A)) > 1e-12:
+                    a, b, t = np.linalg.solve(A, -c)
+                    if t > near:
+                        rho3, z3 = a * a + b * b, t
+                d = np.array([(u - c[0] / c[2]) * cam.fx, (v - c[1] / c[2]) * cam.fy])
+                rho2 = 2 * d @ d
+                if rho3 <= rho2:
+                    rho, z = rho3, z3
+                else:
+                    rho = rho2
+                alpha = min(0.999, s.opacities[k] * math.exp(-0.5 * rho))
+                if alpha < 1 / 255:
+                    continue
+                if T * (1 - alpha) <= 1e-4:
+                    break
+                w = alpha * T
+                nn = -n if n @ c > 0 else n
+                acc += w * np.concatenate([rgb_all[k], [1.0, z], nn])
+                T *= 1 - alpha
+            a = acc[3]
+            out["rgb"][i, j] = acc[:3] + (1 - a) * np.asarray(bg)
+            out["alpha"][i, j] = a
+            out["depth"][i, j] = acc[4] / a if a > 0 else 0
+            out["normal"][i, j] = acc[5:] / a if a > 0 else 0
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fronto_parallel_surfel_exact_depth_and_footprint(backend):
+    z, s, o = 5.0, 0.2, 0.9
+    f = gsim.render_camera(one_surfel([0, 0, z], scales=(s, s), opacity=o), PIN, np.eye(4), backend=backend)
+    rays = pixel_rays(PIN)
+    rho3 = (rays[..., 0] ** 2 + rays[..., 1] ** 2) * z * z / (s * s)  # 3D Gaussian wins: 4 px sigma
+    expect = np.minimum(o * np.exp(-0.5 * rho3), 0.999)
+    expect[expect < 1 / 255] = 0
+    assert np.abs(f.alpha - expect).max() < 1e-5
+    hit = expect > 0
+    assert hit.sum() > 100 and not np.any(f.alpha[~hit])  # the footprint, and nothing outside it
+    assert np.abs(f.depth[hit] - z).max() < 1e-5
+    assert np.allclose(f.normal[hit], [0, 0, -1], atol=1e-6)  # facing the camera
+    assert np.allclose(f.rgb[..., 0], f.alpha * 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rotated_surfel_ellipse_axes(backend):
+    theta, z, s0, s1 = math.radians(30), 5.0, 0.4, 0.1
+    f = gsim.render_camera(one_surfel([0, 0, z], quat_axis_angle([0, 0, 1], theta), (s0, s1), 1.0),
+                           PIN, np.eye(4), backend=backend)
+    rays = pixel_rays(PIN)
+    x, y = rays[..., 0] * z, rays[..., 1] * z
+    a = (math.cos(theta) * x + math.sin(theta) * y) / s0
+    b = (-math.sin(theta) * x + math.cos(theta) * y) / s1
+    px = np.stack([rays[..., 0] * PIN.fx, rays[..., 1] * PIN.fy], -1)
+    rho = np.minimum(a * a + b * b, 2 * (px ** 2).sum(-1))  # with the object-space low-pass filter
+    expect = np.minimum(np.exp(-0.5 * rho), 0.999)
+    expect[expect < 1 / 255] = 0
+    assert np.abs(f.alpha - expect).max() < 1e-5
+    # the footprint is an ellipse with axes along 30 deg, ratio s0/s1 = 4
+    w = f.alpha / f.alpha.sum()
+    m = np.array([(w * px[..., 0]).sum(), (w * px[..., 1]).sum()])
+    d = px - m
+    cov = np.einsum("hw,hwi,hwj->ij", w, d, d)
+    evals, evecs = np.linalg.eigh(cov)
+    major = evecs[:, 1] * np.sign(evecs[0, 1])
+    assert abs(math.degrees(math.atan2(major[1], major[0])) - 30) < 0.5
+    assert abs(math.sqrt(evals[1] / evals[0]) - 4) < 0.1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tilted_surfel_depth_is_the_ray_plane_hit(backend):
+    phi, c = math.radians(50), np.array([0.1, -0.05, 4.0])
+    f = gsim.render_camera(one_surfel(c, quat_axis_angle([1, 0, 0], phi), (0.5, 0.5), 0.95),
+                           PIN, np.eye(4), backend=backend)
+    n = np.array([0, -math.sin(phi), math.cos(phi)])
+    rays = pixel_rays(PIN)
+    r = np.concatenate([rays, np.ones(rays.shape[:2] + (1,))], -1)
+    expect = (n @ c) / (r @ n)
+    # away from the centre pixel, where the 2D filter may win and centre depth is used
+    far = (rays[..., 0] * PIN.fx - c[0] / c[2] * PIN.fx) ** 2 + \
+          (rays[..., 1] * PIN.fy - c[1] / c[2] * PIN.fy) ** 2 > 9
+    hit = (f.alpha > 0.01) & far
+    assert hit.sum() > 200
+    assert np.abs(f.depth[hit] - expect[hit]).max() < 2e-4
+    assert np.ptp(f.depth[hit]) > 1.0  # the depth really varies across the tilted surfel
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_semi_transparent_compositing_in_depth_order(backend):
+    red = one_surfel([0, 0, 4.0], scales=(3, 3), opacity=0.5, rgb=(1, 0, 0))
+    blue = one_surfel([0, 0, 6.0], scales=(3, 3), opacity=0.8, rgb=(0, 0, 1))
+    for pair in ([red, blue], [blue, red]):  # array order must not matter
+        f = gsim.render_camera(gsim.Surfels.concatenate(pair), PIN, np.eye(4), backend=backend,
+                               options=RenderOptions(background=(0, 1, 0)))
+        u = pixel_rays(PIN)[32, 32]
+        g = lambda z, s: math.exp(-0.5 * (u @ u) * z * z / (s * s))
+        a1, a2 = 0.5 * g(4, 3), 0.8 * g(6, 3)
+        w1, w2 = a1, (1 - a1) * a2
+        assert np.allclose(f.rgb[32, 32], [w1, 1 - w1 - w2, w2], atol=1e-5)
+        assert abs(f.depth[32, 32] - (4 * w1 + 6 * w2) / (w1 + w2)) < 1e-4
+
+
+@pytest.mark.parametrize("cam", CAMERAS, ids=lambda c: c.model)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_dense_oracle(cam, backend):
+    s = random_scene(40, seed=3, sh_degree=0, spread=(1.5, 1.0, 1.0), z=4.0)
+    ref = dense_oracle(s, cam)
+    f = gsim.render_camera(s, cam, np.eye(4), backend=backend)
+    for k in ("rgb", "alpha", "normal"):
+        err = np.abs(getattr(f, k) - ref[k])
+        assert err.max() < 2e-3 and (err > 1e-4).mean() < 0.01, k
+    derr = np.abs(f.depth - ref["depth"])
+    assert (derr > 1e-3).mean() < 0.01
+
+
+@pytest.mark.parametrize("cam", CAMERAS, ids=lambda c: c.model)
+@pytest.mark.parametrize("sh_degree", [0, 1, 3])
+def test_numba_matches_torch(cam, sh_degree):
+    s = random_scene(300, seed=sh_degree, sh_degree=sh_degree)
+    T = gsim.transforms.look_at([0.3, -0.2, -0.5], [0, 0, 6], up=(0, -1, 0))
+    opts = RenderOptions(background=(0.2, 0.3, 0.4))
+    a = gsim.render_camera(s, cam, T, backend="torch", options=opts)
+    b = gsim.render_camera(s, cam, T, backend="numba", options=opts)
+    assert a.alpha.max() > 0.5
+    for k in ("rgb", "alpha", "normal", "depth"):
+        err = np.abs(getattr(a, k) - getattr(b, k))
+        assert err.max() < 1e-2 and (err > 1e-3).mean() < 1e-3, k
+
+
+def test_numba_matches_torch_on_the_street():
+    from gsim.demo import demo_camera, drive_trajectory, street_surfels
+    s = street_surfels(20_000, seed=1)
+    cam, T = demo_camera(160, 90), drive_trajectory(5)[2]
+    a = gsim.render_camera(s, cam, T, backend="torch")
+    b = gsim.render_camera(s, cam, T, backend="numba")
+    assert a.alpha.mean() > 0.5
+    err = np.abs(a.rgb - b.rgb)
+    assert (err > 2e-3).mean() < 1e-3
+    assert (np.abs(a.depth - b.depth) > 1e-2 * np.maximum(a.depth, 1)).mean() < 1e-3
+
+
+def test_gradcheck_torch_float64():
+    s = random_scene(3, seed=7, sh_degree=1, spread=(0.3, 0.2, 0.1), z=3.0)
+    cam = gsim.PinholeCamera(10, 8, 8.0, 8.0, 5.0, 4.0)
+    params = [torch.tensor(x, dtype=torch.float64, requires_grad=True)
+              for x in (s.means, s.quats, s.scales, s.opacities * 0.8, s.colors)]
+    wts = [torch.randn(sh, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+           for sh in ((8, 10, 3), (8, 10), (8, 10), (8, 10, 3))]
+
+    def f(*p):
+        out = gsim.render_camera(gsim.Surfels(*p), cam, np.eye(4), backend="torch")
+        return sum((w * x).sum() for w, x in zip(wts, (out.rgb, out.alpha, out.depth, out.normal)))
+
+    assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_output_types_follow_the_input():
+    s = random_scene(20, seed=0)
+    f = gsim.render_camera(s, PIN, np.eye(4))
+    assert isinstance(f.rgb, np.ndarray) and f.rgb.shape == (64, 64, 3) and f.depth.shape == (64, 64)
+    st = s.torch(dtype=torch.float32)
+    means = st.means.clone().requires_grad_(True)
+    ft = gsim.render_camera(gsim.Surfels(means, st.quats, st.scales, st.opacities, st.colors), PIN, np.eye(4))
+    assert isinstance(ft.rgb, torch.Tensor)
+    ft.rgb.sum().backward()  # auto picks the differentiable backend for tensors that need grad
+    assert means.grad is not None and means.grad.abs().sum() > 0
+    fn = gsim.render_camera(st, PIN, np.eye(4), backend="numba")
+    assert isinstance(fn.alpha, torch.Tensor) and np.allclose(fn.alpha.numpy(), f.alpha, atol=1e-4)
+
+
+def test_distorted_camera_places_a_small_surfel_where_the_model_projects_it():
+    cam = gsim.OpenCVCamera(96, 64, 60.0, 60.0, 48.0, 32.0, k1=-0.3, k2=0.1)
+    c = np.array([1.2, 0.6, 3.0])
+    f = gsim.render_camera(one_surfel(c, scales=(0.01, 0.01)), cam, np.eye(4), backend="numba")
+    jj, ii = np.meshgrid(np.arange(96) + 0.5, np.arange(64) + 0.5)
+    w = f.alpha / f.alpha.sum()
+    centroid = np.array([(w * jj).sum(), (w * ii).sum()])
+    uv, ok = cam.project(c[None])
+    assert ok[0] and np.linalg.norm(centroid - uv[0]) < 0.05
+
+
+def test_scene_actor_follows_its_track():
+    track = np.tile(np.eye(4), (2, 1, 1))
+    track[1, 0, 3] = 2.0  # moves 2 m along x between t=0 and t=1 s
+    actor = gsim.Actor("car_1", "car", (4.0, 2.0, 1.5), one_surfel([0, 0, 0], scales=(0.05, 0.05), opacity=1.0),
+                       np.array([0, 1_000_000]), track)
+    bg = one_surfel([0, 0, 50.0], scales=(0.01, 0.01), opacity=0.0)
+    scene = gsim.Scene(background=bg, actors=(actor,))
+    T = np.eye(4)
+    T[2, 3] = -5.0  # camera 5 m behind the origin looking along +z
+    f = gsim.render_camera(scene, PIN, T, timestamp_us=500_000)
+    jj = np.arange(64) + 0.5
+    col = (f.alpha.sum(0) * jj).sum() / f.alpha.sum()
+    assert abs(col - (32 + 100 * 1.0 / 5.0)) < 0.1  # x = 1 m at 5 m depth
+    with pytest.raises(ValueError, match="timestamp_us"):
+        gsim.render_camera(scene, PIN, T)
+
+
+def test_bad_render_input_is_reported():
+    s = random_scene(5, seed=0)
+    with pytest.raises(ValueError, match="unknown backend 'vulkan'"):
+        gsim.render_camera(s, PIN, np.eye(4), backend="vulkan")
+    with pytest.raises(ValueError, match="T_world_camera"):
+        gsim.render_camera(s, PIN, np.ones((4, 4)))
+    with pytest.raises(TypeError, match="camera model"):
+        gsim.render_camera(s, object(), np.eye(4))
+    with pytest.raises(TypeError, match="Scene or Surfels"):
+        gsim.render_camera(np.zeros((3, 3)), PIN, np.eye(4))
+    with pytest.raises(ValueError, match="near"):
+        RenderOptions(near=0.0)
+    if "gsplat" not in gsim.available_backends():
+        with pytest.raises(RuntimeError, match="gsplat.*not available: .+"):
+            gsim.render_camera(s, PIN, np.eye(4), backend="gsplat")
+
+
+def test_backend_registry():
+    names = gsim.available_backends()
+    assert {"torch", "numba"} <= set(names)
+    report = gsim.backend_report()
+    assert set(report) == {"torch", "numba", "gsplat"}
+    assert report["gsplat"] == "available" or len(report["gsplat"]) > 10
+    assert ("gsplat" in names) == torch.cuda.is_available() or report["gsplat"] != "available"
+
+
+needs_cuda = pytest.mark.skipif("gsplat" not in gsim.available_backends(),
+                                reason="gsplat backend not available: " + gsim.backend_report()["gsplat"])
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_gsplat_matches_torch_forward_and_backward():
+    s = random_scene(500, seed=11, sh_degree=2).torch(device="cuda", dtype=torch.float32)
+    cam = gsim.PinholeCamera(160, 120, 120.0, 120.0, 80.0, 60.0)
+    T = gsim.transforms.look_at([0.2, 0.1, -0.5], [0, 0, 6], up=(0, -1, 0))
+    leaves = {}
+
+    def run(backend):
+        p = {k: getattr(s, k).detach().clone().requires_grad_(True) for k in
+             ("means", "quats", "scales", "opacities", "colors")}
+        f = gsim.render_camera(gsim.Surfels(**p), cam, T, backend=backend)
+        (f.rgb.sum() + f.alpha.sum()).backward()
+        leaves[backend] = p
+        return f
+    a, b = run("torch"), run("gsplat")
+    err = (a.rgb - b.rgb).abs()
+    assert (err > 1e-2).float().mean() < 1e-2
+    assert ((a.alpha - b.alpha).abs() > 1e-2).float().mean() < 1e-2
+    for k in ("means", "opacities", "colors"):
+        ga, gb = leaves["torch"][k].grad.flatten(), leaves["gsplat"][k].grad.flatten()
+        assert torch.nn.functional.cosine_similarity(ga, gb, dim=0) > 0.95, k
+        assert (ga - gb).norm() / ga.norm() < 0.3, k
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compositing_stops_at_the_transmittance_floor(backend):
+    # three opaque layers: alpha clamps to 0.999, T = 1e-3 after the first, and the second
+    # would take T to 1e-6 <= 1e-4, so the pixel is done (exclusive): only the first counts
+    layers = [one_surfel([0, 0, z], scales=(20, 20), opacity=1.0, rgb=c)
+              for z, c in ((2.0, (1, 0, 0)), (3.0, (0, 1, 0)), (4.0, (0, 0, 1)))]
+    f = gsim.render_camera(gsim.Surfels.concatenate(layers), PIN, np.eye(4), backend=backend,
+                           options=RenderOptions(background=(0, 0, 1)))
+    assert np.allclose(f.alpha, 0.999, atol=1e-6)
+    assert np.allclose(f.rgb[32, 32], [0.999, 0.0, 0.001], atol=1e-6)
+    assert np.allclose(f.depth, 2.0, atol=1e-5)
