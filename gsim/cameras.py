@@ -77,6 +77,12 @@ class _CameraBase:
         return xd, yd, np.ones(xd.shape, bool)
 
 
+def _first_fold(x: np.ndarray, derivative: np.ndarray, default: float) -> float:
+    """The first sample of ``x`` where a distortion curve stops increasing (``default`` if never)."""
+    bad = np.nonzero(derivative <= 0)[0]
+    return float(x[bad[0]]) if len(bad) else default
+
+
 @functools.lru_cache(maxsize=16)
 def _ray_table(cam) -> np.ndarray:
     jj, ii = np.meshgrid(np.arange(cam.width) + 0.5, np.arange(cam.height) + 0.5)
@@ -89,10 +95,9 @@ def _ray_table(cam) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class PinholeCamera(_CameraBase):
-    """Ideal pinhole: u = fx x/z + cx, v = fy y/z + cy (pixels)."""
+class _Intrinsics(_CameraBase):
+    """Image size (pixels) and the linear part of every model: focal lengths and principal point."""
 
-    model: ClassVar[str] = "pinhole"
     width: int
     height: int
     fx: float
@@ -102,7 +107,14 @@ class PinholeCamera(_CameraBase):
 
 
 @dataclass(frozen=True)
-class OpenCVCamera(_CameraBase):
+class PinholeCamera(_Intrinsics):
+    """Ideal pinhole: u = fx x/z + cx, v = fy y/z + cy (pixels)."""
+
+    model: ClassVar[str] = "pinhole"
+
+
+@dataclass(frozen=True)
+class OpenCVCamera(_Intrinsics):
     """OpenCV radial-tangential (k1, k2, p1, p2, k3) model, as cv2.projectPoints.
 
     Points beyond the radius where the radial polynomial stops being monotonic are
@@ -110,12 +122,6 @@ class OpenCVCamera(_CameraBase):
     """
 
     model: ClassVar[str] = "opencv"
-    width: int
-    height: int
-    fx: float
-    fy: float
-    cx: float
-    cy: float
     k1: float = 0.0
     k2: float = 0.0
     p1: float = 0.0
@@ -127,9 +133,7 @@ class OpenCVCamera(_CameraBase):
         """Largest undistorted radius (x/z, y/z plane) where r * radial(r) still increases."""
         r = np.linspace(0, 20, 200001)[1:]
         r2 = r * r
-        deriv = 1 + 3 * self.k1 * r2 + 5 * self.k2 * r2 ** 2 + 7 * self.k3 * r2 ** 3
-        bad = np.nonzero(deriv <= 0)[0]
-        return float(r[bad[0]]) if len(bad) else float("inf")
+        return _first_fold(r, 1 + 3 * self.k1 * r2 + 5 * self.k2 * r2 ** 2 + 7 * self.k3 * r2 ** 3, float("inf"))
 
     def _distort(self, x, y):
         r2 = x * x + y * y
@@ -160,19 +164,13 @@ class OpenCVCamera(_CameraBase):
 
 
 @dataclass(frozen=True)
-class FisheyeCamera(_CameraBase):
+class FisheyeCamera(_Intrinsics):
     """OpenCV fisheye (Kannala-Brandt, equidistant): theta_d = theta (1 + k1 t^2 + k2 t^4 + k3 t^6 + k4 t^8).
 
     theta is the angle to the optical axis; rays up to 89 deg off-axis are supported.
     """
 
     model: ClassVar[str] = "fisheye"
-    width: int
-    height: int
-    fx: float
-    fy: float
-    cx: float
-    cy: float
     k1: float = 0.0
     k2: float = 0.0
     k3: float = 0.0
@@ -183,8 +181,7 @@ class FisheyeCamera(_CameraBase):
         t = np.linspace(0, FISHEYE_MAX_THETA, 100001)[1:]
         t2 = t * t
         deriv = 1 + t2 * (3 * self.k1 + t2 * (5 * self.k2 + t2 * (7 * self.k3 + 9 * self.k4 * t2)))
-        bad = np.nonzero(deriv <= 0)[0]
-        return float(t[bad[0]]) if len(bad) else FISHEYE_MAX_THETA
+        return _first_fold(t, deriv, FISHEYE_MAX_THETA)
 
     def _theta_d(self, t):
         t2 = t * t

@@ -64,8 +64,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"gsplat backend not available: {reason}")
-    s = surfels.torch(device="cuda", dtype=torch.float32) if not surfels.is_torch or \
-        surfels.means.device.type != "cuda" else surfels
+    s = surfels.torch(device="cuda", dtype=torch.float32)  # gsplat's kernels take float32; keeps autograd
     pin = camera if isinstance(camera, PinholeCamera) else _pinhole_cover(camera)
     R_cw, t_cw, _ = world_to_camera(T_world_camera)
     view = np.eye(4)
