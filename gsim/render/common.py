@@ -61,11 +61,13 @@ class TileTable:
     rays (n_tiles, TILE_SIZE**2, 2) float32, NaN for pixels outside the image or
     without a ray; pixel (n_tiles, TILE_SIZE**2) int64 flat pixel index or -1;
     bounds (n_tiles, 4) [umin, umax, vmin, vmax] (empty tiles: +inf, -inf);
-    tile_col_u (tiles_x, 2) the [umin, umax] of each column of tiles and tile_row_v
-    (tiles_y, 2) the [vmin, vmax] of each row of tiles; row_v (n_tiles, TILE_SIZE, 2)
-    and col_u the same for the pixel rows and columns inside each tile. A footprint
-    bound thus selects a rectangle of tiles, and in a tile a rectangle of pixels,
-    without missing any pixel for any camera model.
+    tile_col_u (2, tiles_x) a [umin; umax] range of each column of tiles and tile_row_v
+    (2, tiles_y) a [vmin; vmax] range of each row of tiles; row_v (n_tiles, 2, TILE_SIZE)
+    float32 and col_u the same for the pixel rows and columns inside each tile. Each
+    range holds its pixels' rays, and the mins and the maxes are each nondecreasing
+    (see ``_ranges``), so the indices whose range meets [lo, hi] are counted: from
+    #(max < lo) to #(min <= hi). A footprint bound thus selects a rectangle of tiles,
+    and in a tile a rectangle of pixels, without missing any pixel for any camera model.
     """
 
     tiles_x: int
@@ -93,6 +95,16 @@ def _minmax(x: np.ndarray, axis) -> np.ndarray:
     return np.stack([np.where(ok, x, np.inf).min(axis), np.where(ok, x, -np.inf).max(axis)], -1)
 
 
+def _ranges(x: np.ndarray, axis) -> np.ndarray:
+    """[..., 2, n]: ranges [lo; hi] that hold ``_minmax(x, axis)`` (n: the last axis left), widened so
+    that lo and hi are nondecreasing: lo the running min from the end, hi the running max from the start.
+    Rays monotone along that axis, as for the usual cameras, leave them unchanged; empty ranges (no ray)
+    take their neighbours'."""
+    m = _minmax(x, axis)
+    lo = np.minimum.accumulate(m[..., ::-1, 0], -1)[..., ::-1]
+    return np.ascontiguousarray(np.stack([lo, np.maximum.accumulate(m[..., 1], -1)], -2))
+
+
 @functools.lru_cache(maxsize=16)
 def tile_table(camera) -> TileTable:
     """The tile table of ``camera`` (cached; cameras are frozen and hashable)."""
@@ -105,12 +117,12 @@ def tile_table(camera) -> TileTable:
     grid = table.reshape(ty, ts, tx, ts, 2)  # (tile row, pixel row, tile col, pixel col, uv)
     u, v = grid[..., 0], grid[..., 1]
     bounds = np.concatenate([_minmax(u, (1, 3)), _minmax(v, (1, 3))], -1).reshape(-1, 4)
-    row_v = _minmax(v, 3).transpose(0, 2, 1, 3).reshape(ty * tx, ts, 2)
-    col_u = _minmax(u, 1).reshape(ty * tx, ts, 2)
+    row_v = _ranges(v.transpose(0, 2, 1, 3), 3).reshape(ty * tx, 2, ts)
+    col_u = _ranges(u.transpose(0, 2, 3, 1), 3).reshape(ty * tx, 2, ts)
     f32 = lambda x: np.ascontiguousarray(x, dtype=np.float32)
     return TileTable(tx, ty, f32(grid.transpose(0, 2, 1, 3, 4).reshape(ty * tx, ts * ts, 2)),
                      pix.reshape(ty, ts, tx, ts).transpose(0, 2, 1, 3).reshape(ty * tx, ts * ts),
-                     bounds, _minmax(u, (0, 1, 3)), _minmax(v, (1, 2, 3)), f32(row_v), f32(col_u))
+                     bounds, _ranges(u.transpose(0, 1, 3, 2), (0, 1, 2)), _ranges(v, (1, 2, 3)), f32(row_v), f32(col_u))
 
 
 def world_to_camera(T_world_camera: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,10 +1,14 @@
 """Fast CPU camera backend: a parallel tile rasterizer in numba (forward only).
 
 Same math as the torch reference (see torch_backend's docstring), in float32 per
-pixel. Steps: per-surfel preprocessing (parallel), a two-level surfel/tile overlap
-search on the z=1 ray plane (parallel), a counting sort of (tile, surfel) pairs in
-centre-depth order, and per-tile compositing (parallel over tiles, small chunks so
-that the two cores share uneven tiles).
+pixel. Steps: per-surfel preprocessing and search of the rectangle of tiles that the
+footprint bound meets (parallel), a sort of those surfels by centre depth, per-tile
+surfel lists in that order (a parallel counting sort), and per-tile compositing
+(parallel over tiles, in small prange chunks so that the two cores share uneven
+tiles), LANES pixels of a row at a time as one vector.
+
+Arrays are indexed by scalars in every loop: an array view costs an atomic reference
+count, which two threads touching the same array make slow.
 """
 from __future__ import annotations
 
@@ -16,11 +20,11 @@ from numba import njit, prange
 
 from ..cameras import Camera
 from ..surfels import Surfels
-from .common import (ALPHA_THRESHOLD, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN, CameraFrame, RenderOptions,
+from .common import (ALPHA_THRESHOLD, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN, TILE_SIZE, CameraFrame, RenderOptions,
                      tile_table, world_to_camera)
 from .torch_backend import SH_C
 
-# No 'nnan'/'ninf': bounds use +-inf and pixels without a ray are NaN.
+# No 'nnan'/'ninf': bounds use +-inf, and the pixel loop computes inf/NaN in lanes it does not select.
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 # Per-surfel record: adj(H) entries a00 a01 a10 a11 a20 a21 a22 (0-6; a02, a12 are not needed
 # since pixel offsets are taken from the centre ray), det 7, centre ray u,v 8-9, opacity 10,
@@ -28,35 +32,38 @@ FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 REC = 23
 C0, C1 = SH_C[0], SH_C[1]
 C2, C3 = SH_C[2], SH_C[3]
+f64 = np.float64
 
 
-@njit(cache=True, fastmath=FASTMATH)
-def _sh_channel(sh, ch, x, y, z):
-    k = sh.shape[0]
-    r = C0 * sh[0, ch]
+@njit(cache=True, fastmath=FASTMATH, inline="always")
+def _sh_channel(sh, i, ch, x, y, z):
+    k = sh.shape[1]
+    r = C0 * sh[i, 0, ch]
     if k > 1:
-        r += C1 * (-y * sh[1, ch] + z * sh[2, ch] - x * sh[3, ch])
+        r += C1 * (-y * sh[i, 1, ch] + z * sh[i, 2, ch] - x * sh[i, 3, ch])
     if k > 4:
         xx, yy, zz = x * x, y * y, z * z
-        r += (C2[0] * x * y * sh[4, ch] + C2[1] * y * z * sh[5, ch] + C2[2] * (2 * zz - xx - yy) * sh[6, ch]
-              + C2[3] * x * z * sh[7, ch] + C2[4] * (xx - yy) * sh[8, ch])
+        r += (C2[0] * x * y * sh[i, 4, ch] + C2[1] * y * z * sh[i, 5, ch]
+              + C2[2] * (2 * zz - xx - yy) * sh[i, 6, ch] + C2[3] * x * z * sh[i, 7, ch]
+              + C2[4] * (xx - yy) * sh[i, 8, ch])
         if k > 9:
-            r += (C3[0] * y * (3 * xx - yy) * sh[9, ch] + C3[1] * x * y * z * sh[10, ch]
-                  + C3[2] * y * (4 * zz - xx - yy) * sh[11, ch] + C3[3] * z * (2 * zz - 3 * xx - 3 * yy) * sh[12, ch]
-                  + C3[4] * x * (4 * zz - xx - yy) * sh[13, ch] + C3[5] * z * (xx - yy) * sh[14, ch]
-                  + C3[6] * x * (xx - 3 * yy) * sh[15, ch])
+            r += (C3[0] * y * (3 * xx - yy) * sh[i, 9, ch] + C3[1] * x * y * z * sh[i, 10, ch]
+                  + C3[2] * y * (4 * zz - xx - yy) * sh[i, 11, ch]
+                  + C3[3] * z * (2 * zz - 3 * xx - 3 * yy) * sh[i, 12, ch]
+                  + C3[4] * x * (4 * zz - xx - yy) * sh[i, 13, ch] + C3[5] * z * (xx - yy) * sh[i, 14, ch]
+                  + C3[6] * x * (xx - 3 * yy) * sh[i, 15, ch])
     return r
 
 
 @njit(cache=True)
-def _clipped_disk_bounds(c0, c1, c2, u0, u1, u2, v0, v1, v2, near, out):
+def _clipped_disk_bounds(c0, c1, c2, u0, u1, u2, v0, v1, v2, near):
     """[umin, umax, vmin, vmax] of the image of the disk c + (cos t) u + (sin t) v clipped to z >= near.
 
     The disk is enclosed by a circumscribed 16-gon, clipped by the plane, projected vertex by vertex.
     """
     n = 16
     rad = 1.0 / math.cos(math.pi / n)
-    out[0], out[1], out[2], out[3] = np.inf, -np.inf, np.inf, -np.inf
+    b0, b1, b2, b3 = np.inf, -np.inf, np.inf, -np.inf
     for j in range(n):
         for e in range(2):  # the vertex itself, then where the edge to the next one crosses z = near
             t0, t1 = 2 * math.pi * j / n, 2 * math.pi * (j + 1) / n
@@ -73,27 +80,29 @@ def _clipped_disk_bounds(c0, c1, c2, u0, u1, u2, v0, v1, v2, near, out):
             x = c0 + ((1 - f) * ca + f * cb) * u0 + ((1 - f) * sa + f * sb) * v0
             y = c1 + ((1 - f) * ca + f * cb) * u1 + ((1 - f) * sa + f * sb) * v1
             z = max(pz + f * (qz - pz), near)
-            out[0], out[1] = min(out[0], x / z), max(out[1], x / z)
-            out[2], out[3] = min(out[2], y / z), max(out[3], y / z)
-    pad = 1e-6
-    out[0], out[1], out[2], out[3] = out[0] - pad * (1 + abs(out[0])), out[1] + pad * (1 + abs(out[1])), \
-        out[2] - pad * (1 + abs(out[2])), out[3] + pad * (1 + abs(out[3]))
+            b0, b1 = min(b0, x / z), max(b1, x / z)
+            b2, b3 = min(b2, y / z), max(b3, y / z)
+    return b0, b1, b2, b3
 
 
 @njit(parallel=True, cache=True)
-def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far, rec, bounds, depth, valid):
+def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far, tile_col_u, tile_row_v,
+                rec, bounds, depth, rect):
+    """Per surfel: the rectangle of tiles [x0, x1) x [y0, y1) that its footprint bound meets, as
+    rect[i] = x0, x1, y0, y1 (x0 = x1 = 0 for culled surfels), and for the others its record, bound
+    and float32 centre depth."""
     for i in prange(means.shape[0]):
-        valid[i] = False
-        o = opac[i]
+        rect[i, 0], rect[i, 1] = 0, 0
+        o = f64(opac[i])  # float64 maths for any input dtype (numba's float() keeps float32)
         if o * 255.0 <= 1.0:
             continue
-        m0, m1, m2 = means[i, 0], means[i, 1], means[i, 2]
+        m0, m1, m2 = f64(means[i, 0]), f64(means[i, 1]), f64(means[i, 2])
         c0 = Rcw[0, 0] * m0 + Rcw[0, 1] * m1 + Rcw[0, 2] * m2 + tcw[0]
         c1 = Rcw[1, 0] * m0 + Rcw[1, 1] * m1 + Rcw[1, 2] * m2 + tcw[1]
         c2 = Rcw[2, 0] * m0 + Rcw[2, 1] * m1 + Rcw[2, 2] * m2 + tcw[2]
         if not (c2 > near and c2 < far):
             continue
-        qw, qx, qy, qz = quats[i, 0], quats[i, 1], quats[i, 2], quats[i, 3]
+        qw, qx, qy, qz = f64(quats[i, 0]), f64(quats[i, 1]), f64(quats[i, 2]), f64(quats[i, 3])
         qn = math.sqrt(qw * qw + qx * qx + qy * qy + qz * qz)
         qw, qx, qy, qz = qw / qn, qx / qn, qy / qn, qz / qn
         # surfel axes (columns of the world rotation) taken into the camera frame; scalar code,
@@ -101,7 +110,7 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
         ex0, ex1, ex2 = 1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy + qw * qz), 2 * (qx * qz - qw * qy)
         ey0, ey1, ey2 = 2 * (qx * qy - qw * qz), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz + qw * qx)
         ez0, ez1, ez2 = 2 * (qx * qz + qw * qy), 2 * (qy * qz - qw * qx), 1 - 2 * (qx * qx + qy * qy)
-        s0, s1 = scales[i, 0], scales[i, 1]
+        s0, s1 = f64(scales[i, 0]), f64(scales[i, 1])
         u0 = (Rcw[0, 0] * ex0 + Rcw[0, 1] * ex1 + Rcw[0, 2] * ex2) * s0
         u1 = (Rcw[1, 0] * ex0 + Rcw[1, 1] * ex1 + Rcw[1, 2] * ex2) * s0
         u2 = (Rcw[2, 0] * ex0 + Rcw[2, 1] * ex1 + Rcw[2, 2] * ex2) * s0
@@ -119,17 +128,6 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
         a20, a21, a22 = u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0
         uc, vc = c0 / c2, c1 / c2
         lg = math.log(o * 255.0)
-        rc = rec[i]
-        rc[0], rc[1], rc[2], rc[3] = a00, a01, a10, a11
-        rc[4], rc[5], rc[6], rc[7] = a20, a21, a22, u0 * a00 + u1 * a01 + u2 * a02
-        rc[8], rc[9], rc[10], rc[11] = uc, vc, o, 2.0 * lg
-        d0, d1, d2 = m0 - cen[0], m1 - cen[1], m2 - cen[2]
-        dn = math.sqrt(d0 * d0 + d1 * d1 + d2 * d2)
-        if dn > 1e-12:
-            d0, d1, d2 = d0 / dn, d1 / dn, d2 / dn
-        for ch in range(3):
-            rc[12 + ch] = max(_sh_channel(sh[i], ch, d0, d1, d2) + 0.5, 0.0)
-        rc[15], rc[16], rc[17], rc[18] = n0, n1, n2, c2
         # footprint bounds on the z=1 plane (see torch_backend._footprint_bounds)
         k3 = math.sqrt(2.0 * lg)
         r2u = math.sqrt(lg / (0.5 * FILTER_INV_SQUARE)) / fx
@@ -143,20 +141,32 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
             cv = (t10 * t20 + t11 * t21 - t12 * t22) / dd
             hu = math.sqrt(max(cu * cu - (t00 * t00 + t01 * t01 - t02 * t02) / dd, 0.0))
             hv = math.sqrt(max(cv * cv - (t10 * t10 + t11 * t11 - t12 * t12) / dd, 0.0))
-            b0, b1, b2, b3 = min(cu - hu, uc - r2u), max(cu + hu, uc + r2u), min(cv - hv, vc - r2v), max(cv + hv, vc + r2v)
-            bounds[i, 0] = b0 - 1e-6 * (1 + abs(b0))
-            bounds[i, 1] = b1 + 1e-6 * (1 + abs(b1))
-            bounds[i, 2] = b2 - 1e-6 * (1 + abs(b2))
-            bounds[i, 3] = b3 + 1e-6 * (1 + abs(b3))
+            b0, b1, b2, b3 = cu - hu, cu + hu, cv - hv, cv + hv
         else:  # the disk reaches the camera plane: bound the part at z >= near instead
-            _clipped_disk_bounds(c0, c1, c2, k3 * u0, k3 * u1, k3 * u2, k3 * v0, k3 * v1, k3 * v2,
-                                 near, bounds[i])
-            b = bounds[i]
-            b[0], b[1] = min(b[0], uc - r2u), max(b[1], uc + r2u)
-            b[2], b[3] = min(b[2], vc - r2v), max(b[3], vc + r2v)
-        rc[19], rc[20], rc[21], rc[22] = bounds[i, 0], bounds[i, 1], bounds[i, 2], bounds[i, 3]
+            b0, b1, b2, b3 = _clipped_disk_bounds(c0, c1, c2, k3 * u0, k3 * u1, k3 * u2, k3 * v0, k3 * v1, k3 * v2,
+                                                  near)
+        b0, b1, b2, b3 = min(b0, uc - r2u), max(b1, uc + r2u), min(b2, vc - r2v), max(b3, vc + r2v)
+        b0, b1 = b0 - 1e-6 * (1 + abs(b0)), b1 + 1e-6 * (1 + abs(b1))
+        b2, b3 = b2 - 1e-6 * (1 + abs(b2)), b3 + 1e-6 * (1 + abs(b3))
+        x0, x1 = _span(tile_col_u, 0, b0, b1)
+        y0, y1 = _span(tile_row_v, 0, b2, b3)
+        if not (x0 < x1 and y0 < y1):
+            continue
+        rect[i, 0], rect[i, 1], rect[i, 2], rect[i, 3] = x0, x1, y0, y1
+        bounds[i, 0], bounds[i, 1], bounds[i, 2], bounds[i, 3] = b0, b1, b2, b3
+        # the record, written entry by entry: a view per surfel would cost a reference count
+        rec[i, 0], rec[i, 1], rec[i, 2], rec[i, 3] = a00, a01, a10, a11
+        rec[i, 4], rec[i, 5], rec[i, 6], rec[i, 7] = a20, a21, a22, u0 * a00 + u1 * a01 + u2 * a02
+        rec[i, 8], rec[i, 9], rec[i, 10] = uc, vc, o
+        d0, d1, d2 = m0 - cen[0], m1 - cen[1], m2 - cen[2]
+        dn = math.sqrt(d0 * d0 + d1 * d1 + d2 * d2)
+        if dn > 1e-12:
+            d0, d1, d2 = d0 / dn, d1 / dn, d2 / dn
+        for ch in range(3):
+            rec[i, 12 + ch] = max(_sh_channel(sh, i, ch, d0, d1, d2) + 0.5, 0.0)
+        rec[i, 15], rec[i, 16], rec[i, 17], rec[i, 18] = n0, n1, n2, c2
+        rec[i, 19], rec[i, 20], rec[i, 21], rec[i, 22] = b0, b1, b2, b3
         depth[i] = c2
-        valid[i] = True
 
 
 # float32 constants keep the pixel loop in single precision (Python literals are float64)
@@ -179,156 +189,197 @@ def _exp_neg(x):
 
 
 @njit(cache=True, inline="always")
-def _span(ranges, lo, hi):
-    """First and one-past-last index whose [min, max] range meets [lo, hi] (empty: first >= last)."""
-    first, last = ranges.shape[0], 0
-    for k in range(ranges.shape[0]):
-        if ranges[k, 0] <= hi and ranges[k, 1] >= lo:
-            first = min(first, k)
-            last = k + 1
+def _span(ranges, t, lo, hi):
+    """First and one-past-last k whose range [ranges[t, 0, k], ranges[t, 1, k]] can meet [lo, hi] (empty:
+    first >= last): branch-free counts, since the tile table's ranges are nondecreasing."""
+    first, last = 0, 0
+    for k in range(ranges.shape[2]):
+        first += ranges[t, 1, k] < lo
+        last += ranges[t, 0, k] <= hi
     return first, last
 
 
-@njit(parallel=True, cache=True)
-def _bin(order, bounds, tile_bounds, tile_col_u, tile_row_v, offsets, pair_tile, write):
-    """Count (write=False, into offsets[j+1]) or write the tiles each surfel order[j] overlaps."""
-    tx = tile_col_u.shape[0]
-    for j in prange(order.shape[0]):
-        b = bounds[order[j]]
-        k = offsets[j] if write else 0
-        x0, x1 = _span(tile_col_u, b[0], b[1])
-        y0, y1 = _span(tile_row_v, b[2], b[3])
-        for ty in range(y0, y1):
-            for tx_ in range(x0, x1):
-                t = ty * tx + tx_
-                tb = tile_bounds[t]
-                if b[0] <= tb[1] and b[1] >= tb[0] and b[2] <= tb[3] and b[3] >= tb[2]:
-                    if write:
-                        pair_tile[k] = t
-                    k += 1
-        if not write:
-            offsets[j + 1] = k
-
-
 @njit(cache=True)
-def _sort_pairs(order, offsets, pair_tile, n_tiles):
-    """Counting sort of pairs by tile; within a tile, surfels stay in depth order."""
-    start = np.zeros(n_tiles + 1, np.int64)
-    for p in range(pair_tile.shape[0]):
-        start[pair_tile[p] + 1] += 1
+def _depth_keys(depth, rect):
+    """Sort keys of the surfels that meet a tile: the float32 depth's bits (positive floats order like
+    their bits) above the index, so that a plain sort of the keys is a stable sort by depth."""
+    bits = depth.view(np.int32)
+    n = 0
+    for i in range(rect.shape[0]):
+        n += rect[i, 0] < rect[i, 1]
+    keys = np.empty(n, np.int64)
+    n = 0
+    for i in range(rect.shape[0]):
+        if rect[i, 0] < rect[i, 1]:
+            keys[n] = (np.int64(bits[i]) << 32) | i
+            n += 1
+    return keys
+
+
+@njit(cache=True, inline="always")
+def _overlaps(bounds, i, tile_bounds, t):
+    """Whether surfel i's footprint bound meets tile t's ray bounds."""
+    return ((bounds[i, 0] <= tile_bounds[t, 1]) & (bounds[i, 1] >= tile_bounds[t, 0])
+            & (bounds[i, 2] <= tile_bounds[t, 3]) & (bounds[i, 3] >= tile_bounds[t, 2]))
+
+
+@njit(parallel=True, cache=True)
+def _tile_lists(order, rect, bounds, tile_bounds, tiles_x, n_parts):
+    """Counting sort of the (tile, surfel) overlaps by tile, surfels in ``order`` within a tile: tile
+    t's list is lst[start[t]:start[t + 1]]. In parallel over n_parts parts of ``order``, each with its
+    own slots in every tile's list."""
+    n_tiles, n = tile_bounds.shape[0], order.shape[0]
+    pos = np.zeros((n_parts, n_tiles), np.int64)
+    for part in prange(n_parts):
+        for j in range(part * n // n_parts, (part + 1) * n // n_parts):
+            i = order[j]
+            for ty in range(rect[i, 2], rect[i, 3]):
+                for tx in range(rect[i, 0], rect[i, 1]):
+                    t = ty * tiles_x + tx
+                    pos[part, t] += _overlaps(bounds, i, tile_bounds, t)
+    start = np.empty(n_tiles + 1, np.int64)
+    total = 0
     for t in range(n_tiles):
-        start[t + 1] += start[t]
-    pos = start[:-1].copy()
-    lst = np.empty(pair_tile.shape[0], np.int64)
-    for j in range(order.shape[0]):
-        for p in range(offsets[j], offsets[j + 1]):
-            t = pair_tile[p]
-            lst[pos[t]] = order[j]
-            pos[t] += 1
+        start[t] = total
+        for part in range(n_parts):
+            total, pos[part, t] = total + pos[part, t], total
+    start[n_tiles] = total
+    lst = np.empty(total, np.int32)
+    for part in prange(n_parts):
+        for j in range(part * n // n_parts, (part + 1) * n // n_parts):
+            i = order[j]
+            for ty in range(rect[i, 2], rect[i, 3]):
+                for tx in range(rect[i, 0], rect[i, 1]):
+                    t = ty * tiles_x + tx
+                    if _overlaps(bounds, i, tile_bounds, t):
+                        lst[pos[part, t]] = i
+                        pos[part, t] += 1
     return start, lst
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
-def _rasterize(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, bg, rgb, alpha, depth, normal):
-    n_tiles, P = ray_u.shape[0], ray_u.shape[1]
-    ts = row_v.shape[1]
-    one, zero = np.float32(1.0), np.float32(0.0)
-    for t in prange(n_tiles):
-        acc = np.zeros((8, P), np.float32)
-        # transmittance; 0 marks a finished pixel (or one without a ray), so it takes no more
-        T = np.where(np.isfinite(ray_u[t]), one, zero)
-        live = 0
-        for p in range(P):
-            live += T[p] > 0
-        u_t, v_t = ray_u[t], ray_v[t]
-        for k in range(start[t], start[t + 1]):
-            if live == 0:
-                break
-            r = rec[lst[k]]
+# A tile's state is one flat float32 array of planes (ray u, v, transmittance, then rgb, alpha, depth,
+# normal accumulators), each TILE_SIZE rows of stride ROW: the row's pixels, then LANES dead ones
+# (T = 0), so that a LANES-wide chunk starting at any pixel of a row stays in the row. The plane
+# offsets are uint64 constants: unsigned indices skip numba's negative-index wraparound, and
+# constant offsets let LLVM prove that the planes do not alias, so that the chunk loop compiles to
+# a single masked vector iteration, without the scalar epilogue of short variable-length rows.
+LANES = 8
+ROW = TILE_SIZE + LANES
+PLANE = TILE_SIZE * ROW
+N_PLANES = 11
+PU, PV, PT, PR, PG, PB, PA, PZ, PNX, PNY, PNZ = (np.uint64(k * PLANE) for k in range(N_PLANES))
+U_LANES, U_TILE_SIZE = np.uint64(LANES), np.uint64(TILE_SIZE)
+REFRESH = 16  # surfels between searches for finished rows
+
+
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy")
+def _composite_tile(t, start, lst, rec, ray_u, ray_v, row_v, col_u, fx, fy, near, st, live_row):
+    """Composite tile t's surfel list front to back into its state st (see above)."""
+    zero = np.float32(0.0)
+    st[:] = zero
+    for py in range(TILE_SIZE):
+        for px in range(TILE_SIZE):
+            u = ray_u[t, py * TILE_SIZE + px]
+            if np.isfinite(u):
+                i = py * ROW + px
+                st[PU + i], st[PV + i], st[PT + i] = u, ray_v[t, py * TILE_SIZE + px], ONE
+    end = start[t + 1]
+    for k0 in range(start[t], end, REFRESH):
+        # The rows with unfinished pixels (finished ones, and those without a ray, have T = 0), found
+        # every few surfels: cheaper than counting in every chunk the pixels that finish.
+        n_live = 0
+        for py in range(TILE_SIZE):
+            row = np.uint64(py * ROW)
+            total = zero
+            for px in range(U_TILE_SIZE):
+                total += st[PT + row + px]
+            live_row[py] = total > zero
+            n_live += total > zero
+        if n_live == 0:
+            break
+        for k in range(k0, min(k0 + REFRESH, end)):
+            j = lst[k]
             # only the rows and columns whose rays can fall inside the footprint bound
-            y0, y1 = _span(row_v[t], r[21], r[22])
-            x0, x1 = _span(col_u[t], r[19], r[20])
-            a00, a01, a10, a11 = r[0], r[1], r[2], r[3]
-            a20, a21, a22, det = r[4], r[5], r[6], r[7]
-            uc, vc, op, cz = r[8], r[9], r[10], r[18]
-            cr, cg, cb, nx, ny, nz = r[12], r[13], r[14], r[15], r[16], r[17]
-            zero = np.float32(0.0)
+            y0, y1 = _span(row_v, t, rec[j, 21], rec[j, 22])
+            x0, x1 = _span(col_u, t, rec[j, 19], rec[j, 20])
+            a00, a01, a10, a11 = rec[j, 0], rec[j, 1], rec[j, 2], rec[j, 3]
+            a20, a21, a22, det = rec[j, 4], rec[j, 5], rec[j, 6], rec[j, 7]
+            uc, vc, op, cz = rec[j, 8], rec[j, 9], rec[j, 10], rec[j, 18]
+            cr, cg, cb = rec[j, 12], rec[j, 13], rec[j, 14]
+            nx, ny, nz = rec[j, 15], rec[j, 16], rec[j, 17]
             for py in range(y0, y1):
-                lo, hi = py * ts + x0, py * ts + x1
-                # contiguous 1D views and a branch-free body: LLVM vectorizes the pixel loop
-                u_, v_, T_ = u_t[lo:hi], v_t[lo:hi], T[lo:hi]
-                a0, a1, a2, a3 = acc[0, lo:hi], acc[1, lo:hi], acc[2, lo:hi], acc[3, lo:hi]
-                a4, a5, a6, a7 = acc[4, lo:hi], acc[5, lo:hi], acc[6, lo:hi], acc[7, lo:hi]
-                stops = zero
-                for p in range(hi - lo):
-                    u, v = u_[p], v_[p]
-                    du, dv = u - uc, v - vc
-                    pu, pv = du * fx, dv * fy
-                    rho2 = F_INV_SQ * (pu * pu + pv * pv)
-                    qz = a20 * u + a21 * v + a22
-                    qa = a00 * du + a01 * dv
-                    qb = a10 * du + a11 * dv
-                    q2, qz2 = qa * qa + qb * qb, qz * qz
-                    # computed unconditionally (NaN/inf in lanes that are not selected) so that LLVM
-                    # turns every choice into a vector select
-                    rho3, z3 = q2 / qz2, det / qz
-                    # the ray-splat hit wins when it lies beyond the near plane and rho_3d <= rho_2d
-                    use3 = (qz * det > zero) & (abs(det) > near * abs(qz)) & (q2 <= rho2 * qz2)
-                    rho = rho3 if use3 else rho2
-                    z = z3 if use3 else cz
-                    al = min(op * _exp_neg(max(M_HALF * rho, EXP_FLOOR)), MAX_A)  # e^-5.6 < 1/255
-                    Tp = T_[p]
-                    nT = Tp * (ONE - al)
-                    take = (al >= A_MIN) & (Tp > zero)
-                    stop = take & (nT <= T_END)  # exclusive: this surfel is not composited
-                    w = al * Tp if take & ~stop else zero
-                    a0[p] += w * cr
-                    a1[p] += w * cg
-                    a2[p] += w * cb
-                    a3[p] += w
-                    a4[p] += w * z
-                    a5[p] += w * nx
-                    a6[p] += w * ny
-                    a7[p] += w * nz
-                    T_[p] = zero if stop else (nT if take else Tp)
-                    stops += ONE if stop else zero
-                live -= int(stops)
-        for p in range(P):  # finish: over the background, depth and normal divided by alpha
+                if not live_row[py]:
+                    continue
+                for px in range(x0, x1, LANES):
+                    row = np.uint64(py * ROW + px)
+                    for lane in range(U_LANES):  # branch-free: every choice becomes a vector select
+                        i = row + lane
+                        u, v = st[PU + i], st[PV + i]
+                        du, dv = u - uc, v - vc
+                        pu, pv = du * fx, dv * fy
+                        rho2 = F_INV_SQ * (pu * pu + pv * pv)
+                        qz = a20 * u + a21 * v + a22
+                        qa = a00 * du + a01 * dv
+                        qb = a10 * du + a11 * dv
+                        rho3, z3 = (qa * qa + qb * qb) / (qz * qz), det / qz  # inf/NaN in lanes not selected
+                        # the ray-splat hit wins when it lies beyond the near plane and rho_3d <= rho_2d
+                        use3 = (z3 > near) & (rho3 <= rho2)
+                        rho = rho3 if use3 else rho2
+                        z = z3 if use3 else cz
+                        al = min(op * _exp_neg(max(M_HALF * rho, EXP_FLOOR)), MAX_A)  # e^-5.6 < 1/255
+                        # finished pixels need no test: with T = 0, w = 0 and T stays 0
+                        T = st[PT + i]
+                        nT = T * (ONE - al)
+                        take = al >= A_MIN
+                        stop = take & (nT <= T_END)  # exclusive: this surfel is not composited
+                        w = al * T if take & ~stop else zero
+                        st[PR + i] += w * cr
+                        st[PG + i] += w * cg
+                        st[PB + i] += w * cb
+                        st[PA + i] += w
+                        st[PZ + i] += w * z
+                        st[PNX + i] += w * nx
+                        st[PNY + i] += w * ny
+                        st[PNZ + i] += w * nz
+                        st[PT + i] = zero if stop else (nT if take else T)
+
+
+@njit(parallel=True, cache=True)
+def _rasterize(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, bg, rgb, alpha, depth, normal):
+    for t in prange(ray_u.shape[0]):
+        st = np.empty(N_PLANES * PLANE, np.float32)
+        live_row = np.empty(TILE_SIZE, np.bool_)
+        _composite_tile(t, start, lst, rec, ray_u, ray_v, row_v, col_u, fx, fy, near, st, live_row)
+        for p in range(TILE_SIZE * TILE_SIZE):  # finish: over the background, depth and normal divided by alpha
             q = pixel[t, p]
             if q < 0:
                 continue
-            a = acc[3, p]
+            i = np.uint64(p // TILE_SIZE * ROW + p % TILE_SIZE)
+            a = st[PA + i]
             alpha[q] = a
-            for ch in range(3):
-                rgb[q, ch] = acc[ch, p] + (1 - a) * bg[ch]
             inv = 1 / a if a > 0 else 0.0
-            depth[q] = acc[4, p] * inv
+            depth[q] = st[PZ + i] * inv
             for ch in range(3):
-                normal[q, ch] = acc[5 + ch, p] * inv
+                rgb[q, ch] = st[PR + np.uint64(ch * PLANE) + i] + (1 - a) * bg[ch]
+                normal[q, ch] = st[PNX + np.uint64(ch * PLANE) + i] * inv
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
     s = surfels.numpy()
-    f32 = lambda x: np.ascontiguousarray(x, dtype=np.float32)
     N = len(s)
     R_cw, t_cw, cen = world_to_camera(T_world_camera)
+    tab = tile_table(camera)
     rec = np.empty((N, REC), np.float32)
     bounds = np.empty((N, 4), np.float64)
-    depth = np.empty(N, np.float64)
-    valid = np.empty(N, np.bool_)
-    _preprocess(np.ascontiguousarray(s.means, np.float64), np.ascontiguousarray(s.quats, np.float64),
-                np.ascontiguousarray(s.scales, np.float64), np.ascontiguousarray(s.opacities, np.float64),
-                f32(s.colors), R_cw, t_cw, cen, float(camera.fx), float(camera.fy),
-                float(options.near), float(options.far), rec, bounds, depth, valid)
-    ids = np.nonzero(valid)[0]
-    order = ids[np.argsort(depth[ids], kind="stable")]
-    tab = tile_table(camera)
-    offsets = np.zeros(len(order) + 1, np.int64)
-    _bin(order, bounds, tab.bounds, tab.tile_col_u, tab.tile_row_v, offsets, offsets, False)
-    np.cumsum(offsets, out=offsets)
-    pair_tile = np.empty(offsets[-1], np.int64)
-    _bin(order, bounds, tab.bounds, tab.tile_col_u, tab.tile_row_v, offsets, pair_tile, True)
-    start, lst = _sort_pairs(order, offsets, pair_tile, len(tab.bounds))
+    depth = np.empty(N, np.float32)
+    rect = np.empty((N, 4), np.int64)
+    c = np.ascontiguousarray  # any float dtype: the maths is float64 inside
+    _preprocess(c(s.means), c(s.quats), c(s.scales), c(s.opacities), c(s.colors, np.float32), R_cw, t_cw, cen,
+                float(camera.fx), float(camera.fy), float(options.near), float(options.far),
+                tab.tile_col_u[None], tab.tile_row_v[None], rec, bounds, depth, rect)  # [None]: as one tile
+    keys = _depth_keys(depth, rect)
+    keys.sort()  # numpy's (vectorized) sort
+    start, lst = _tile_lists(keys & 0xFFFFFFFF, rect, bounds, tab.bounds, tab.tiles_x, numba.get_num_threads())
     H, W = camera.height, camera.width
     rgb, normal = np.empty((H * W, 3), np.float32), np.empty((H * W, 3), np.float32)
     alpha, depth_img = np.empty(H * W, np.float32), np.empty(H * W, np.float32)
