@@ -65,10 +65,11 @@ def _flat(color):
 
 
 def street_surfels(n: int = 100_000, seed: int = 0) -> Surfels:
-    """About ``n`` surfels (float32) of a street: 45% ground, 35% facades, 20% objects."""
+    """Exactly ``n`` surfels (float32) of a street: 45% ground, 35% facades, 20% objects."""
     if n < 100:
         raise ValueError(f"street_surfels: n must be at least 100, got {n}")
     rng = np.random.default_rng(seed)
+    target, n = n, int(n * 1.03)  # patches round their counts: build a few more, keep a random n
     x0, x1 = STREET_X
     L = x1 - x0
     parts = [_patch([x0, -STREET_HALF_WIDTH, 0], [L, 0, 0], [0, 2 * STREET_HALF_WIDTH, 0], int(0.45 * n), rng, _asphalt)]
@@ -102,7 +103,8 @@ def street_surfels(n: int = 100_000, seed: int = 0) -> Surfels:
             d, e = np.array([np.cos(ang), np.sin(ang), 0]), np.array([-np.sin(ang), np.cos(ang), 0])
             parts.append(_patch([px, py, 0] + 0.125 * (d - e), 0.25 * e, [0, 0, 5.0], per_pole // 4, rng,
                                 _flat([0.25, 0.27, 0.25])))
-    means, quats, scales, colors = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    keep = np.sort(rng.choice(sum(len(p[0]) for p in parts), target, replace=False))
+    means, quats, scales, colors = (np.concatenate([p[i] for p in parts])[keep] for i in range(4))
     colors = np.clip(colors + rng.normal(0, 0.03, colors.shape), 0, 1)
     opac = rng.uniform(0.85, 0.99, len(means))
     f = np.float32
