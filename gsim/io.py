@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -41,6 +42,37 @@ def atomic_path(path, suffix: str = "") -> Iterator[Path]:
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_directory(path, marker: str) -> Iterator[Path]:
+    """Yield a temporary directory beside ``path``; on success it replaces ``path``, on error it is removed.
+
+    An existing ``path`` is replaced only if it holds ``marker`` (the manifest of the same kind of
+    directory), so a wrong output path never deletes a user's unrelated folder. A failed swap puts
+    the previous directory back.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not (path / marker).is_file():
+        raise FileExistsError(f"{path}: exists and has no {marker}; refusing to replace it")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    old = path.parent / f".{path.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
+    try:
+        os.chmod(tmp, umask_mode(0o777))  # mkdtemp creates 0700
+        yield tmp
+        if path.exists():
+            os.rename(path, old)
+        try:
+            os.rename(tmp, path)
+        except BaseException:
+            if old.exists():
+                os.rename(old, path)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

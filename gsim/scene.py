@@ -14,17 +14,14 @@ reader never sees a half-written scene. The manifest reserves ``sky`` and
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from .io import umask_mode
+from .io import atomic_directory
 from .surfels import Surfels
 from .transforms import check_pose, interpolate_pose
 
@@ -127,14 +124,7 @@ def _inside(root: Path, rel, field: str) -> Path:
 
 def save_scene(scene: Scene, path) -> None:
     """Write ``scene`` as a directory at ``path`` atomically (replacing an existing scene)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and not (path / "scene.json").is_file():
-        raise FileExistsError(f"{path}: exists and is not a gsim scene directory; refusing to replace it")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    old = path.parent / f".{path.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
-    try:
-        os.chmod(tmp, umask_mode(0o777))  # mkdtemp creates 0700
+    with atomic_directory(path, "scene.json") as tmp:
         _save_surfels(scene.background, tmp / "background")
         actors = []
         for a in scene.actors:
@@ -148,19 +138,6 @@ def save_scene(scene: Scene, path) -> None:
                     "background": {"surfels": "background", "count": len(scene.background)},
                     "actors": actors, "sky": None, "appearance": {}}
         (tmp / "scene.json").write_text(json.dumps(manifest, indent=2))
-        if path.exists():
-            os.rename(path, old)
-        try:
-            os.rename(tmp, path)
-        except BaseException:
-            if old.exists():  # put the previous scene back
-                os.rename(old, path)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
 
 
 def load_scene(path) -> Scene:
