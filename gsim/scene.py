@@ -6,10 +6,11 @@ one folder of ``.npy`` arrays per surfel set::
     scene.json
     background/{means,quats,scales,opacities,colors[,features]}.npy
     actors/<id>/{...same...}.npy, actors/<id>/track_{timestamps_us,poses}.npy
+    sky.npy                      (optional) lat-long sky map, see gsim.appearance
 
+The manifest's ``appearance`` maps camera sensor names to (3,4) colour affines.
 The directory is written next to its destination and renamed into place, so a
-reader never sees a half-written scene. The manifest reserves ``sky`` and
-``appearance`` for reconstruction; schema 1 requires them to be empty.
+reader never sees a half-written scene. Schema 1 (no sky, no appearance) is still read.
 """
 from __future__ import annotations
 
@@ -17,15 +18,17 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 
+from .appearance import Sky
 from .io import atomic_directory
 from .surfels import Surfels
 from .transforms import check_pose, interpolate_pose
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
 FORMAT = "gsim-scene"
 SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
 ACTOR_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # also a safe folder name
@@ -69,10 +72,22 @@ class Actor:
 
 @dataclass(frozen=True, eq=False)
 class Scene:
-    """Background surfels (world frame) plus rigid actors."""
+    """Background surfels (world frame) plus rigid actors, an optional sky and per-camera
+    appearance affines ({sensor name: (3,4)}, see gsim.appearance)."""
 
     background: Surfels
     actors: tuple = field(default_factory=tuple)
+    sky: Optional[Sky] = None
+    appearance: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self):
+        app = {}
+        for name, A in dict(self.appearance).items():
+            A = np.asarray(A, dtype=np.float64)
+            if A.shape != (3, 4) or not np.all(np.isfinite(A)):
+                raise ValueError(f"Scene.appearance[{name!r}]: expected a finite (3,4) affine, got shape {A.shape}")
+            app[str(name)] = A
+        object.__setattr__(self, "appearance", app)
 
     def at(self, timestamp_us: Optional[int] = None) -> Surfels:
         """World-space surfels at ``timestamp_us`` (actors placed at their tracked poses)."""
@@ -134,9 +149,15 @@ def save_scene(scene: Scene, path) -> None:
             np.save(d / "track_poses.npy", a.track_poses)
             actors.append({"id": a.id, "category": a.category, "size": [float(x) for x in a.size],
                            "surfels": f"actors/{a.id}"})
+        sky = None
+        if scene.sky is not None:
+            env = scene.sky.envmap
+            np.save(tmp / "sky.npy", np.ascontiguousarray(env.detach().cpu().numpy() if hasattr(env, "detach") else env))
+            sky = {"type": "latlong", "file": "sky.npy"}
         manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
                     "background": {"surfels": "background", "count": len(scene.background)},
-                    "actors": actors, "sky": None, "appearance": {}}
+                    "actors": actors, "sky": sky,
+                    "appearance": {k: A.tolist() for k, A in scene.appearance.items()}}
         (tmp / "scene.json").write_text(json.dumps(manifest, indent=2))
 
 
@@ -155,10 +176,10 @@ def load_scene(path) -> Scene:
         raise SceneFormatError(f"{mpath}: invalid JSON ({e})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise SceneFormatError(f"{mpath}: field 'format' must be {FORMAT!r}")
-    if m.get("schema_version") != SCHEMA_VERSION:
+    if m.get("schema_version") not in READABLE_SCHEMAS:
         raise SceneFormatError(f"{mpath}: field 'schema_version' is {m.get('schema_version')!r}; "
-                               f"this gsim reads version {SCHEMA_VERSION}")
-    if m.get("sky") is not None or m.get("appearance"):
+                               f"this gsim reads versions {list(READABLE_SCHEMAS)}")
+    if m["schema_version"] == 1 and (m.get("sky") is not None or m.get("appearance")):
         raise SceneFormatError(f"{mpath}: fields 'sky'/'appearance' are not supported in schema_version 1")
     try:
         bg = _load_surfels(_inside(path, m["background"]["surfels"], "background.surfels"))
@@ -172,6 +193,20 @@ def load_scene(path) -> Scene:
                                     track_poses=_load_array(d / "track_poses.npy")))
             except ValueError as e:
                 raise SceneFormatError(f"{mpath}: actors[{i}]: {e}") from None
-    except (KeyError, TypeError) as e:
+        sky = None
+        if m.get("sky") is not None:
+            if m["sky"].get("type") != "latlong":
+                raise SceneFormatError(f"{mpath}: field 'sky.type' must be 'latlong'")
+            spath = _inside(path, m["sky"]["file"], "sky.file")
+            env = _load_array(spath)
+            try:
+                sky = Sky(env)
+            except ValueError as e:
+                raise SceneFormatError(f"{spath}: {e}") from None
+        try:
+            appearance = {k: np.asarray(v, dtype=np.float64) for k, v in m.get("appearance", {}).items()}
+            return Scene(background=bg, actors=tuple(actors), sky=sky, appearance=appearance)
+        except ValueError as e:
+            raise SceneFormatError(f"{mpath}: {e}") from None
+    except (KeyError, TypeError, AttributeError) as e:
         raise SceneFormatError(f"{mpath}: missing or malformed field {e}") from None
-    return Scene(background=bg, actors=tuple(actors))
