@@ -18,7 +18,7 @@ def _two_tone_sky():
 
 def test_sky_lookup_conventions():
     sky = _two_tone_sky()
-    c = sky.color(np.array([[0, 0, 1.0], [0, 0, -1.0], [0.3, -1, 0.2], [0.3, 1, 0.2], [-1, 1e-4, 0.2]]))
+    c = sky.color(np.array([[0, 0, 1.0], [0, 0, -1.0], [0.3, -1, 1.0], [0.3, 1, 1.0], [-1, 1e-4, 1.0]]))
     assert np.allclose(c[0, 1:], [0.4, 0.9]) and np.allclose(c[1, 1:], [0.3, 0.3])  # poles: any azimuth
     assert np.allclose(c[2], [0.25, 0.4, 0.9]) and np.allclose(c[3], [0.2, 0.4, 0.9])
     # across the azimuth seam at -x the two sides blend instead of jumping to a border value
