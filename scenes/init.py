@@ -1,0 +1,168 @@
+"""Initial surfels from LiDAR: points coloured by the images, split into background and actors.
+
+Every training sweep is taken to the world (per-point times when the log has them). A
+point inside a tracked actor's box at the sweep's time goes to that actor, in its box
+frame (actors are rigid, so their points pile up across frames); the rest is background.
+Each set is averaged on a voxel grid; a surfel per voxel lies in the plane fitted (PCA)
+to the points around it, facing the sensor, with scales from the voxel size. Colours come
+from projecting the points into the same frames' images (occluded points get none).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from gsim.surfels import Surfels, rgb_to_sh
+from gsim.transforms import rotmat_to_quat
+
+from .log import DrivingLog, Frame
+from .views import sweep_world, visible_points
+
+UNSEEN_GRAY = 0.5
+
+
+@dataclass(frozen=True)
+class InitOptions:
+    voxel_m: float = 0.1  # background voxel; actors use half of it (they are small and close)
+    max_surfels: int = 300_000  # the voxel grows until the background fits
+    opacity: float = 0.5
+    box_margin_m: float = 0.15  # points this far outside a box still belong to its actor
+    scale_factor: float = 0.6  # surfel sigma = factor * voxel (neighbours overlap)
+    sh_degree: int = 0
+
+
+@dataclass
+class _Points:
+    xyz: List[np.ndarray]
+    origin: List[np.ndarray]
+    rgb: List[np.ndarray]
+    seen: List[np.ndarray]
+
+
+def _colour(log: DrivingLog, frame: Frame, world: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    rgb, seen = np.full((len(world), 3), UNSEEN_GRAY, np.float32), np.zeros(len(world), bool)
+    for obs in frame.cameras.values():
+        cam = log.cameras[obs.sensor].camera
+        idx, pix, _ = visible_points(cam, log.T_world_camera(obs), world)
+        new = ~seen[idx]
+        rgb[idx[new]] = log.image(obs).reshape(-1, 3)[pix[new]]
+        seen[idx[new]] = True
+    return rgb, seen
+
+
+def collect_points(log: DrivingLog, frames: Sequence[Frame], margin: float, progress: bool = False):
+    """LiDAR points of ``frames``: background (world) and per actor (box frame), with colours."""
+    bg = _Points([], [], [], [])
+    actors: Dict[str, _Points] = {a.id: _Points([], [], [], []) for a in log.actors}
+    it = frames
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(frames, desc="init: lidar", unit="frame")
+    for f in it:
+        for obs in f.lidars.values():
+            world, origin, _ = sweep_world(log, obs)
+            rgb, seen = _colour(log, f, world)
+            free = np.ones(len(world), bool)
+            for a in log.actors:
+                T_aw = np.linalg.inv(a.pose_at(obs.timestamp_us))
+                local = world @ T_aw[:3, :3].T + T_aw[:3, 3]
+                inside = free & np.all(np.abs(local) <= np.asarray(a.size) / 2 + margin, axis=1)
+                if inside.any():
+                    p = actors[a.id]
+                    p.xyz.append(local[inside])
+                    p.origin.append(origin[inside] @ T_aw[:3, :3].T + T_aw[:3, 3])
+                    p.rgb.append(rgb[inside])
+                    p.seen.append(seen[inside])
+                    free &= ~inside
+            bg.xyz.append(world[free])
+            bg.origin.append(origin[free])
+            bg.rgb.append(rgb[free])
+            bg.seen.append(seen[free])
+    return bg, actors
+
+
+def _voxel_keys(xyz: np.ndarray, voxel: float) -> np.ndarray:
+    ijk = np.floor(xyz / voxel).astype(np.int64)
+    ijk -= ijk.min(0)
+    dims = ijk.max(0) + 1
+    return (ijk[:, 0] * dims[1] + ijk[:, 1]) * dims[2] + ijk[:, 2]
+
+
+def _group_mean(keys: np.ndarray, values: np.ndarray, weights=None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(unique keys, inverse, mean of values per key) with optional per-row weights."""
+    uniq, inv = np.unique(keys, return_inverse=True)
+    w = np.ones(len(keys)) if weights is None else weights.astype(np.float64)
+    tot = np.bincount(inv, w, len(uniq))
+    mean = np.stack([np.bincount(inv, w * values[:, k], len(uniq)) for k in range(values.shape[1])], 1)
+    return uniq, inv, mean / np.maximum(tot, 1e-12)[:, None]
+
+
+def _normals(xyz: np.ndarray, origin: np.ndarray, voxel: float) -> np.ndarray:
+    """Per point: the normal of the plane fitted to the points of its (4x coarser) voxel,
+    turned towards the sensor; the sensor direction where the fit is ill-posed."""
+    to_sensor = origin - xyz
+    to_sensor /= np.maximum(np.linalg.norm(to_sensor, axis=1, keepdims=True), 1e-9)
+    _, inv, mean = _group_mean(_voxel_keys(xyz, 4 * voxel), xyz)
+    d = xyz - mean[inv]
+    outer = (d[:, :, None] * d[:, None, :]).reshape(-1, 9)
+    cov = np.stack([np.bincount(inv, outer[:, k], len(mean)) for k in range(9)], 1).reshape(-1, 3, 3)
+    count = np.bincount(inv, minlength=len(mean))
+    evals, evecs = np.linalg.eigh(cov / np.maximum(count, 1)[:, None, None])
+    n = evecs[:, :, 0][inv]  # smallest eigenvalue: the plane normal
+    flat = (count[inv] >= 5) & (evals[inv, 0] < 0.1 * evals[inv, 1])
+    n = np.where(flat[:, None], n, to_sensor)
+    return n * np.sign(np.sum(n * to_sensor, axis=1, keepdims=True) + 1e-12)
+
+
+def _frame_from_normal(n: np.ndarray) -> np.ndarray:
+    """(N,3,3) rotations whose third column is the unit normal n."""
+    helper = np.where(np.abs(n[:, 2:3]) < 0.9, [[0.0, 0.0, 1.0]], [[1.0, 0.0, 0.0]])
+    x = np.cross(helper, n)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return np.stack([x, np.cross(n, x), n], 2)
+
+
+def surfels_from_points(p: _Points, voxel: float, opt: InitOptions) -> Surfels:
+    """One surfel per occupied voxel (empty Surfels when there are no points)."""
+    k = (opt.sh_degree + 1) ** 2
+    if not p.xyz or sum(len(x) for x in p.xyz) == 0:
+        return Surfels(np.zeros((0, 3), np.float32), np.zeros((0, 4), np.float32), np.zeros((0, 2), np.float32),
+                       np.zeros(0, np.float32), np.zeros((0, k, 3), np.float32))
+    xyz, origin = np.concatenate(p.xyz), np.concatenate(p.origin)
+    rgb, seen = np.concatenate(p.rgb), np.concatenate(p.seen)
+    normal = _normals(xyz, origin, voxel)
+    keys = _voxel_keys(xyz, voxel)
+    _, _, mean_xyz = _group_mean(keys, xyz)
+    # sparse regions (far ground between LiDAR rings) get larger surfels: the spacing of the
+    # occupied voxels around each one, from their count in its 4x coarser voxel (a surface)
+    _, inv, _ = _group_mean(_voxel_keys(mean_xyz, 4 * voxel), mean_xyz)
+    spacing = 4 * voxel / np.sqrt(np.bincount(inv)[inv])
+    sigma = opt.scale_factor * np.clip(spacing, voxel, 4 * voxel)
+    _, _, mean_n = _group_mean(keys, normal)
+    _, _, mean_rgb = _group_mean(keys, rgb, weights=seen + 1e-3)  # seen colours win
+    norm = np.linalg.norm(mean_n, axis=1, keepdims=True)
+    mean_n = np.where(norm > 1e-6, mean_n / np.maximum(norm, 1e-12), [[0.0, 0.0, 1.0]])  # opposite normals cancel
+    n = len(mean_xyz)
+    sh = np.zeros((n, k, 3), np.float32)
+    sh[:, 0] = rgb_to_sh(mean_rgb)
+    f = np.float32
+    return Surfels(mean_xyz.astype(f), rotmat_to_quat(_frame_from_normal(mean_n)).astype(f),
+                   np.repeat(sigma[:, None], 2, 1).astype(f), np.full(n, opt.opacity, f), sh)
+
+
+def initial_surfels(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions = InitOptions(),
+                    progress: bool = False) -> Tuple[Surfels, Dict[str, Surfels]]:
+    """(background surfels in the world, {actor id: surfels in its box frame}) from the frames' LiDAR."""
+    if not any(f.lidars for f in frames):
+        raise ValueError(f"{log.root}: reconstruction needs LiDAR sweeps to initialise surfels; "
+                         f"the training frames have none")
+    bg, actors = collect_points(log, frames, opt.box_margin_m, progress)
+    voxel = opt.voxel_m
+    while True:
+        background = surfels_from_points(bg, voxel, opt)
+        if len(background) <= opt.max_surfels:
+            break
+        voxel *= 1.25
+    return background, {aid: surfels_from_points(p, opt.voxel_m / 2, opt) for aid, p in actors.items()}

@@ -1,0 +1,72 @@
+"""Reconstruction losses and image metrics (torch; images (H,W,3) in [0,1], depth in metres)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+SSIM_WINDOW, SSIM_SIGMA = 11, 1.5
+
+
+def _gauss_window(dtype, device) -> torch.Tensor:
+    x = torch.arange(SSIM_WINDOW, dtype=dtype, device=device) - SSIM_WINDOW // 2
+    g = torch.exp(-x * x / (2 * SSIM_SIGMA ** 2))
+    g = g / g.sum()
+    return (g[:, None] * g[None, :]).expand(3, 1, SSIM_WINDOW, SSIM_WINDOW)
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Mean SSIM of two (H,W,3) images (Gaussian 11x11 window, sigma 1.5, as Wang et al. 2004)."""
+    x, y = a.permute(2, 0, 1)[None], b.permute(2, 0, 1)[None]
+    w = _gauss_window(a.dtype, a.device)
+    conv = lambda t: F.conv2d(t, w, groups=3)
+    mx, my = conv(x), conv(y)
+    sxx, syy, sxy = conv(x * x) - mx * mx, conv(y * y) - my * my, conv(x * y) - mx * my
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
+    return s.mean()
+
+
+def psnr(a, b) -> float:
+    """PSNR in dB of images in [0,1] (numpy or torch)."""
+    mse = float(((torch.as_tensor(a) - torch.as_tensor(b)) ** 2).mean())
+    return 10 * math.log10(1.0 / max(mse, 1e-12))
+
+
+def photometric(rgb: torch.Tensor, target: torch.Tensor, ssim_weight: float) -> torch.Tensor:
+    """(1 - w) L1 + w D-SSIM, with D-SSIM = 1 - SSIM (the 3DGS loss)."""
+    return (1 - ssim_weight) * (rgb - target).abs().mean() + ssim_weight * (1 - ssim(rgb, target))
+
+
+def lidar_depth(depth: torch.Tensor, alpha: torch.Tensor, pix: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Mean |rendered depth - LiDAR depth| (m) at the LiDAR pixels, plus 1 - alpha there (a LiDAR
+    return means something opaque is there); 0 without points."""
+    if len(pix) == 0:
+        return depth.sum() * 0
+    d, a = depth.reshape(-1)[pix], alpha.reshape(-1)[pix]
+    return (d - z).abs().mean() + (1 - a).mean()
+
+
+def depth_normals(depth: torch.Tensor, rays: torch.Tensor) -> torch.Tensor:
+    """(H-1,W-1,3) camera-frame normals of the surface of a depth map, facing the camera.
+    rays (H,W,2) are the pixels' x/z, y/z (camera.ray_table())."""
+    p = torch.cat([rays * depth[..., None], depth[..., None]], -1)
+    dx, dy = p[:-1, 1:] - p[:-1, :-1], p[1:, :-1] - p[:-1, :-1]
+    n = F.normalize(torch.cross(dx, dy, dim=-1), dim=-1)
+    return n * -torch.sign((n * p[:-1, :-1]).sum(-1, keepdim=True) + 1e-12)
+
+
+def normal_consistency(normal: torch.Tensor, depth: torch.Tensor, alpha: torch.Tensor,
+                       rays: torch.Tensor) -> torch.Tensor:
+    """2DGS normal consistency: alpha-weighted mean of 1 - <rendered normal, depth-gradient normal>."""
+    valid = torch.isfinite(rays).all(-1)
+    rays = torch.where(valid[..., None], rays, torch.zeros_like(rays))
+    nd = depth_normals(depth, rays)
+    w = alpha[:-1, :-1] * (depth[:-1, :-1] > 0) * valid[:-1, :-1] * valid[1:, 1:]
+    return (w * (1 - (normal[:-1, :-1] * nd).sum(-1))).sum() / w.sum().clamp_min(1.0)
+
+
+def to_tensor(x: np.ndarray, device="cpu") -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(x), device=device)

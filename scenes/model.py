@@ -1,0 +1,116 @@
+"""The trainable scene: raw surfel parameters, actor ownership, sky and per-camera affines.
+
+All surfels live in one set of raw tensors (means, quats, log-scales, logit-opacities,
+SH colours) with an ``owner`` per surfel: -1 for the background (world frame), k for
+actor k (its box frame, placed by its track at render time). One set keeps densification
+and the optimiser state in one place. `surfels_at(t)` gives differentiable world surfels.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+import numpy as np
+import torch
+
+from gsim.appearance import IDENTITY_AFFINE, Sky
+from gsim.scene import Actor, Scene
+from gsim.surfels import Surfels
+from gsim.transforms import rotmat_to_quat
+
+from .log import ActorTrack
+
+PARAMS = ("means", "quats", "log_scales", "logit_opacities", "sh")
+SKY_SHAPE = (32, 64)
+
+
+def _quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    aw, ax, ay, az = a.unbind(-1)
+    bw, bx, by, bz = b.unbind(-1)
+    return torch.stack([aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
+                        aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw], -1)
+
+
+class SceneModel:
+    """Raw parameters (``params``: name -> leaf tensor) plus the fixed actor tracks and owners."""
+
+    def __init__(self, params: Dict[str, torch.Tensor], owner: torch.Tensor, tracks: Sequence[ActorTrack],
+                 sky: torch.Tensor, affine: Dict[str, torch.Tensor]):
+        self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+        self.owner = owner.clone()
+        self.tracks: List[ActorTrack] = list(tracks)
+        self.sky = sky.detach().clone().requires_grad_(True)
+        self.affine = {c: a.detach().clone().requires_grad_(True) for c, a in affine.items()}
+
+    @staticmethod
+    def from_surfels(background: Surfels, actors: Dict[str, Surfels], tracks: Sequence[ActorTrack],
+                     cameras: Sequence[str], sky_rgb=(0.6, 0.7, 0.85)) -> "SceneModel":
+        """Background (world) and actor (box frame) surfels; actors without surfels are dropped."""
+        tracks = [t for t in tracks if len(actors.get(t.id, ())) > 0]
+        parts = [background] + [actors[t.id] for t in tracks]
+        owner = np.concatenate([np.full(len(p), k - 1) for k, p in enumerate(parts)])
+        s = Surfels.concatenate([p.numpy() for p in parts])
+        op = np.clip(s.opacities.astype(np.float64), 1e-4, 1 - 1e-4)
+        raw = {"means": s.means, "quats": s.quats, "log_scales": np.log(s.scales),
+               "logit_opacities": np.log(op / (1 - op)), "sh": s.colors}
+        sky = np.broadcast_to(np.asarray(sky_rgb, np.float32), SKY_SHAPE + (3,)).copy()
+        return SceneModel({k: torch.tensor(np.asarray(v), dtype=torch.float32) for k, v in raw.items()},
+                          torch.as_tensor(owner, dtype=torch.int64), tracks, torch.from_numpy(sky),
+                          {c: torch.tensor(IDENTITY_AFFINE, dtype=torch.float32) for c in cameras})
+
+    @staticmethod
+    def from_state(state: dict, tracks: Sequence[ActorTrack]) -> "SceneModel":
+        """The inverse of `state_dict`, given the log's tracks (matched by the saved actor ids)."""
+        by_id = {t.id: t for t in tracks}
+        missing = [i for i in state["track_ids"] if i not in by_id]
+        if missing:
+            raise ValueError(f"checkpoint: actors {missing} are not tracked in this log")
+        return SceneModel(state["params"], state["owner"], [by_id[i] for i in state["track_ids"]], state["sky"],
+                          state["affine"])
+
+    def __len__(self) -> int:
+        return len(self.owner)
+
+    def extra_params(self) -> Dict[str, torch.Tensor]:
+        return {"sky": self.sky, **{f"affine/{c}": a for c, a in self.affine.items()}}
+
+    def activated(self) -> Surfels:
+        p = self.params
+        return Surfels(p["means"], torch.nn.functional.normalize(p["quats"], dim=-1), torch.exp(p["log_scales"]),
+                       torch.sigmoid(p["logit_opacities"]), p["sh"])
+
+    def surfels_at(self, timestamp_us: int) -> Surfels:
+        """World-frame surfels at ``timestamp_us``, differentiable in every raw parameter."""
+        s = self.activated()
+        if not self.tracks:
+            return s
+        means, quats = s.means, s.quats
+        for k, track in enumerate(self.tracks):
+            sel = self.owner == k
+            T_np = track.pose_at(timestamp_us)
+            T = torch.as_tensor(T_np, dtype=means.dtype)
+            qT = torch.as_tensor(rotmat_to_quat(T_np[:3, :3]), dtype=means.dtype)
+            means = torch.where(sel[:, None], means @ T[:3, :3].T + T[:3, 3], means)
+            quats = torch.where(sel[:, None], _quat_mul(qT.expand_as(quats), quats), quats)
+        return Surfels(means, quats, s.scales, s.opacities, s.colors)
+
+    def to_scene(self) -> Scene:
+        """The trained scene (numpy): background, actors in their box frames, sky, affines."""
+        with torch.no_grad():
+            s = self.activated().numpy()
+        own = self.owner.numpy()
+        pick = lambda m: Surfels(s.means[m], s.quats[m], s.scales[m], s.opacities[m], s.colors[m])
+        actors = tuple(Actor(id=t.id, category=t.category, size=t.size, surfels=pick(own == k),
+                             track_timestamps_us=t.timestamps_us, track_poses=t.poses)
+                       for k, t in enumerate(self.tracks))
+        return Scene(background=pick(own == -1), actors=actors, sky=Sky(self.sky.detach().clamp(0, 1).numpy().copy()),
+                     appearance={c: a.detach().numpy().astype(np.float64) for c, a in self.affine.items()})
+
+    def state_dict(self) -> dict:
+        return {"params": {k: v.detach().clone() for k, v in self.params.items()}, "owner": self.owner.clone(),
+                "track_ids": [t.id for t in self.tracks], "sky": self.sky.detach().clone(),
+                "affine": {c: a.detach().clone() for c, a in self.affine.items()}}
+
+    def replace(self, keep: torch.Tensor, new: Dict[str, torch.Tensor], new_owner: torch.Tensor) -> None:
+        """Keep surfels ``keep`` (bool mask) and append ``new`` raw parameters (densification)."""
+        self.params = {k: torch.cat([v.detach()[keep], new[k]]).requires_grad_(True) for k, v in self.params.items()}
+        self.owner = torch.cat([self.owner[keep], new_owner])

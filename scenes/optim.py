@@ -1,0 +1,117 @@
+"""Optimisation: Adam over named tensors, and densification/pruning of the surfels.
+
+Adam is written out (a few lines) so that its moments are plain tensors by name: the
+densifier keeps, copies or zeroes rows of them when surfels are pruned, split or cloned,
+and checkpoints save them as they are.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict
+
+import torch
+
+BETAS, EPS = (0.9, 0.999), 1e-15
+
+
+class Adam:
+    def __init__(self, lrs: Dict[str, float]):
+        self.lrs = dict(lrs)
+        self.m: Dict[str, torch.Tensor] = {}
+        self.v: Dict[str, torch.Tensor] = {}
+        self.step_count = 0
+
+    @torch.no_grad()
+    def step(self, params: Dict[str, torch.Tensor], lr_scale: Dict[str, float] = None) -> None:
+        self.step_count += 1
+        b1, b2 = BETAS
+        c1, c2 = 1 - b1 ** self.step_count, 1 - b2 ** self.step_count
+        for k, p in params.items():
+            if p.grad is None:
+                continue
+            m = self.m.setdefault(k, torch.zeros_like(p))
+            v = self.v.setdefault(k, torch.zeros_like(p))
+            m.mul_(b1).add_(p.grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            lr = self.lrs[k] * (lr_scale or {}).get(k, 1.0)
+            p.addcdiv_(m / c1, (v / c2).sqrt_().add_(EPS), value=-lr)
+            p.grad = None
+
+    def remap(self, names, keep: torch.Tensor, source: torch.Tensor) -> None:
+        """After densification: rows ``keep`` stay, then one row per ``source`` index is appended
+        with zero moments (new surfels start fresh)."""
+        for k in names:
+            for state in (self.m, self.v):
+                if k in state:
+                    s = state[k]
+                    state[k] = torch.cat([s[keep], torch.zeros((len(source),) + s.shape[1:], dtype=s.dtype)])
+
+    def state_dict(self) -> dict:
+        return {"m": self.m, "v": self.v, "step": self.step_count, "lrs": self.lrs}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.m, self.v, self.step_count = dict(d["m"]), dict(d["v"]), int(d["step"])
+
+
+@dataclass(frozen=True)
+class DensifyOptions:
+    start: int = 300
+    stop: int = 2000
+    every: int = 100
+    grad_threshold: float = 2e-4  # mean |dL/d(image-plane position)| in half-widths, as gsplat
+    split_scale: float = 0.01  # x scene scale: larger surfels are split, smaller ones cloned
+    prune_opacity: float = 0.005
+    prune_scale: float = 0.1  # x scene scale: larger surfels are pruned
+    max_surfels: int = 600_000
+
+
+class Densifier:
+    """gsplat's default strategy on world-space means: the image-plane gradient of a surfel is
+    its mean's gradient times depth / focal length (the Jacobian of a pinhole projection)."""
+
+    def __init__(self, opt: DensifyOptions, scene_scale: float):
+        self.opt, self.scale = opt, scene_scale
+        self.grad_sum = torch.zeros(0)
+        self.count = torch.zeros(0)
+
+    def accumulate(self, mean_grad: torch.Tensor, depth: torch.Tensor, focal: float, width: int) -> None:
+        n = len(mean_grad)
+        if len(self.grad_sum) != n:
+            self.grad_sum, self.count = torch.zeros(n), torch.zeros(n)
+        g = mean_grad.norm(dim=-1) * depth.clamp_min(1e-3) / focal * (width / 2)
+        seen = g > 0
+        self.grad_sum += g * seen
+        self.count += seen
+
+    @torch.no_grad()
+    def step(self, model, adam: Adam, it: int, generator: torch.Generator) -> Dict[str, int]:
+        """Split/clone/prune at the scheduled iterations; returns the counts (empty if not scheduled)."""
+        o = self.opt
+        if not (o.start <= it < o.stop and it % o.every == 0) or len(self.count) != len(model):
+            return {}
+        p = model.params
+        avg = self.grad_sum / self.count.clamp_min(1)
+        scale_max = p["log_scales"].exp().max(-1).values
+        grow = (avg > o.grad_threshold) & (len(model) < o.max_surfels)
+        split = grow & (scale_max > o.split_scale * self.scale)
+        clone = grow & ~split
+        prune = (torch.sigmoid(p["logit_opacities"]) < o.prune_opacity) | (scale_max > o.prune_scale * self.scale)
+        src = torch.cat([torch.nonzero(clone)[:, 0], torch.nonzero(split)[:, 0].repeat(2)])
+        new = {k: v.detach()[src].clone() for k, v in p.items()}
+        n_split = int(split.sum())
+        if n_split:
+            # split: two surfels drawn from the parent's Gaussian in its tangent plane, 1.6x smaller
+            sel = slice(len(src) - 2 * n_split, None)
+            q = torch.nn.functional.normalize(new["quats"][sel], dim=-1)
+            w, x, y, z = q.unbind(-1)
+            ax = torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y + w * z), 2 * (x * z - w * y)], -1)
+            ay = torch.stack([2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x)], -1)
+            s = new["log_scales"][sel].exp()
+            r = torch.randn(len(s), 2, generator=generator)
+            new["means"][sel] += (r[:, :1] * s[:, :1]) * ax + (r[:, 1:] * s[:, 1:]) * ay
+            new["log_scales"][sel] -= torch.log(torch.tensor(1.6))
+        keep = ~(prune | split)
+        model.replace(keep, new, model.owner[src])
+        adam.remap(p.keys(), keep, src)
+        self.grad_sum, self.count = torch.zeros(len(model)), torch.zeros(len(model))
+        return {"cloned": int(clone.sum()), "split": n_split, "pruned": int((prune & ~split).sum())}

@@ -1,0 +1,199 @@
+"""`gsim reconstruct`: train a surfel scene on a driving log.
+
+Data (scenes.views), model (scenes.model), losses (scenes.losses), optimisation and
+densification (scenes.optim) live in their own modules; this one holds the configuration,
+the loop, and checkpoints. A checkpoint (OUT/checkpoint.pt) is written atomically every
+``checkpoint_every`` iterations and at the end, with the model, the optimiser moments, the
+densification statistics and every random state, so ``--resume`` continues exactly where
+the run stopped: a resumed run ends with the same scene as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from gsim.appearance import Sky, compose
+from gsim.io import atomic_path, write_json
+from gsim.render import BACKENDS, render_camera
+
+from . import losses
+from .init import InitOptions, initial_surfels
+from .log import load_log
+from .model import SceneModel
+from .optim import Adam, DensifyOptions, Densifier
+from .views import View, make_views, split_frames
+
+CHECKPOINT = "checkpoint.pt"
+CONFIG_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str = "cpu"
+    backend: str = "torch"
+    iterations: int = 3000
+    seed: int = 0
+    holdout_every: int = 8
+    ssim_weight: float = 0.2
+    lidar_weight: float = 0.1
+    normal_weight: float = 0.05
+    normal_from: int = 500  # iteration where the normal loss starts (2DGS waits for geometry)
+    lr_means: float = 1.6e-4  # x scene scale, decays x0.01 over the run
+    lr_quats: float = 1e-3
+    lr_scales: float = 5e-3
+    lr_opacities: float = 5e-2
+    lr_sh: float = 2.5e-3
+    lr_sky: float = 1e-2
+    lr_affine: float = 1e-3
+    checkpoint_every: int = 500
+    init: InitOptions = field(default_factory=InitOptions)
+    densify: DensifyOptions = field(default_factory=DensifyOptions)
+
+    def to_dict(self) -> dict:
+        return {"schema_version": CONFIG_SCHEMA, **dataclasses.asdict(self)}
+
+    @staticmethod
+    def from_dict(d: dict) -> "TrainConfig":
+        d = dict(d)
+        if d.pop("schema_version", None) != CONFIG_SCHEMA:
+            raise ValueError(f"train config: schema_version must be {CONFIG_SCHEMA}")
+        return TrainConfig(**{**d, "init": InitOptions(**d["init"]), "densify": DensifyOptions(**d["densify"])})
+
+
+PRESETS = {
+    # CPU: 2 cores; the numba backend with its backward when it is differentiable, else the torch reference
+    "cpu": TrainConfig(),
+    # CUDA: gsplat, the 3DGS schedule
+    "cuda": TrainConfig(preset="cuda", backend="gsplat", iterations=30000, checkpoint_every=5000,
+                        init=InitOptions(sh_degree=3, voxel_m=0.05, max_surfels=1_000_000),
+                        densify=DensifyOptions(start=500, stop=15000, max_surfels=3_000_000)),
+}
+
+
+def preset(name: str, **overrides) -> TrainConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    cfg = PRESETS[name]
+    if name == "cpu" and BACKENDS["numba"].differentiable:
+        cfg = dataclasses.replace(cfg, backend="numba")
+    return dataclasses.replace(cfg, **overrides)
+
+
+def scene_scale(views) -> float:
+    """gsplat's scene scale: 1.1 x the largest camera distance from the cameras' centroid (at least 1 m)."""
+    c = np.stack([v.T_world_camera[:3, 3] for v in views])
+    return max(1.1 * float(np.linalg.norm(c - c.mean(0), axis=1).max()), 1.0)
+
+
+class _Run:
+    """The state of one training run (everything a checkpoint holds)."""
+
+    def __init__(self, cfg: TrainConfig, model: SceneModel, scale: float):
+        self.cfg, self.model, self.scale = cfg, model, scale
+        lrs = {"means": cfg.lr_means * scale, "quats": cfg.lr_quats, "log_scales": cfg.lr_scales,
+               "logit_opacities": cfg.lr_opacities, "sh": cfg.lr_sh, "sky": cfg.lr_sky,
+               **{f"affine/{c}": cfg.lr_affine for c in model.affine}}
+        self.adam = Adam(lrs)
+        self.densifier = Densifier(cfg.densify, scale)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.step = 0
+
+    def state(self) -> dict:
+        return {"config": self.cfg.to_dict(), "scale": self.scale, "step": self.step, "model": self.model.state_dict(),
+                "adam": self.adam.state_dict(), "densify": (self.densifier.grad_sum, self.densifier.count),
+                "rng": self.rng.bit_generator.state, "gen": self.gen.get_state()}
+
+    def restore(self, st: dict) -> None:
+        self.adam.load_state_dict(st["adam"])
+        self.densifier.grad_sum, self.densifier.count = st["densify"]
+        self.rng.bit_generator.state = st["rng"]
+        self.gen.set_state(st["gen"])
+        self.step = int(st["step"])
+
+    def save(self, out: Path) -> None:
+        with atomic_path(out / CHECKPOINT) as tmp:
+            torch.save(self.state(), tmp)
+
+
+def train_step(run: _Run, view: View):
+    """One iteration on one view; returns (loss, psnr)."""
+    cfg, model = run.cfg, run.model
+    params = {**model.params, **model.extra_params()}
+    surfels = model.surfels_at(view.timestamp_us)
+    frame = render_camera(surfels, view.camera, view.T_world_camera, backend=cfg.backend)
+    rgb = compose(frame.rgb, frame.alpha, Sky(model.sky), torch.from_numpy(view.dirs_world), model.affine[view.sensor])
+    target = torch.from_numpy(view.image)
+    loss = losses.photometric(rgb, target, cfg.ssim_weight)
+    if cfg.lidar_weight:
+        loss = loss + cfg.lidar_weight * losses.lidar_depth(frame.depth, frame.alpha, torch.from_numpy(view.lidar_pix),
+                                                            torch.from_numpy(view.lidar_depth))
+    if cfg.normal_weight and run.step >= cfg.normal_from:
+        rays = torch.from_numpy(view.camera.ray_table().astype(np.float32))
+        loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, rays)
+    loss.backward()
+    with torch.no_grad():
+        grad = model.params["means"].grad
+        if grad is not None:
+            cam = torch.as_tensor(view.T_world_camera[:3, 3], dtype=torch.float32)
+            depth = (model.params["means"] - cam).norm(dim=-1)
+            run.densifier.accumulate(grad, depth, float(view.camera.fx), view.camera.width)
+    decay = 0.01 ** (run.step / max(cfg.iterations, 1))
+    run.adam.step(params, {"means": decay})
+    return float(loss), losses.psnr(rgb.detach().clamp(0, 1), target)
+
+
+def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: bool = False,
+                progress: bool = True) -> Path:
+    """Train on the log's training frames and write the scene to OUT/scene (and OUT/train.json)."""
+    cfg = config or preset("cpu")
+    out = Path(out)
+    if cfg.backend != "torch":
+        reason = BACKENDS[cfg.backend].probe() if cfg.backend in BACKENDS else f"unknown backend {cfg.backend!r}"
+        if reason is not None:
+            raise RuntimeError(f"preset {cfg.preset!r} needs the {cfg.backend} backend, which is not available "
+                               f"here: {reason}")
+    ckpt = out / CHECKPOINT
+    if resume and not ckpt.is_file():
+        raise FileNotFoundError(f"{ckpt}: no checkpoint to resume from")
+    state = torch.load(ckpt, weights_only=False) if resume else None
+    if state is not None:
+        cfg = TrainConfig.from_dict(state["config"])  # a resumed run keeps its own configuration
+    torch.manual_seed(cfg.seed)
+    log = load_log(log_path)
+    train_frames, _ = split_frames(log, cfg.holdout_every)
+    views = make_views(log, train_frames, progress=progress)
+    if state is None:
+        bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress)
+        run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)), scene_scale(views))
+    else:
+        run = _Run(cfg, SceneModel.from_state(state["model"], log.actors), state["scale"])
+        run.restore(state)
+    out.mkdir(parents=True, exist_ok=True)
+    from tqdm import tqdm
+    bar = tqdm(total=cfg.iterations, initial=run.step, desc="reconstruct", unit="it", disable=not progress)
+    t0, psnrs = time.perf_counter(), []
+    while run.step < cfg.iterations:
+        view = views[int(run.rng.integers(len(views)))]
+        loss, p = train_step(run, view)
+        run.step += 1
+        psnrs = (psnrs + [p])[-50:]
+        run.densifier.step(run.model, run.adam, run.step, run.gen)
+        if run.step % cfg.checkpoint_every == 0 or run.step == cfg.iterations:
+            run.save(out)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", psnr=f"{np.mean(psnrs):.2f}", surfels=len(run.model))
+    bar.close()
+    run.model.to_scene().save(out / "scene")
+    write_json(out / "train.json", {"log": str(Path(log_path).resolve()), "config": cfg.to_dict(),
+                                    "iterations": cfg.iterations, "surfels": len(run.model),
+                                    "wall_s_this_session": round(time.perf_counter() - t0, 2),
+                                    "train_frames": [f.index for f in train_frames]})
+    return out / "scene"

@@ -1,0 +1,99 @@
+"""Training and evaluation views of a driving log: images, poses, ray directions and LiDAR depth.
+
+A view is one camera image with what the losses and metrics need: its pose at the image's
+timestamp, its world ray directions (for the sky) and the LiDAR points of the same frame
+projected into it (sparse depth, occluded points removed). The split holds out every
+``holdout_every``-th frame (frame index % n == 0, the field's convention); the trainer
+never sees anything of a held-out frame, images or LiDAR.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+from gsim.appearance import camera_ray_directions
+from gsim.cameras import Camera
+from gsim.transforms import interpolate_pose
+
+from .log import DrivingLog, Frame, LidarObs
+
+
+@dataclass(frozen=True, eq=False)
+class View:
+    frame: int
+    sensor: str
+    timestamp_us: int
+    camera: Camera
+    T_world_camera: np.ndarray
+    image: np.ndarray  # (H,W,3) float32
+    dirs_world: np.ndarray  # (H,W,3) float32 unit ray directions
+    lidar_pix: np.ndarray  # (M,) int64 flat pixel indices
+    lidar_depth: np.ndarray  # (M,) float32 camera z, metres
+
+
+def split_frames(log: DrivingLog, holdout_every: int = 8) -> Tuple[List[Frame], List[Frame]]:
+    """(train, held-out) frames; holdout_every=0 trains on everything."""
+    if holdout_every < 0 or holdout_every == 1:
+        raise ValueError(f"holdout_every must be 0 (no hold-out) or >= 2, got {holdout_every}")
+    held = [f for f in log.frames if holdout_every and f.index % holdout_every == 0]
+    train = [f for f in log.frames if not (holdout_every and f.index % holdout_every == 0)]
+    return train, held
+
+
+def sweep_world(log: DrivingLog, obs: LidarObs) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A sweep's points in the world: (M,3) points, (M,3) sensor origins, (M,) intensity.
+
+    With per-point time offsets each point is placed with the ego pose at its own time
+    (poses are interpolated once per distinct offset)."""
+    pts = log.sweep(obs)
+    T_vl = log.lidars[obs.sensor].T_vehicle_lidar
+    if pts.shape[1] == 5:
+        offsets, inv = np.unique(pts[:, 4].astype(np.int64), return_inverse=True)
+    else:
+        offsets, inv = np.zeros(1, np.int64), np.zeros(len(pts), np.int64)
+    T = np.stack([interpolate_pose(log.ego_timestamps_us, log.ego_poses, obs.timestamp_us + int(o)) @ T_vl
+                  for o in offsets])[inv]
+    world = np.einsum("nij,nj->ni", T[:, :3, :3], pts[:, :3].astype(np.float64)) + T[:, :3, 3]
+    return world, T[:, :3, 3], pts[:, 3]
+
+
+def visible_points(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray, block: int = 4,
+                   tolerance: float = 0.05):
+    """Points of ``world`` that the camera sees: (indices, flat pixel, camera z).
+
+    A point is kept when it projects into the image and lies within ``tolerance`` (relative)
+    of the nearest point in its ``block``-pixel cell: LiDAR points hidden from the camera by
+    parallax (behind a nearer surface) are dropped."""
+    Tcw = np.linalg.inv(T_world_camera)
+    pc = world @ Tcw[:3, :3].T + Tcw[:3, 3]
+    uv, ok = camera.project(pc)
+    ok &= (uv[:, 0] >= 0) & (uv[:, 0] < camera.width) & (uv[:, 1] >= 0) & (uv[:, 1] < camera.height)
+    idx = np.nonzero(ok)[0]
+    u, v, z = uv[idx, 0].astype(np.int64), uv[idx, 1].astype(np.int64), pc[idx, 2]
+    cell = (v // block) * (camera.width // block + 1) + u // block
+    zmin = np.full(cell.max() + 1 if len(cell) else 1, np.inf)
+    np.minimum.at(zmin, cell, z)
+    keep = z <= zmin[cell] * (1 + tolerance)
+    return idx[keep], (v * camera.width + u)[keep], z[keep].astype(np.float32)
+
+
+def make_views(log: DrivingLog, frames: Sequence[Frame], progress: bool = False) -> List[View]:
+    """All camera views of ``frames`` with LiDAR depth from the same frames' sweeps."""
+    items = [(f, obs) for f in frames for obs in f.cameras.values()]
+    if progress:
+        from tqdm import tqdm
+        items = tqdm(items, desc="load views", unit="image")
+    sweeps = {}
+    views = []
+    for f, obs in items:
+        if f.index not in sweeps:
+            parts = [sweep_world(log, o)[0] for o in f.lidars.values()]
+            sweeps = {f.index: np.concatenate(parts) if parts else np.zeros((0, 3))}
+        cam = log.cameras[obs.sensor].camera
+        T = log.T_world_camera(obs)
+        _, pix, z = visible_points(cam, T, sweeps[f.index])
+        views.append(View(f.index, obs.sensor, obs.timestamp_us, cam, T, log.image(obs),
+                          camera_ray_directions(cam, T), pix, z))
+    return views
