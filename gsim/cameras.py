@@ -8,6 +8,7 @@ exactly (no resampling): a ray is intersected with each surfel's plane.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import asdict, dataclass, fields
@@ -104,6 +105,24 @@ class _Intrinsics(_CameraBase):
     fy: float
     cx: float
     cy: float
+
+    def downscaled(self, factor: int):
+        """The camera of images box-averaged by an integer ``factor`` (cropped to a multiple of it at
+        the right and bottom): pixel coordinates divide by the factor, distortion is unchanged."""
+        if not isinstance(factor, (int, np.integer)) or factor < 1 or factor > min(self.width, self.height):
+            raise ValueError(f"downscale factor: expected an integer in [1, {min(self.width, self.height)}], "
+                             f"got {factor!r}")
+        return dataclasses.replace(self, width=self.width // factor, height=self.height // factor,
+                                   fx=self.fx / factor, fy=self.fy / factor, cx=self.cx / factor, cy=self.cy / factor)
+
+
+def downscale_image(image: np.ndarray, factor: int) -> np.ndarray:
+    """(H,W,...) image box-averaged by an integer factor, matching `downscaled` cameras."""
+    if factor == 1:
+        return image
+    h, w = image.shape[0] // factor, image.shape[1] // factor
+    x = image[:h * factor, :w * factor].reshape(h, factor, w, factor, *image.shape[2:])
+    return x.mean(axis=(1, 3)).astype(image.dtype)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gsim.appearance import compose
+from gsim.appearance import camera_ray_directions, compose
 from gsim.io import to_uint8, write_bytes, write_json, write_png
 from gsim.render import render_camera
 from gsim.scene import Scene, load_scene
@@ -25,10 +25,11 @@ from .losses import psnr, ssim
 from .views import View, make_views, split_frames
 
 
-def render_view(scene: Scene, view: View, backend: str = "auto"):
-    """(rgb with sky and the camera's affine, alpha, depth) of the scene for a log view."""
-    f = render_camera(scene, view.camera, view.T_world_camera, backend=backend, timestamp_us=view.timestamp_us)
-    rgb = compose(f.rgb, f.alpha, scene.sky, view.dirs_world, scene.appearance.get(view.sensor))
+def render_image(scene: Scene, camera, T_world_camera, timestamp_us: int, sensor: str, backend: str = "auto"):
+    """(rgb with the sky and the camera sensor's affine, alpha, depth), numpy."""
+    f = render_camera(scene, camera, T_world_camera, backend=backend, timestamp_us=timestamp_us)
+    rgb = compose(f.rgb, f.alpha, scene.sky, camera_ray_directions(camera, T_world_camera),
+                  scene.appearance.get(sensor))
     return np.clip(rgb, 0, 1), f.alpha, f.depth
 
 
@@ -50,21 +51,21 @@ def _table(metrics: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-def evaluate(scene_path, log_path, out, holdout_every: int = 8, backend: str = "auto",
+def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: int = 1, backend: str = "auto",
              progress: bool = True, write_images: bool = True) -> dict:
     scene, log = load_scene(scene_path), load_log(log_path)
     _, held = split_frames(log, holdout_every)
     if not held:
         raise ValueError(f"{log_path}: no held-out frames with holdout_every={holdout_every}")
     out = Path(out)
-    views = make_views(log, held)
+    views = make_views(log, held, downscale)
     it = views
     if progress:
         from tqdm import tqdm
         it = tqdm(views, desc="evaluate", unit="view")
     per_view, has_lidar = [], any(f.lidars for f in held)
     for v in it:
-        rgb, alpha, depth = render_view(scene, v, backend)
+        rgb, alpha, depth = render_image(scene, v.camera, v.T_world_camera, v.timestamp_us, v.sensor, backend)
         name = f"{v.frame:06d}_{v.sensor}"
         m = {"name": name, "frame": v.frame, "sensor": v.sensor, "timestamp_us": v.timestamp_us,
              "psnr": psnr(rgb, v.image),
@@ -78,7 +79,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, backend: str = "
         if write_images:
             write_png(out / "views" / f"{name}.png",
                       np.concatenate([to_uint8(rgb), to_uint8(v.image), error_map(rgb, v.image)], 1))
-    metrics = {"scene": str(scene_path), "log": str(log_path), "holdout_every": holdout_every,
+    metrics = {"scene": str(scene_path), "log": str(log_path), "holdout_every": holdout_every, "downscale": downscale,
                "held_out_frames": [f.index for f in held],
                "psnr": float(np.mean([m["psnr"] for m in per_view])),
                "ssim": float(np.mean([m["ssim"] for m in per_view]))}

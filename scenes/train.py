@@ -41,6 +41,7 @@ class TrainConfig:
     iterations: int = 3000
     seed: int = 0
     holdout_every: int = 8
+    downscale: int = 1  # train on images box-averaged by this factor (evaluate with the same)
     ssim_weight: float = 0.2
     lidar_weight: float = 0.1
     normal_weight: float = 0.05
@@ -169,7 +170,7 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     torch.manual_seed(cfg.seed)
     log = load_log(log_path)
     train_frames, _ = split_frames(log, cfg.holdout_every)
-    views = make_views(log, train_frames, progress=progress)
+    views = make_views(log, train_frames, cfg.downscale, progress=progress)
     if state is None:
         bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress)
         run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)), scene_scale(views))

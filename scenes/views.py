@@ -14,7 +14,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 from gsim.appearance import camera_ray_directions
-from gsim.cameras import Camera
+from gsim.cameras import Camera, downscale_image
 from gsim.transforms import interpolate_pose
 
 from .log import DrivingLog, Frame, LidarObs
@@ -79,8 +79,9 @@ def visible_points(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray
     return idx[keep], (v * camera.width + u)[keep], z[keep].astype(np.float32)
 
 
-def make_views(log: DrivingLog, frames: Sequence[Frame], progress: bool = False) -> List[View]:
-    """All camera views of ``frames`` with LiDAR depth from the same frames' sweeps."""
+def make_views(log: DrivingLog, frames: Sequence[Frame], downscale: int = 1, progress: bool = False) -> List[View]:
+    """All camera views of ``frames`` (images box-averaged by ``downscale``) with LiDAR depth from
+    the same frames' sweeps."""
     items = [(f, obs) for f in frames for obs in f.cameras.values()]
     if progress:
         from tqdm import tqdm
@@ -91,9 +92,9 @@ def make_views(log: DrivingLog, frames: Sequence[Frame], progress: bool = False)
         if f.index not in sweeps:
             parts = [sweep_world(log, o)[0] for o in f.lidars.values()]
             sweeps = {f.index: np.concatenate(parts) if parts else np.zeros((0, 3))}
-        cam = log.cameras[obs.sensor].camera
+        cam = log.cameras[obs.sensor].camera.downscaled(downscale)
         T = log.T_world_camera(obs)
         _, pix, z = visible_points(cam, T, sweeps[f.index])
-        views.append(View(f.index, obs.sensor, obs.timestamp_us, cam, T, log.image(obs),
+        views.append(View(f.index, obs.sensor, obs.timestamp_us, cam, T, downscale_image(log.image(obs), downscale),
                           camera_ray_directions(cam, T), pix, z))
     return views

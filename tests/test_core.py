@@ -163,3 +163,18 @@ def test_concatenate_pads_sh():
     s2 = gsim.Surfels(**a)
     c = gsim.Surfels.concatenate([s0, s2])
     assert len(c) == 8 and c.sh_degree == 2 and np.all(c.colors[:4, 1:] == 0)
+
+
+def test_downscaled_camera_matches_box_averaged_pixels():
+    from gsim.cameras import downscale_image
+    cam = gsim.OpenCVCamera(64, 48, 50.0, 52.0, 31.0, 25.0, k1=-0.1, p1=0.01)
+    small = cam.downscaled(2)
+    p = np.array([[0.3, -0.2, 2.0], [-0.5, 0.4, 3.0]])
+    uv, ok = cam.project(p)
+    uv2, ok2 = small.project(p)
+    assert ok.all() and ok2.all() and np.allclose(uv2, uv / 2)
+    img = np.random.default_rng(0).random((48, 64, 3)).astype(np.float32)
+    down = downscale_image(img, 2)
+    assert down.shape == (small.height, small.width, 3) and np.isclose(down[3, 5, 1], img[6:8, 10:12, 1].mean())
+    with pytest.raises(ValueError, match="downscale"):
+        cam.downscaled(0)
