@@ -1,0 +1,276 @@
+"""KITTI raw -> gsim driving log.
+
+Reads one drive of a KITTI raw date folder: the rectified colour cameras image_02 (and image_03
+when present) as pinhole cameras from P_rect_0x, the Velodyne HDL-64E sweeps, and ego poses from
+oxts GPS/IMU when the drive has them, else estimated by kiss-icp LiDAR odometry.
+
+Frames: the vehicle frame is the Velodyne frame (x forward, y left, z up). With oxts the world
+is a local east-north-up frame (Mercator, as in the KITTI raw paper) with its origin at the first
+pose; with odometry the world is the first sweep's Velodyne frame. KITTI's projection of a
+Velodyne point X into camera i is ``P_rect_0i @ R_rect_00 @ T_cam0_velo @ X``; with
+``P_rect_0i = K [I | t_i]`` that is camera i's rectified frame ``T_cami_velo = [I | t_i] R_rect_00
+T_cam0_velo``, so ``T_vehicle_camera = inv(T_cami_velo)`` and the camera model is K.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from gsim.cameras import PinholeCamera
+from gsim.scenes._convert_util import OPENCV_PIXEL_CENTRE_SHIFT, check_image, make_pose, timestamp_us
+from gsim.scenes.log import LidarBeams, LogFormatError, LogWriter
+from gsim.transforms import invert
+
+CALIB_CAM_TO_CAM = "calib_cam_to_cam.txt"
+CALIB_VELO_TO_CAM = "calib_velo_to_cam.txt"
+CALIB_IMU_TO_VELO = "calib_imu_to_velo.txt"
+CAMERAS = ("image_02", "image_03")  # the colour cameras; image_00/01 are greyscale
+LIDAR = "velodyne_points"
+FRAME_PERIOD_US = 100_000  # KITTI records at 10 Hz
+EARTH_RADIUS_M = 6378137.0
+
+# Velodyne HDL-64E S2 datasheet values: upper block +2 to -8.33 deg in 1/3 deg steps, lower block
+# -8.83 to -24.33 deg in 1/2 deg steps. Azimuth step measured on the sample drive (0.09 deg at
+# 10 Hz); KITTI keeps returns up to 80 m.
+HDL64E = LidarBeams(
+    elevations_deg=tuple(float(e) for e in np.round(np.concatenate([2.0 - np.arange(32) / 3.0,
+                                                                   -8.83 - 0.5 * np.arange(32)]), 4)),
+    azimuth_resolution_deg=0.09, min_range_m=1.0, max_range_m=80.0)
+
+
+def _read_calib(path: Path) -> Dict[str, str]:
+    if not path.is_file():
+        raise LogFormatError(f"{path}: calibration file missing")
+    out = {}
+    for line in path.read_text().splitlines():
+        if ":" in line:
+            key, value = line.split(":", 1)
+            out[key.strip()] = value
+    return out
+
+
+def _values(calib: Dict[str, str], path: Path, key: str, n: int) -> np.ndarray:
+    if key not in calib:
+        raise LogFormatError(f"{path}: {key}: missing")
+    try:
+        v = np.array([float(x) for x in calib[key].split()])
+    except ValueError:
+        raise LogFormatError(f"{path}: {key}: not a list of numbers") from None
+    if v.size != n or not np.all(np.isfinite(v)):
+        raise LogFormatError(f"{path}: {key}: expected {n} finite numbers, got {v.size}")
+    return v
+
+
+def _nearest_rotation(R: np.ndarray) -> np.ndarray:
+    # The calibration files round to 7 digits (R R^T - I ~ 1e-7); keep the poses rigid to float64 precision.
+    U, _, Vt = np.linalg.svd(R)
+    return U @ np.diag([1.0, 1.0, np.linalg.det(U @ Vt)]) @ Vt
+
+
+def read_calibration(date_dir: Path, cameras: List[str]) -> Dict[str, tuple]:
+    """{camera folder: (PinholeCamera, T_velo_cam)} from the date folder's calibration files."""
+    cam_path, velo_path = date_dir / CALIB_CAM_TO_CAM, date_dir / CALIB_VELO_TO_CAM
+    cam, velo = _read_calib(cam_path), _read_calib(velo_path)
+    T_cam0_velo = make_pose(_nearest_rotation(_values(velo, velo_path, "R", 9).reshape(3, 3)),
+                            _values(velo, velo_path, "T", 3))
+    R_rect_00 = make_pose(_nearest_rotation(_values(cam, cam_path, "R_rect_00", 9).reshape(3, 3)), np.zeros(3))
+    out = {}
+    for name in cameras:
+        i = name[-2:]
+        P = _values(cam, cam_path, f"P_rect_{i}", 12).reshape(3, 4)
+        K = P[:, :3]
+        if K[0, 1] != 0 or K[1, 0] != 0 or np.any(K[2] != [0, 0, 1]) or K[0, 0] <= 0 or K[1, 1] <= 0:
+            raise LogFormatError(f"{cam_path}: P_rect_{i}: expected K [I | t] with K = [[fx,0,cx],[0,fy,cy],[0,0,1]]")
+        w, h = _values(cam, cam_path, f"S_rect_{i}", 2)
+        if w != int(w) or h != int(h) or w <= 0 or h <= 0:
+            raise LogFormatError(f"{cam_path}: S_rect_{i}: expected a positive integer image size, got {w} {h}")
+        camera = PinholeCamera(int(w), int(h), K[0, 0], K[1, 1], K[0, 2] + OPENCV_PIXEL_CENTRE_SHIFT,
+                               K[1, 2] + OPENCV_PIXEL_CENTRE_SHIFT)
+        T_cam_velo = make_pose(np.eye(3), np.linalg.solve(K, P[:, 3])) @ R_rect_00 @ T_cam0_velo
+        out[name] = (camera, invert(T_cam_velo))
+    return out
+
+
+def _find_drive(date_dir: Path, drive: Optional[str]) -> Path:
+    if not date_dir.is_dir():
+        raise ValueError(f"{date_dir}: not a directory (expected a KITTI raw date folder with {CALIB_CAM_TO_CAM})")
+    drives = sorted(p for p in date_dir.glob("*_drive_*_sync") if p.is_dir())
+    if drive is not None:
+        chosen = [p for p in drives if p.name == drive or p.name.endswith(f"_drive_{drive}_sync")]
+        if len(chosen) != 1:
+            raise ValueError(f"{date_dir}: drive {drive!r} not found (drives: {[p.name for p in drives]})")
+        return chosen[0]
+    if (date_dir / CAMERAS[0]).is_dir():
+        return date_dir  # the flattened layout: sensor folders beside the calibration files
+    if len(drives) == 1:
+        return drives[0]
+    if not drives:
+        raise ValueError(f"{date_dir}: no {CAMERAS[0]}/ folder and no *_drive_NNNN_sync/ folder")
+    raise ValueError(f"{date_dir}: several drives ({', '.join(p.name for p in drives)}); choose one with drive=")
+
+
+def _stems(folder: Path, suffix: str) -> List[str]:
+    if not folder.is_dir():
+        raise LogFormatError(f"{folder}: folder missing")
+    return sorted(p.stem for p in folder.glob(f"*{suffix}"))
+
+
+def _frames(drive_dir: Path, cameras: List[str], max_frames: Optional[int]) -> List[str]:
+    """Frame names common to every sensor folder; any mismatch is an error naming the missing file."""
+    velo_dir = drive_dir / LIDAR / "data"
+    stems = _stems(velo_dir, ".bin")
+    if not stems:
+        raise LogFormatError(f"{velo_dir}: no .bin sweeps")
+    if not all(s.isdigit() for s in stems):
+        raise LogFormatError(f"{velo_dir}: expected frame files named by their index (0000000000.bin, ...)")
+    for cam in cameras:
+        img = _stems(drive_dir / cam / "data", ".png")
+        if img != stems:
+            a, b = set(img), set(stems)
+            first = min(a ^ b)
+            missing = velo_dir / f"{first}.bin" if first in a else drive_dir / cam / "data" / f"{first}.png"
+            raise LogFormatError(f"{missing}: missing ({cam} has {len(img)} images, {LIDAR} has {len(stems)} "
+                                 f"sweeps; frames must match one to one)")
+    return stems[:max_frames]
+
+
+def _sweep_path_checked(path: Path) -> Path:
+    size = path.stat().st_size
+    if size == 0 or size % 16:
+        raise LogFormatError(f"{path}: {size} bytes is not a whole number of float32 (x, y, z, reflectance) "
+                             f"records of 16 bytes (truncated?)")
+    return path
+
+
+def _read_sweep(path: Path) -> np.ndarray:
+    pts = np.fromfile(path, dtype=np.float32).reshape(-1, 4)
+    if not np.all(np.isfinite(pts)):
+        raise LogFormatError(f"{path}: contains NaN or inf")
+    return pts
+
+
+def _timestamps(folder: Path, frames: List[str]) -> Optional[List[int]]:
+    """Per-frame times from ``folder/timestamps.txt`` (line k is frame k), or None if the file is absent."""
+    path = folder / "timestamps.txt"
+    if not path.is_file():
+        return None
+    lines = path.read_text().splitlines()
+    out = []
+    for f in frames:
+        k = int(f)
+        if k >= len(lines):
+            raise LogFormatError(f"{path}: no line {k + 1} for frame {f} (the file has {len(lines)} lines)")
+        out.append(timestamp_us(lines[k], f"{path}: line {k + 1}"))
+    return out
+
+
+def _oxts_poses(drive_dir: Path, date_dir: Path, frames: List[str]) -> np.ndarray:
+    """(F,4,4) T_world_velo from oxts GPS/IMU: Mercator east-north-up positions and roll/pitch/yaw of
+    the IMU (x forward, y left, z up), composed with the IMU-Velodyne calibration."""
+    path = date_dir / CALIB_IMU_TO_VELO
+    calib = _read_calib(path)
+    T_imu_velo = invert(make_pose(_nearest_rotation(_values(calib, path, "R", 9).reshape(3, 3)),
+                                  _values(calib, path, "T", 3)))
+    poses, scale, origin = [], None, None
+    for f in frames:
+        p = drive_dir / "oxts" / "data" / f"{f}.txt"
+        if not p.is_file():
+            raise LogFormatError(f"{p}: oxts record missing")
+        try:
+            lat, lon, alt, roll, pitch, yaw = (float(x) for x in p.read_text().split()[:6])
+        except ValueError:
+            raise LogFormatError(f"{p}: expected lat lon alt roll pitch yaw ... numbers") from None
+        if scale is None:
+            scale = math.cos(math.radians(lat))  # Mercator scale of the first record, kept for the drive
+        t = np.array([scale * EARTH_RADIUS_M * math.radians(lon),
+                      scale * EARTH_RADIUS_M * math.log(math.tan(math.radians(90.0 + lat) / 2)), alt])
+        origin = t if origin is None else origin
+        cr, sr, cp, sp, cy, sy = (math.cos(roll), math.sin(roll), math.cos(pitch), math.sin(pitch),
+                                  math.cos(yaw), math.sin(yaw))
+        R = (np.array([[cy, -sy, 0], [sy, cy, 0], [0, 0, 1]]) @ np.array([[cp, 0, sp], [0, 1, 0], [-sp, 0, cp]])
+             @ np.array([[1, 0, 0], [0, cr, -sr], [0, sr, cr]]))
+        poses.append(make_pose(R, t - origin) @ T_imu_velo)
+    return np.stack(poses)
+
+
+class _Odometry:
+    """kiss-icp on raw sweeps (no deskew: KITTI sweeps carry no per-point times)."""
+
+    def __init__(self):
+        try:
+            from kiss_icp.config import load_config
+            from kiss_icp.kiss_icp import KissICP
+        except ImportError as e:
+            raise ImportError(f"this drive has no oxts poses, so gsim estimates them with kiss-icp LiDAR "
+                              f"odometry, which is not installed ({e}); install it with: "
+                              f"pip install -e \".[lidar]\"") from None
+        config = load_config(None)  # defaults: 100 m range, 1 m voxels
+        config.data.deskew = False
+        self.icp = KissICP(config)
+
+    def __call__(self, points: np.ndarray) -> np.ndarray:
+        """Register a sweep (N,3) in the sensor frame; returns T_world_lidar (world = first sweep)."""
+        self.icp.register_frame(np.asarray(points, np.float64), np.zeros(0))
+        return self.icp.last_pose.copy()
+
+
+def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Optional[int] = None,
+                      progress: bool = True) -> Path:
+    """Convert one KITTI raw drive to a gsim log at ``out``; returns ``out``.
+
+    ``date_dir`` holds the calibration files; the drive's sensor folders are either beside them or in
+    ``<date>_drive_NNNN_sync/`` (``drive`` = "NNNN" or the folder name chooses one of several).
+    ``max_frames`` keeps the first frames only. Raises LogFormatError naming the file for missing or
+    malformed input, ImportError when poses must be estimated and kiss-icp is missing."""
+    from tqdm import tqdm
+    date_dir = Path(date_dir)
+    if max_frames is not None and (not isinstance(max_frames, int) or max_frames < 1):
+        raise ValueError(f"max_frames: expected a positive integer, got {max_frames!r}")
+    drive_dir = _find_drive(date_dir, drive)
+    cameras = [c for c in CAMERAS if (drive_dir / c).is_dir()]
+    if CAMERAS[0] not in cameras:
+        raise LogFormatError(f"{drive_dir / CAMERAS[0]}: folder missing")
+    calib = read_calibration(date_dir, cameras)
+    frames = _frames(drive_dir, cameras, max_frames)
+    sweeps = [_sweep_path_checked(drive_dir / LIDAR / "data" / f"{f}.bin") for f in frames]
+    for cam in cameras:
+        for f in frames:
+            check_image(drive_dir / cam / "data" / f"{f}.png", calib[cam][0].width, calib[cam][0].height,
+                        f"{CALIB_CAM_TO_CAM} S_rect_{cam[-2:]}")
+
+    notes = ["vehicle frame = Velodyne frame (x forward, y left, z up); cameras are the rectified "
+             "image_0x (P_rect_0x), principal points shifted by +0.5 px to gsim's pixel-centre convention"]
+    times = {s: _timestamps(drive_dir / s, frames) for s in (*cameras, LIDAR, "oxts")}
+    if any(times[s] is None for s in (*cameras, LIDAR)):
+        notes.append("no timestamps.txt: times are frame index / 10 Hz")
+        times = {s: [int(f) * FRAME_PERIOD_US for f in frames] for s in times}
+    if (drive_dir / "oxts" / "data").is_dir():
+        ego = _oxts_poses(drive_dir, date_dir, frames)
+        ego_times = times["oxts"] or times[LIDAR]
+        notes.append("ego poses from oxts GPS/IMU; world = local east-north-up (Mercator) at the first pose")
+        odometry = None
+    else:
+        odometry = _Odometry()
+        ego_times = times[LIDAR]
+        notes.append("ego poses are kiss-icp LiDAR odometry estimates (no oxts in this drive), not GNSS ground "
+                     "truth; world = the first sweep's Velodyne frame")
+    notes.append("LiDAR beams: nominal HDL-64E S2 elevation table (datasheet), not per-unit calibration")
+
+    name = drive_dir.name if drive_dir != date_dir else f"kitti_raw_{date_dir.name}"
+    with LogWriter(out, name=name, source="kitti-raw") as w:
+        for cam in cameras:
+            w.add_camera(cam, *calib[cam])
+        w.add_lidar("velodyne", np.eye(4), HDL64E)
+        for k, f in enumerate(tqdm(frames, desc="kitti-raw", unit="frame", disable=not progress)):
+            points = _read_sweep(sweeps[k])
+            T_world_vehicle = ego[k] if odometry is None else odometry(points[:, :3])
+            w.add_ego_pose(ego_times[k], T_world_vehicle)
+            w.add_frame(times[LIDAR][k],
+                        cameras={c: w.image(c, k, times[c][k], src=drive_dir / c / "data" / f"{f}.png")
+                                 for c in cameras},
+                        lidars={"velodyne": w.sweep("velodyne", k, times[LIDAR][k], points)})
+        w.notes.extend(notes)
+    return Path(out)
