@@ -7,7 +7,8 @@ SIMPLE_PINHOLE or OPENCV_FISHEYE. Its world is z up like gsim's, and its princip
 pixel centres at +0.5 like gsim's, so only the camera axes change here:
 ``T_world_camera(OpenCV) = transform_matrix @ diag(1, -1, -1, 1)``.
 
-Import: each image becomes one frame with one camera observation; images with equal intrinsics
+Import keeps the file's world frame (an ``applied_transform`` only records how its producer built
+it): each image becomes one frame with one camera observation; images with equal intrinsics
 share a camera (cam0, cam1, ... in order of appearance). transforms.json has no times, so frame
 k is at k / 10 Hz. The vehicle frame sits at the camera with vehicle axes (x = camera forward,
 y = camera left, z = camera up): ``T_vehicle_camera = T_VEHICLE_CAMERA`` for every camera.

@@ -90,17 +90,21 @@ def read_kitti_calib(path):
     return out
 
 
-def kitti_tree(root, drive=None):
+def kitti_tree(root, drive=None, image_03=False):
     """A KITTI date folder under ``root`` made of per-file symlinks to the shared sample (never modified):
-    flattened, or with the sensor folders in ``drive``. Returns (date folder, sensor folder parent)."""
+    flattened, or with the sensor folders in ``drive``; ``image_03`` adds a right camera folder (image_02's
+    files stand in: the sample has none). Returns (date folder, sensor folder parent)."""
     date = root / KITTI.name
     date.mkdir(parents=True)
     for c in CALIBS:
         (date / c).symlink_to(KITTI / c)
     d = date / drive if drive else date
-    for sensor in ("image_02", "velodyne_points"):
+    folders = {"image_02": "image_02", "velodyne_points": "velodyne_points"}
+    if image_03:
+        folders["image_03"] = "image_02"
+    for sensor, source in folders.items():
         (d / sensor / "data").mkdir(parents=True)
-        for f in sorted((KITTI / sensor / "data").iterdir()):
+        for f in sorted((KITTI / source / "data").iterdir()):
             (d / sensor / "data" / f.name).symlink_to(f)
     return date, d
 
@@ -205,10 +209,14 @@ def test_kitti_odometry_poses(kitti_log):
 def test_kitti_drive_layout_and_drive_choice(kitti_log, tmp_path):
     pytest.importorskip("kiss_icp")
     from gsim.scenes.kitti_raw import convert_kitti_raw
-    date, _ = kitti_tree(tmp_path / "a", drive="2011_09_26_drive_0001_sync")
+    date, _ = kitti_tree(tmp_path / "a", drive="2011_09_26_drive_0001_sync", image_03=True)
     log = validate_log(convert_kitti_raw(date, tmp_path / "out", max_frames=3, progress=False))
     assert len(log.frames) == 3 and log.name == "2011_09_26_drive_0001_sync"
     assert np.allclose(log.ego_poses, kitti_log.ego_poses[:3], atol=1e-6)
+    # the right camera (P_rect_03) sits the stereo baseline (0.54 m) to the right of the left one (-y)
+    left, right = (log.cameras[c].T_vehicle_camera for c in ("image_02", "image_03"))
+    assert np.allclose(right[:3, 3] - left[:3, 3], [0, -0.533, 0], atol=0.01)
+    assert np.allclose(right[:3, :3], left[:3, :3])  # rectified: parallel optical axes
     for k in range(3):
         a, b = log.frames[k].lidars["velodyne"], kitti_log.frames[k].lidars["velodyne"]
         assert np.array_equal(log.sweep(a), kitti_log.sweep(b))
