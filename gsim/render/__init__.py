@@ -15,7 +15,7 @@ from ..cameras import FisheyeCamera, OpenCVCamera, PinholeCamera
 from ..scene import Scene
 from ..surfels import Surfels
 from ..transforms import check_pose
-from .common import CameraFrame, RenderOptions, frame_to_numpy, resolve_options
+from .common import CameraFrame, RenderOptions, frame_to_numpy, map_frame, resolve_options
 
 
 def _always() -> Optional[str]:
@@ -48,7 +48,7 @@ class Backend:
 
 BACKENDS: Dict[str, Backend] = {
     "torch": Backend("torch", ".torch_backend", _always, True),
-    "numba": Backend("numba", ".numba_backend", _numba_reason, False),
+    "numba": Backend("numba", ".numba_backend", _numba_reason, True),  # CPU tensors
     "gsplat": Backend("gsplat", ".gsplat_backend", _gsplat_reason, True),
 }
 
@@ -65,10 +65,11 @@ def available_backends() -> List[str]:
 
 def _pick(backend: str, surfels: Surfels) -> Backend:
     if backend == "auto":
-        needs_grad = surfels.is_torch and any(getattr(x, "requires_grad", False) for x in surfels._fields().values())
         if BACKENDS["gsplat"].probe() is None:
             return BACKENDS["gsplat"]
-        return BACKENDS["torch" if needs_grad else "numba"]
+        needs_grad = surfels.is_torch and any(getattr(x, "requires_grad", False) for x in surfels._fields().values())
+        # numba's backward runs on the CPU; tensors elsewhere take the torch reference
+        return BACKENDS["torch" if needs_grad and surfels.means.device.type != "cpu" else "numba"]
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *BACKENDS]}")
     b = BACKENDS[backend]
@@ -85,8 +86,8 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     """Render a camera image of a scene (at ``timestamp_us``) or of world-frame surfels.
 
     ``T_world_camera`` maps OpenCV camera-frame points to world points (4x4). Returns a
-    `CameraFrame`; its arrays are torch tensors when the surfels are tensors (and, with
-    the torch backend, differentiable), numpy arrays otherwise.
+    `CameraFrame`; its arrays are torch tensors when the surfels are tensors (differentiable
+    with every backend but numba on non-CPU tensors), numpy arrays otherwise.
     """
     if isinstance(scene_or_surfels, Scene):
         surfels = scene_or_surfels.at(timestamp_us)
@@ -104,6 +105,4 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     if hasattr(frame.rgb, "detach"):
         return frame
     import torch
-    conv = lambda x: torch.as_tensor(np.ascontiguousarray(x), device=surfels.means.device)
-    return CameraFrame(rgb=conv(frame.rgb), alpha=conv(frame.alpha), depth=conv(frame.depth),
-                       normal=conv(frame.normal))
+    return map_frame(frame, lambda x: torch.as_tensor(np.ascontiguousarray(x), device=surfels.means.device))

@@ -18,15 +18,30 @@ MAX_ALPHA = 0.999
 T_MIN = 1e-4  # a pixel is done once its transmittance would fall to this (exclusive)
 FILTER_INV_SQUARE = 2.0  # 2DGS object-space low-pass: rho_2d = 2 |pixel - centre|^2
 TILE_SIZE = 16
+# Depth distortion (2DGS): depths z are mapped to m = DISTORTION_SCALE / z, 2DGS's NDC-like
+# m = far (z - near) / ((far - near) z) with its near 0.2 m and far 100 m, less the constant
+# far / (far - near), which the distortion does not see; so the values equal 2DGS's, and the
+# accumulators stay small (no cancellation against a constant near 1 in float32).
+DISTORTION_NEAR, DISTORTION_FAR = 0.2, 100.0
+DISTORTION_SCALE = DISTORTION_FAR * DISTORTION_NEAR / (DISTORTION_FAR - DISTORTION_NEAR)
+# The per-surfel record, the pixel stage's inputs shared by the torch and numba backends: rows
+# 0-1 and the full row 2 of adj(H) (a00 a01 a10 a11 a20 a21 a22; a02, a12 are not needed since
+# pixel offsets are taken from the centre ray), det(H), centre ray (uc, vc), opacity, rgb,
+# normal (camera frame, facing the camera), centre depth.
+RECORD_FIELDS = ("a00", "a01", "a10", "a11", "a20", "a21", "a22", "det", "uc", "vc", "opacity",
+                 "r", "g", "b", "nx", "ny", "nz", "cz")
+N_RECORD = len(RECORD_FIELDS)
 
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """near/far (m) cull surfels by the camera z of their centre; background is RGB in [0,1]."""
+    """near/far (m) cull surfels by the camera z of their centre; background is RGB in [0,1];
+    distortion: also render the depth distortion (`CameraFrame.distortion`)."""
 
     near: float = 0.01
     far: float = 1e10
     background: Tuple[float, float, float] = (0.0, 0.0, 0.0)
+    distortion: bool = False
 
     def __post_init__(self):
         if not (0 < self.near < self.far):
@@ -40,12 +55,18 @@ class CameraFrame:
     """A rendered camera image. rgb (H,W,3) in [0,1] over the background; alpha (H,W);
     depth (H,W) m, the camera z of the ray-surfel hits, alpha-weighted and divided by
     alpha (0 where alpha is 0); normal (H,W,3) in the camera frame (OpenCV), alpha-weighted
-    and divided by alpha, facing the camera. numpy arrays, or tensors for torch input."""
+    and divided by alpha, facing the camera; distortion (H,W) or None unless asked for
+    (`RenderOptions.distortion`): 2DGS's depth distortion sum_{i<j} w_i w_j (m_i - m_j)^2 over the
+    composited surfels, weights w = alpha T, m = DISTORTION_SCALE / z of the hit depths z (see
+    above). The squared form is order-free: it is A sum_i w_i (m_i - mean)^2, A = sum_i w_i, so it
+    needs no sort by hit depth (compositing goes by centre depth) and sums stably in one pass.
+    numpy arrays, or tensors for torch input."""
 
     rgb: Any
     alpha: Any
     depth: Any
     normal: Any
+    distortion: Any = None
 
 
 def opacity_cutoffs(opacity: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -131,10 +152,14 @@ def world_to_camera(T_world_camera: np.ndarray) -> Tuple[np.ndarray, np.ndarray,
     return R_wc.T, -R_wc.T @ c, c
 
 
+def map_frame(frame: CameraFrame, fn) -> CameraFrame:
+    """``frame`` with ``fn`` applied to each of its images (distortion stays None when absent)."""
+    return CameraFrame(rgb=fn(frame.rgb), alpha=fn(frame.alpha), depth=fn(frame.depth), normal=fn(frame.normal),
+                       distortion=None if frame.distortion is None else fn(frame.distortion))
+
+
 def frame_to_numpy(frame: CameraFrame) -> CameraFrame:
-    conv = lambda x: x.detach().cpu().numpy() if hasattr(x, "detach") else x
-    return CameraFrame(rgb=conv(frame.rgb), alpha=conv(frame.alpha), depth=conv(frame.depth),
-                       normal=conv(frame.normal))
+    return map_frame(frame, lambda x: x.detach().cpu().numpy() if hasattr(x, "detach") else x)
 
 
 def resolve_options(options: Optional[RenderOptions]) -> RenderOptions:

@@ -57,6 +57,11 @@ def _pinhole_cover(camera: Camera) -> PinholeCamera:
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
+    if options.distortion:
+        # gsplat's render_distort is another loss: L1 of centre depths in metres, not 2DGS's squared
+        # form of the per-pixel hit depths that CameraFrame.distortion is (see common.CameraFrame)
+        raise NotImplementedError("gsplat backend: RenderOptions(distortion=True) is not supported (gsplat's "
+                                  "render_distort is a different definition); use the torch or numba backend")
     import gsplat
     import torch
     import torch.nn.functional as F

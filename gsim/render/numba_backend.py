@@ -1,4 +1,4 @@
-"""Fast CPU camera backend: a parallel tile rasterizer in numba (forward only).
+"""Fast CPU camera backend: a parallel tile rasterizer in numba.
 
 Same math as the torch reference (see torch_backend's docstring), in float32 per
 pixel. Steps: per-surfel preprocessing and search of the rectangle of tiles that the
@@ -9,9 +9,13 @@ tiles), LANES pixels of a row at a time as one vector.
 
 Arrays are indexed by scalars in every loop: an array view costs an atomic reference
 count, which two threads touching the same array make slow.
+
+Differentiable tensors and the distortion output take numba_grad's path, which shares the
+binning and the compositor here.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numba
@@ -20,16 +24,14 @@ from numba import njit, prange
 
 from ..cameras import Camera
 from ..surfels import Surfels
-from .common import (ALPHA_THRESHOLD, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN, TILE_SIZE, CameraFrame, RenderOptions,
-                     tile_table, world_to_camera)
+from .common import (ALPHA_THRESHOLD, DISTORTION_SCALE, FILTER_INV_SQUARE, MAX_ALPHA, N_RECORD, T_MIN, TILE_SIZE,
+                     CameraFrame, RenderOptions, tile_table, world_to_camera)
 from .torch_backend import SH_C
 
 # No 'nnan'/'ninf': bounds use +-inf, and the pixel loop computes inf/NaN in lanes it does not select.
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
-# Per-surfel record: adj(H) entries a00 a01 a10 a11 a20 a21 a22 (0-6; a02, a12 are not needed
-# since pixel offsets are taken from the centre ray), det 7, centre ray u,v 8-9, opacity 10,
-# (unused 11), rgb 12-14, normal 15-17, centre depth 18, footprint bounds 19-22.
-REC = 23
+# Per-surfel record: common.RECORD_FIELDS (0-17), then the footprint bounds umin umax vmin vmax (18-21).
+REC = N_RECORD + 4
 C0, C1 = SH_C[0], SH_C[1]
 C2, C3 = SH_C[2], SH_C[3]
 f64 = np.float64
@@ -163,16 +165,16 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
         if dn > 1e-12:
             d0, d1, d2 = d0 / dn, d1 / dn, d2 / dn
         for ch in range(3):
-            rec[i, 12 + ch] = max(_sh_channel(sh, i, ch, d0, d1, d2) + 0.5, 0.0)
-        rec[i, 15], rec[i, 16], rec[i, 17], rec[i, 18] = n0, n1, n2, c2
-        rec[i, 19], rec[i, 20], rec[i, 21], rec[i, 22] = b0, b1, b2, b3
+            rec[i, 11 + ch] = max(_sh_channel(sh, i, ch, d0, d1, d2) + 0.5, 0.0)
+        rec[i, 14], rec[i, 15], rec[i, 16], rec[i, 17] = n0, n1, n2, c2
+        rec[i, 18], rec[i, 19], rec[i, 20], rec[i, 21] = b0, b1, b2, b3
         depth[i] = c2
 
 
 # float32 constants keep the pixel loop in single precision (Python literals are float64)
 f32 = np.float32
 ONE, M_HALF, EXP_FLOOR, MAX_A, A_MIN, T_END = f32(1), f32(-0.5), f32(-5.6), f32(MAX_ALPHA), f32(ALPHA_THRESHOLD), f32(T_MIN)
-F_INV_SQ = f32(FILTER_INV_SQUARE)
+F_INV_SQ, D_SCALE = f32(FILTER_INV_SQUARE), f32(DISTORTION_SCALE)
 E16, E2, E6, E24, E120, E720, E5040 = f32(1 / 16), f32(1 / 2), f32(1 / 6), f32(1 / 24), f32(1 / 120), f32(1 / 720), f32(1 / 5040)
 
 
@@ -186,6 +188,33 @@ def _exp_neg(x):
     p = p * p
     p = p * p
     return p * p
+
+
+@njit(cache=True, inline="always")
+def _geometry(rec, j):
+    """What _splat reads of surfel j's record (loaded once per surfel, outside the pixel loop)."""
+    return (rec[j, 0], rec[j, 1], rec[j, 2], rec[j, 3], rec[j, 4], rec[j, 5], rec[j, 6], rec[j, 7], rec[j, 8],
+            rec[j, 9], rec[j, 10], rec[j, 17])
+
+
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def _splat(u, v, geo, fx, fy, near):
+    """A surfel's alpha and depth z at ray (u, v), and the intermediates the backward needs:
+    (alpha, z, use3, gaussian, du, dv, qa, qb, qz, rho3, z3). Branch-free: rho3 and z3 may be inf/NaN
+    where use3 is False. The forward and the backward share it, so they select the same pixels."""
+    a00, a01, a10, a11, a20, a21, a22, det, uc, vc, op, cz = geo
+    du, dv = u - uc, v - vc
+    pu, pv = du * fx, dv * fy
+    rho2 = F_INV_SQ * (pu * pu + pv * pv)
+    qz = a20 * u + a21 * v + a22
+    qa = a00 * du + a01 * dv
+    qb = a10 * du + a11 * dv
+    rho3, z3 = (qa * qa + qb * qb) / (qz * qz), det / qz
+    # the ray-splat hit wins when it lies beyond the near plane and rho_3d <= rho_2d
+    use3 = (z3 > near) & (rho3 <= rho2)
+    rho = rho3 if use3 else rho2
+    gauss = _exp_neg(max(M_HALF * rho, EXP_FLOOR))  # e^-5.6 < 1/255
+    return min(op * gauss, MAX_A), z3 if use3 else cz, use3, gauss, du, dv, qa, qb, qz, rho3, z3
 
 
 @njit(cache=True, inline="always")
@@ -263,85 +292,93 @@ def _tile_lists(order, rect, bounds, tile_bounds, tiles_x, n_parts):
 # offsets are uint64 constants: unsigned indices skip numba's negative-index wraparound, and
 # constant offsets let LLVM prove that the planes do not alias, so that the chunk loop compiles to
 # a single masked vector iteration, without the scalar epilogue of short variable-length rows.
+# The tracking compositor adds: the transmittance at the stop, the number of list entries up to the
+# last composited one, and the running mean and M2 (Welford) of the distortion's mapped depth.
 LANES = 8
 ROW = TILE_SIZE + LANES
 PLANE = TILE_SIZE * ROW
-N_PLANES = 11
-PU, PV, PT, PR, PG, PB, PA, PZ, PNX, PNY, PNZ = (np.uint64(k * PLANE) for k in range(N_PLANES))
+N_PLANES, N_PLANES_TRACKED = 11, 15
+PU, PV, PT, PR, PG, PB, PA, PZ, PNX, PNY, PNZ, PF, PL, PM, PM2 = (np.uint64(k * PLANE) for k in range(N_PLANES_TRACKED))
 U_LANES, U_TILE_SIZE = np.uint64(LANES), np.uint64(TILE_SIZE)
 REFRESH = 16  # surfels between searches for finished rows
 
 
-@njit(cache=True, fastmath=FASTMATH, error_model="numpy")
-def _composite_tile(t, start, lst, rec, ray_u, ray_v, row_v, col_u, fx, fy, near, st, live_row):
-    """Composite tile t's surfel list front to back into its state st (see above)."""
-    zero = np.float32(0.0)
-    st[:] = zero
-    for py in range(TILE_SIZE):
-        for px in range(TILE_SIZE):
-            u = ray_u[t, py * TILE_SIZE + px]
-            if np.isfinite(u):
-                i = py * ROW + px
-                st[PU + i], st[PV + i], st[PT + i] = u, ray_v[t, py * TILE_SIZE + px], ONE
-    end = start[t + 1]
-    for k0 in range(start[t], end, REFRESH):
-        # The rows with unfinished pixels (finished ones, and those without a ray, have T = 0), found
-        # every few surfels: cheaper than counting in every chunk the pixels that finish.
-        n_live = 0
+def _make_compositor(track: bool):
+    """The tile compositor, with or without tracking (see the planes above). ``track`` is a closure
+    constant, so the plain forward compiles without the tracking work."""
+
+    @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
+    def composite(t, start, lst, rec, ray_u, ray_v, row_v, col_u, fx, fy, near, st, live_row):
+        """Composite tile t's surfel list front to back into its state st (see above)."""
+        zero = np.float32(0.0)
+        st[:] = zero
         for py in range(TILE_SIZE):
-            row = np.uint64(py * ROW)
-            total = zero
-            for px in range(U_TILE_SIZE):
-                total += st[PT + row + px]
-            live_row[py] = total > zero
-            n_live += total > zero
-        if n_live == 0:
-            break
-        for k in range(k0, min(k0 + REFRESH, end)):
-            j = lst[k]
-            # only the rows and columns whose rays can fall inside the footprint bound
-            y0, y1 = _span(row_v, t, rec[j, 21], rec[j, 22])
-            x0, x1 = _span(col_u, t, rec[j, 19], rec[j, 20])
-            a00, a01, a10, a11 = rec[j, 0], rec[j, 1], rec[j, 2], rec[j, 3]
-            a20, a21, a22, det = rec[j, 4], rec[j, 5], rec[j, 6], rec[j, 7]
-            uc, vc, op, cz = rec[j, 8], rec[j, 9], rec[j, 10], rec[j, 18]
-            cr, cg, cb = rec[j, 12], rec[j, 13], rec[j, 14]
-            nx, ny, nz = rec[j, 15], rec[j, 16], rec[j, 17]
-            for py in range(y0, y1):
-                if not live_row[py]:
-                    continue
-                for px in range(x0, x1, LANES):
-                    row = np.uint64(py * ROW + px)
-                    for lane in range(U_LANES):  # branch-free: every choice becomes a vector select
-                        i = row + lane
-                        u, v = st[PU + i], st[PV + i]
-                        du, dv = u - uc, v - vc
-                        pu, pv = du * fx, dv * fy
-                        rho2 = F_INV_SQ * (pu * pu + pv * pv)
-                        qz = a20 * u + a21 * v + a22
-                        qa = a00 * du + a01 * dv
-                        qb = a10 * du + a11 * dv
-                        rho3, z3 = (qa * qa + qb * qb) / (qz * qz), det / qz  # inf/NaN in lanes not selected
-                        # the ray-splat hit wins when it lies beyond the near plane and rho_3d <= rho_2d
-                        use3 = (z3 > near) & (rho3 <= rho2)
-                        rho = rho3 if use3 else rho2
-                        z = z3 if use3 else cz
-                        al = min(op * _exp_neg(max(M_HALF * rho, EXP_FLOOR)), MAX_A)  # e^-5.6 < 1/255
-                        # finished pixels need no test: with T = 0, w = 0 and T stays 0
-                        T = st[PT + i]
-                        nT = T * (ONE - al)
-                        take = al >= A_MIN
-                        stop = take & (nT <= T_END)  # exclusive: this surfel is not composited
-                        w = al * T if take & ~stop else zero
-                        st[PR + i] += w * cr
-                        st[PG + i] += w * cg
-                        st[PB + i] += w * cb
-                        st[PA + i] += w
-                        st[PZ + i] += w * z
-                        st[PNX + i] += w * nx
-                        st[PNY + i] += w * ny
-                        st[PNZ + i] += w * nz
-                        st[PT + i] = zero if stop else (nT if take else T)
+            for px in range(TILE_SIZE):
+                u = ray_u[t, py * TILE_SIZE + px]
+                if np.isfinite(u):
+                    i = py * ROW + px
+                    st[PU + i], st[PV + i], st[PT + i] = u, ray_v[t, py * TILE_SIZE + px], ONE
+        end = start[t + 1]
+        for k0 in range(start[t], end, REFRESH):
+            # The rows with unfinished pixels (finished ones, and those without a ray, have T = 0), found
+            # every few surfels: cheaper than counting in every chunk the pixels that finish.
+            n_live = 0
+            for py in range(TILE_SIZE):
+                row = np.uint64(py * ROW)
+                total = zero
+                for px in range(U_TILE_SIZE):
+                    total += st[PT + row + px]
+                live_row[py] = total > zero
+                n_live += total > zero
+            if n_live == 0:
+                break
+            for k in range(k0, min(k0 + REFRESH, end)):
+                j = lst[k]
+                # only the rows and columns whose rays can fall inside the footprint bound
+                y0, y1 = _span(row_v, t, rec[j, 20], rec[j, 21])
+                x0, x1 = _span(col_u, t, rec[j, 18], rec[j, 19])
+                geo = _geometry(rec, j)
+                cr, cg, cb = rec[j, 11], rec[j, 12], rec[j, 13]
+                nx, ny, nz = rec[j, 14], rec[j, 15], rec[j, 16]
+                n_done = np.float32(k - start[t] + 1)  # exact: a tile's list is far below 2^24 entries
+                for py in range(y0, y1):
+                    if not live_row[py]:
+                        continue
+                    for px in range(x0, x1, LANES):
+                        row = np.uint64(py * ROW + px)
+                        for lane in range(U_LANES):  # branch-free: every choice becomes a vector select
+                            i = row + lane
+                            al, z = _splat(st[PU + i], st[PV + i], geo, fx, fy, near)[:2]
+                            # finished pixels need no test: with T = 0, w = 0 and T stays 0
+                            T = st[PT + i]
+                            nT = T * (ONE - al)
+                            take = al >= A_MIN
+                            stop = take & (nT <= T_END)  # exclusive: this surfel is not composited
+                            done = take & ~stop
+                            w = al * T if done else zero
+                            st[PR + i] += w * cr
+                            st[PG + i] += w * cg
+                            st[PB + i] += w * cb
+                            st[PA + i] += w
+                            st[PZ + i] += w * z
+                            st[PNX + i] += w * nx
+                            st[PNY + i] += w * ny
+                            st[PNZ + i] += w * nz
+                            st[PT + i] = zero if stop else (nT if take else T)
+                            if track:
+                                st[PF + i] += T if stop else zero  # once: a stopped pixel has T = 0
+                                st[PL + i] = n_done if done else st[PL + i]
+                                m = D_SCALE / z  # z > near > 0
+                                mean = st[PM + i]
+                                d = m - mean
+                                mean += (w / st[PA + i] if done else zero) * d
+                                st[PM + i] = mean
+                                st[PM2 + i] += w * d * (m - mean)
+
+    return composite
+
+
+_composite_tile = _make_compositor(False)
 
 
 @njit(parallel=True, cache=True)
@@ -364,8 +401,19 @@ def _rasterize(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near,
                 normal[q, ch] = st[PNX + np.uint64(ch * PLANE) + i] * inv
 
 
-def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
-    s = surfels.numpy()
+@contextlib.contextmanager
+def small_chunks():
+    """prange over tiles in chunks of 2: tiles differ widely in cost, and prange otherwise splits them evenly."""
+    previous = numba.set_parallel_chunksize(2)
+    try:
+        yield
+    finally:
+        numba.set_parallel_chunksize(previous)
+
+
+def bin_surfels(s: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions):
+    """Per-surfel records (N, REC) float32 (from float64 maths) and the tiles' surfel lists in depth
+    order (start, lst; see _tile_lists), for numpy surfels."""
     N = len(s)
     R_cw, t_cw, cen = world_to_camera(T_world_camera)
     tab = tile_table(camera)
@@ -380,16 +428,26 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
     keys = _depth_keys(depth, rect)
     keys.sort()  # numpy's (vectorized) sort
     start, lst = _tile_lists(keys & 0xFFFFFFFF, rect, bounds, tab.bounds, tab.tiles_x, numba.get_num_threads())
+    return rec, start, lst
+
+
+def _needs_grad(surfels: Surfels) -> bool:
+    import torch
+    return torch.is_grad_enabled() and any(x.requires_grad for x in surfels._fields().values())
+
+
+def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
+    if options.distortion or (surfels.is_torch and _needs_grad(surfels)):
+        from .numba_grad import render as render_tracked
+        return render_tracked(surfels, camera, T_world_camera, options)
+    tab = tile_table(camera)
+    rec, start, lst = bin_surfels(surfels.numpy(), camera, T_world_camera, options)
     H, W = camera.height, camera.width
     rgb, normal = np.empty((H * W, 3), np.float32), np.empty((H * W, 3), np.float32)
     alpha, depth_img = np.empty(H * W, np.float32), np.empty(H * W, np.float32)
-    # small chunks: tiles differ widely in cost, and prange otherwise splits them evenly
-    previous = numba.set_parallel_chunksize(2)
-    try:
+    with small_chunks():
         _rasterize(start, lst, rec, tab.ray_u, tab.ray_v, tab.pixel, tab.row_v, tab.col_u, np.float32(camera.fx),
                    np.float32(camera.fy), np.float32(options.near), np.asarray(options.background, np.float32),
                    rgb, alpha, depth_img, normal)
-    finally:
-        numba.set_parallel_chunksize(previous)
     return CameraFrame(rgb=rgb.reshape(H, W, 3), alpha=alpha.reshape(H, W), depth=depth_img.reshape(H, W),
                        normal=normal.reshape(H, W, 3))

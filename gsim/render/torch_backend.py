@@ -16,12 +16,15 @@ overlaps the pixel's tile (independent of the numba binning code), with the exac
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import torch
 
 from ..cameras import Camera
 from ..surfels import Surfels
-from .common import (ALPHA_THRESHOLD, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN, CameraFrame,
+from .common import (ALPHA_THRESHOLD, DISTORTION_SCALE, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN, CameraFrame,
                      RenderOptions, opacity_cutoffs, tile_table, world_to_camera)
 
 SH_C = (0.28209479177387814, 0.4886025119029199,
@@ -86,36 +89,72 @@ def _footprint_bounds(c, tu, tv, k3, r2d_u, r2d_v):
     return b + torch.stack([-pad[:, 0], pad[:, 1], -pad[:, 2], pad[:, 3]], 1)
 
 
-def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
-    s = surfels if surfels.is_torch else surfels.torch()
+@dataclass(frozen=True, eq=False)
+class Projection:
+    """Per-surfel camera-frame quantities, differentiable: centre c (N,3) and scaled tangent axes
+    tu, tv (N,3) (camera frame, m), and the pixel stage's records (N, N_RECORD) (common.RECORD_FIELDS)."""
+
+    c: torch.Tensor
+    tu: torch.Tensor
+    tv: torch.Tensor
+    records: torch.Tensor
+
+
+def project(s: Surfels, T_world_camera: np.ndarray, near: float) -> Projection:
+    """The per-surfel stage shared by the torch reference and the numba backward (torch surfels)."""
     dev, dt = s.means.device, s.means.dtype
     R_cw, t_cw, cam_centre = (torch.as_tensor(x, dtype=dt, device=dev) for x in world_to_camera(T_world_camera))
-    H, W = camera.height, camera.width
-
     Rw = quat_to_rotmat(s.quats)
     c = s.means @ R_cw.T + t_cw
     tu = (Rw[:, :, 0] * s.scales[:, 0:1]) @ R_cw.T
     tv = (Rw[:, :, 1] * s.scales[:, 1:2]) @ R_cw.T
     n = Rw[:, :, 2] @ R_cw.T
     n = torch.where(((n * c).sum(1) > 0)[:, None], -n, n)  # face the camera
-    adj = torch.stack([torch.cross(tv, c, dim=1), torch.cross(c, tu, dim=1), torch.cross(tu, tv, dim=1)], 1)
-    det = (tu * adj[:, 0]).sum(1)
+    # rows of adj(H), H = [tu, tv, c]: tv x c, c x tu, tu x tv
+    a0, a1, a2 = torch.cross(tv, c, dim=1), torch.cross(c, tu, dim=1), torch.cross(tu, tv, dim=1)
+    det = (tu * a0).sum(1, keepdim=True)
     dirs = s.means - cam_centre
     rgb = (eval_sh(s.colors, dirs / dirs.norm(dim=1, keepdim=True).clamp_min(1e-12)) + 0.5).clamp_min(0)
+    cz = c[:, 2:3]
+    # culled surfels (z <= near) never reach a pixel; a safe divisor keeps their gradients finite
+    uv = c[:, :2] / torch.where(cz > near, cz, torch.ones_like(cz))
+    records = torch.cat([a0[:, :2], a1[:, :2], a2, det, uv, s.opacities[:, None], rgb, n, cz], 1)
+    return Projection(c, tu, tv, records)
+
+
+def finish(acc: torch.Tensor, distortion: Optional[torch.Tensor], background, H: int, W: int) -> CameraFrame:
+    """The frame from per-pixel accumulators (H*W, 8) [sum w rgb, alpha, sum w z, sum w normal]:
+    over the background, depth and normal divided by alpha."""
+    bg = torch.as_tensor(background, dtype=acc.dtype, device=acc.device)
+    alpha = acc[:, 3]
+    rgb = acc[:, :3] + (1 - alpha)[:, None] * bg
+    safe = alpha.clamp_min(1e-10)
+    depth = torch.where(alpha > 0, acc[:, 4] / safe, torch.zeros_like(alpha))
+    normal = torch.where((alpha > 0)[:, None], acc[:, 5:8] / safe[:, None], torch.zeros_like(acc[:, 5:8]))
+    return CameraFrame(rgb=rgb.view(H, W, 3), alpha=alpha.view(H, W), depth=depth.view(H, W),
+                       normal=normal.view(H, W, 3), distortion=None if distortion is None else distortion.view(H, W))
+
+
+def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
+    s = surfels if surfels.is_torch else surfels.torch()
+    dev, dt = s.means.device, s.means.dtype
+    H, W = camera.height, camera.width
+    proj = project(s, T_world_camera, options.near)
 
     with torch.no_grad():
         k3, r2d = (torch.as_tensor(x, device=dev, dtype=torch.float64)
                    for x in opacity_cutoffs(s.opacities.detach().double().cpu().numpy()))
-        cz = c[:, 2].detach()
+        cz = proj.c[:, 2].detach()
         valid = (cz > options.near) & (cz < options.far) & (k3 > 0)
         ids = torch.nonzero(valid).squeeze(1)
         ids = ids[torch.sort(cz[ids], stable=True).indices]  # front to back
         cd = lambda x: x.detach()[ids].double()
-        bounds = _footprint_bounds(cd(c), cd(tu), cd(tv), k3[ids], r2d[ids] / camera.fx, r2d[ids] / camera.fy)
+        bounds = _footprint_bounds(cd(proj.c), cd(proj.tu), cd(proj.tv), k3[ids], r2d[ids] / camera.fx,
+                                   r2d[ids] / camera.fy)
 
     tab = tile_table(camera)
-    bg = torch.as_tensor(options.background, dtype=dt, device=dev)
-    out = torch.zeros(H * W, 8, dtype=dt, device=dev)
+    n_out = 9 if options.distortion else 8
+    out = torch.zeros(H * W, n_out, dtype=dt, device=dev)
     tiles = np.nonzero(np.isfinite(tab.bounds[:, 0]))[0]
     tb = torch.as_tensor(tab.bounds, device=dev)
     # candidate lists per tile, in depth order, batched so that pairs stay within budget
@@ -130,21 +169,16 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
         stop = start + 1
         while stop < len(tiles) and (stop + 1 - start) * P * max(1, counts[start:stop + 1].max()) <= PAIR_BUDGET:
             stop += 1
-        vals, pix = _render_tiles(tab, tiles[start:stop], mask[start:stop], ids, c, adj, det, n, rgb,
-                                  s.opacities, camera, options.near, dt, dev)
+        vals, pix = _render_tiles(tab, tiles[start:stop], mask[start:stop], ids, proj.records, camera, options)
         out = out.index_copy(0, pix, vals)
         start = stop
-    alpha = out[:, 3]
-    rgb_img = out[:, :3] + (1 - alpha)[:, None] * bg
-    safe = alpha.clamp_min(1e-10)
-    depth = torch.where(alpha > 0, out[:, 4] / safe, torch.zeros_like(alpha))
-    normal = torch.where((alpha > 0)[:, None], out[:, 5:8] / safe[:, None], torch.zeros_like(out[:, 5:8]))
-    return CameraFrame(rgb=rgb_img.view(H, W, 3), alpha=alpha.view(H, W), depth=depth.view(H, W),
-                       normal=normal.view(H, W, 3))
+    return finish(out[:, :8], out[:, 8] if options.distortion else None, options.background, H, W)
 
 
-def _render_tiles(tab, tiles, mask, ids, c, adj, det, n, rgb, opac, camera, near, dt, dev):
-    """Composite a batch of tiles; returns (pixels, 8) [rgb*w, alpha, depth*w, normal*w] and flat pixel ids."""
+def _render_tiles(tab, tiles, mask, ids, records, camera, options):
+    """Composite a batch of tiles; returns (pixels, 8 or 9) [rgb*w, alpha, depth*w, normal*w(, distortion)]
+    and flat pixel ids."""
+    dev, dt = records.device, records.dtype
     nb = len(tiles)
     counts = mask.sum(1)
     K = max(1, int(counts.max()))
@@ -160,30 +194,33 @@ def _render_tiles(tab, tiles, mask, ids, c, adj, det, n, rgb, opac, camera, near
     ok_pix = torch.isfinite(rays[..., 0]) & (pix >= 0)
     u = torch.nan_to_num(rays[..., 0])[:, :, None]
     v = torch.nan_to_num(rays[..., 1])[:, :, None]
-    g = lambda x: x[idx][:, None]  # (nb,1,K,...)
-    A, cc = g(adj), g(c)
-    cz = cc[..., 2]
-    du, dv = u - cc[..., 0] / cz, v - cc[..., 1] / cz
+    a00, a01, a10, a11, a20, a21, a22, det, uc, vc, opac, *_, cz = records[idx][:, None].unbind(-1)  # (nb,1,K)
+    du, dv = u - uc, v - vc
     # adj(H) rows 0 and 1 are orthogonal to the centre ray, so only the offset from it counts
-    qa = A[..., 0, 0] * du + A[..., 0, 1] * dv
-    qb = A[..., 1, 0] * du + A[..., 1, 1] * dv
-    qz = A[..., 2, 0] * u + A[..., 2, 1] * v + A[..., 2, 2]
-    hit_z_num = g(det)
-    hit = (qz.abs() > 1e-30) & (hit_z_num * qz > 0) & (hit_z_num.abs() > near * qz.abs())  # z > near
+    qa = a00 * du + a01 * dv
+    qb = a10 * du + a11 * dv
+    qz = a20 * u + a21 * v + a22
+    hit = (qz.abs() > 1e-30) & (det * qz > 0) & (det.abs() > options.near * qz.abs())  # z > near
     qz_safe = torch.where(hit, qz, torch.ones_like(qz))
     rho3 = torch.where(hit, (qa * qa + qb * qb) / (qz_safe * qz_safe), torch.full_like(qa, float("inf")))
     pu, pv = du * camera.fx, dv * camera.fy
     rho2 = FILTER_INV_SQUARE * (pu * pu + pv * pv)
     use3 = rho3 <= rho2
     rho = torch.where(use3, rho3, rho2)
-    alpha = torch.clamp_max(g(opac) * torch.exp(-0.5 * rho), MAX_ALPHA)
+    alpha = torch.clamp_max(opac * torch.exp(-0.5 * rho), MAX_ALPHA)
     alpha = torch.where((alpha >= ALPHA_THRESHOLD) & used[:, None] & ok_pix[:, :, None], alpha,
                         torch.zeros_like(alpha))
-    z = torch.where(use3, hit_z_num / qz_safe, cz.expand_as(qz))
+    z = torch.where(use3, det / qz_safe, cz.expand_as(qz))
     trans_incl = torch.cumprod(1 - alpha, dim=2)
     trans_excl = torch.cat([torch.ones_like(trans_incl[..., :1]), trans_incl[..., :-1]], 2)
     w = alpha * trans_excl * (trans_incl > T_MIN)
-    vals = torch.cat([torch.einsum("bpk,bkc->bpc", w, rgb[idx]), w.sum(2, keepdim=True),
-                      (w * z).sum(2, keepdim=True), torch.einsum("bpk,bkc->bpc", w, n[idx])], 2)
+    f = records[idx]  # (nb,K,18)
+    vals = [torch.einsum("bpk,bkc->bpc", w, f[..., 11:14]), w.sum(2, keepdim=True),
+            (w * z).sum(2, keepdim=True), torch.einsum("bpk,bkc->bpc", w, f[..., 14:17])]
+    if options.distortion:
+        m = DISTORTION_SCALE / torch.where(w > 0, z, torch.ones_like(z))  # z > near where w > 0
+        a = w.sum(2, keepdim=True)
+        mean = (w * m).sum(2, keepdim=True) / a.clamp_min(1e-30)
+        vals.append(a * (w * (m - mean) ** 2).sum(2, keepdim=True))  # A sum w (m - mean)^2, no cancellation
     keep = ok_pix.reshape(-1)
-    return vals.reshape(-1, 8)[keep], pix.reshape(-1)[keep]
+    return torch.cat(vals, 2).reshape(len(keep), -1)[keep], pix.reshape(-1)[keep]

@@ -1,0 +1,228 @@
+"""The numba backend's differentiable path (and its distortion output), on the CPU.
+
+Split as in gsplat: the per-surfel stage is torch_backend.project (autograd carries its
+gradients to means, quats, scales, opacities and SH colours); the pixel stage is numba,
+wrapped in a torch.autograd.Function of the per-surfel records. Binning (bounds, tile
+lists, depth order) is numba_backend's and is not differentiated.
+
+Forward: numba_backend's compositor with tracking, which keeps per pixel the final
+transmittance, the number of list entries up to the last composited surfel, and the
+distortion's running mean and M2. Backward: per tile, its list back to front from that
+last entry; each surfel's transmittance is recovered by dividing by (1 - alpha), and the
+alphas and the composited pairs are those of the forward (the shared _splat, the same
+spans and the recorded last entry). Gradients of a surfel's record are summed per thread
+(numba.get_thread_id), then over threads: tiles run in parallel and share surfels.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange
+from torch.autograd.function import once_differentiable
+
+from ..cameras import Camera
+from ..surfels import Surfels
+from .common import N_RECORD, TILE_SIZE, CameraFrame, RenderOptions, tile_table
+from .numba_backend import (A_MIN, D_SCALE, F_INV_SQ, FASTMATH, LANES, MAX_A, N_PLANES_TRACKED, ONE, PA, PF, PL,
+                            PLANE, PM, PM2, PR, PT, ROW, U_LANES, _geometry, _make_compositor, _span, _splat,
+                            bin_surfels, small_chunks)
+from .torch_backend import finish, project
+
+_composite_tile_tracked = _make_compositor(True)
+
+
+@njit(parallel=True, cache=True)
+def _rasterize_tracked(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, acc, dist, aux):
+    """acc (P, 8) [sum w rgb, alpha, sum w z, sum w normal] (no background), dist (P,) the distortion,
+    aux (P, 4) [final transmittance, entries up to the last composited, mean of m, M2 of m]."""
+    for t in prange(ray_u.shape[0]):
+        st = np.empty(N_PLANES_TRACKED * PLANE, np.float32)
+        live_row = np.empty(TILE_SIZE, np.bool_)
+        _composite_tile_tracked(t, start, lst, rec, ray_u, ray_v, row_v, col_u, fx, fy, near, st, live_row)
+        for p in range(TILE_SIZE * TILE_SIZE):
+            q = pixel[t, p]
+            if q < 0:
+                continue
+            i = np.uint64(p // TILE_SIZE * ROW + p % TILE_SIZE)
+            for ch in range(8):  # the accumulator planes PR..PNZ are consecutive
+                acc[q, ch] = st[PR + np.uint64(ch * PLANE) + i]
+            dist[q] = st[PA + i] * st[PM2 + i]  # sum_{i<j} w_i w_j (m_i - m_j)^2 = A sum_i w_i (m_i - mean)^2
+            aux[q, 0] = st[PT + i] + st[PF + i]  # one of them is 0
+            aux[q, 1], aux[q, 2], aux[q, 3] = st[PL + i], st[PM + i], st[PM2 + i]
+
+
+# Backward tile state, planes as in the forward: rays, transmittance (after the surfel being
+# visited), entries up to the last composited, S = sum of w dL/dw over the surfels behind, alpha,
+# distortion mean and M2, then the upstream gradients of the 8 accumulators and of the distortion.
+# Offsets are uint64 constants, one per plane, as in the forward: a signed index anywhere in the
+# pixel loop (even a product with a constant) brings back the wraparound check, and LLVM then
+# no longer vectorizes it.
+N_BPLANES = 17
+BU, BV, BT, BL, BS, BA, BM, BM2, BGR, BGG, BGB, BGA, BGZ, BGNX, BGNY, BGNZ, BGD = (
+    np.uint64(k * PLANE) for k in range(N_BPLANES))
+
+
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy")
+def _backward_tile(t, tid, start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, acc, aux, g_acc,
+                   g_dist, st, row_last, grad):
+    zero = np.float32(0.0)
+    st[:] = zero
+    for p in range(TILE_SIZE * TILE_SIZE):
+        q = pixel[t, p]
+        u = ray_u[t, p]
+        if q < 0 or not np.isfinite(u):
+            continue
+        i = np.uint64(p // TILE_SIZE * ROW + p % TILE_SIZE)
+        st[BU + i], st[BV + i] = u, ray_v[t, p]
+        st[BT + i], st[BL + i], st[BM + i], st[BM2 + i] = aux[q, 0], aux[q, 1], aux[q, 2], aux[q, 3]
+        st[BA + i], st[BGD + i] = acc[q, 3], g_dist[q]
+        for ch in range(8):  # the gradient planes BGR..BGNZ are consecutive
+            st[BGR + np.uint64(ch * PLANE) + i] = g_acc[q, ch]
+    n_max = zero
+    for py in range(TILE_SIZE):
+        r = zero
+        for px in range(TILE_SIZE):
+            r = max(r, st[BL + np.uint64(py * ROW + px)])
+        row_last[py] = r
+        n_max = max(n_max, r)
+    two, f_sq_x, f_sq_y = np.float32(2), np.float32(2) * F_INV_SQ * fx * fx, np.float32(2) * F_INV_SQ * fy * fy
+    for k in range(start[t] + int(n_max) - 1, start[t] - 1, -1):
+        kl = np.float32(k - start[t])  # composited in the forward where kl < the pixel's entry count
+        j = lst[k]
+        y0, y1 = _span(row_v, t, rec[j, 20], rec[j, 21])
+        x0, x1 = _span(col_u, t, rec[j, 18], rec[j, 19])
+        geo = _geometry(rec, j)
+        a00, a01, a10, a11, op = geo[0], geo[1], geo[2], geo[3], geo[10]
+        cr, cg, cb = rec[j, 11], rec[j, 12], rec[j, 13]
+        nx, ny, nz = rec[j, 14], rec[j, 15], rec[j, 16]
+        g00 = g01 = g10 = g11 = g20 = g21 = g22 = gdet = guc = gvc = gop = zero
+        gr = gg = gb = gnx = gny = gnz = gcz = zero
+        for py in range(y0, y1):
+            if row_last[py] <= kl:
+                continue
+            for px in range(x0, x1, LANES):
+                row = np.uint64(py * ROW + px)
+                for lane in range(U_LANES):  # branch-free, as the forward
+                    i = row + lane
+                    u, v = st[BU + i], st[BV + i]
+                    al, z, use3, gauss, du, dv, qa, qb, qz, rho3, z3 = _splat(u, v, geo, fx, fy, near)
+                    ok = (al >= A_MIN) & (kl < st[BL + i])
+                    inv_1a = ONE / (ONE - al)
+                    T_after = st[BT + i]
+                    T = T_after * inv_1a
+                    w = al * T if ok else zero
+                    a = st[BA + i]
+                    gd = st[BGD + i]
+                    m = D_SCALE / z
+                    dm = m - st[BM + i]
+                    g_r, g_g, g_b, g_z = st[BGR + i], st[BGG + i], st[BGB + i], st[BGZ + i]
+                    g_nx, g_ny, g_nz = st[BGNX + i], st[BGNY + i], st[BGNZ + i]
+                    # dL/dw of this surfel's weight: its values, and the distortion's
+                    # d/dw_i [A sum w (m - mean)^2] = M2 + A (m_i - mean)^2
+                    dldw = (g_r * cr + g_g * cg + g_b * cb + st[BGA + i] + g_z * z
+                            + g_nx * nx + g_ny * ny + g_nz * nz + gd * (st[BM2 + i] + a * dm * dm))
+                    s_behind = st[BS + i]
+                    # w_i = alpha_i T_i, and the surfels behind see T scaled by (1 - alpha_i)
+                    g_al = T * dldw - s_behind * inv_1a if ok & (op * gauss <= MAX_A) else zero
+                    st[BS + i] = s_behind + w * dldw
+                    st[BT + i] = T if ok else T_after
+                    gr += w * g_r
+                    gg += w * g_g
+                    gb += w * g_b
+                    gnx += w * g_nx
+                    gny += w * g_ny
+                    gnz += w * g_nz
+                    # dL/dz: the depth accumulator, and the distortion's 2 w A (m - mean) dm/dz, dm/dz = -m/z
+                    g_zz = w * (g_z - two * gd * a * dm * m / z)
+                    gop += g_al * gauss
+                    g_rho = np.float32(-0.5) * g_al * op * gauss
+                    # the ray-splat branch (rho3, z3) or the filter's (rho2, centre depth); the other
+                    # branch's intermediates may be inf/NaN, hence selects rather than zero factors
+                    iq = ONE / qz
+                    g_qa = two * g_rho * qa * iq * iq if use3 else zero
+                    g_qb = two * g_rho * qb * iq * iq if use3 else zero
+                    g_qz = -(two * g_rho * rho3 + g_zz * z3) * iq if use3 else zero
+                    gdet += g_zz * iq if use3 else zero
+                    gcz += zero if use3 else g_zz
+                    g_du = g_qa * a00 + g_qb * a10 + (zero if use3 else g_rho * f_sq_x * du)
+                    g_dv = g_qa * a01 + g_qb * a11 + (zero if use3 else g_rho * f_sq_y * dv)
+                    g00 += g_qa * du
+                    g01 += g_qa * dv
+                    g10 += g_qb * du
+                    g11 += g_qb * dv
+                    g20 += g_qz * u
+                    g21 += g_qz * v
+                    g22 += g_qz
+                    guc -= g_du
+                    gvc -= g_dv
+        grad[tid, j, 0] += g00
+        grad[tid, j, 1] += g01
+        grad[tid, j, 2] += g10
+        grad[tid, j, 3] += g11
+        grad[tid, j, 4] += g20
+        grad[tid, j, 5] += g21
+        grad[tid, j, 6] += g22
+        grad[tid, j, 7] += gdet
+        grad[tid, j, 8] += guc
+        grad[tid, j, 9] += gvc
+        grad[tid, j, 10] += gop
+        grad[tid, j, 11] += gr
+        grad[tid, j, 12] += gg
+        grad[tid, j, 13] += gb
+        grad[tid, j, 14] += gnx
+        grad[tid, j, 15] += gny
+        grad[tid, j, 16] += gnz
+        grad[tid, j, 17] += gcz
+
+
+@njit(parallel=True, cache=True)
+def _backward(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, acc, aux, g_acc, g_dist, grad):
+    """grad (threads, N, N_RECORD): each thread's sums of dL/d record over its tiles."""
+    for t in prange(ray_u.shape[0]):
+        st = np.empty(N_BPLANES * PLANE, np.float32)
+        row_last = np.empty(TILE_SIZE, np.float32)
+        _backward_tile(t, numba.get_thread_id(), start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near,
+                       acc, aux, g_acc, g_dist, st, row_last, grad)
+
+
+class _PixelStage(torch.autograd.Function):
+    """records (N, N_RECORD) -> acc (P, 8), distortion (P,) on the numba tile lists of ``binning``."""
+
+    @staticmethod
+    def forward(ctx, records, binning, camera, near):
+        rec, start, lst = binning
+        rec[:, :N_RECORD] = records.detach().cpu().numpy()  # bounds (18-21) stay numba's
+        tab = tile_table(camera)
+        P = camera.height * camera.width
+        acc, dist, aux = np.empty((P, 8), np.float32), np.empty(P, np.float32), np.empty((P, 4), np.float32)
+        args = (start, lst, rec, tab.ray_u, tab.ray_v, tab.pixel, tab.row_v, tab.col_u, np.float32(camera.fx),
+                np.float32(camera.fy), np.float32(near))
+        with small_chunks():
+            _rasterize_tracked(*args, acc, dist, aux)
+        ctx.saved = (args, acc, aux)
+        dt = records.dtype
+        return torch.from_numpy(acc).to(dt), torch.from_numpy(dist).to(dt)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_acc, g_dist):
+        args, acc, aux = ctx.saved
+        f32 = lambda g: np.ascontiguousarray(g.detach().cpu().numpy(), np.float32)
+        grad = np.zeros((numba.config.NUMBA_NUM_THREADS, args[2].shape[0], N_RECORD), np.float32)
+        with small_chunks():
+            _backward(*args, acc, aux, f32(g_acc), f32(g_dist), grad)
+        return torch.from_numpy(grad.sum(0)).to(g_acc.dtype), None, None, None
+
+
+def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
+    """numba_backend.render for differentiable tensors or the distortion output (CPU tensors or numpy)."""
+    s = surfels if surfels.is_torch else surfels.torch()
+    if s.means.device.type != "cpu":
+        raise ValueError(f"numba backend: differentiable rendering and the distortion output need CPU tensors, "
+                         f"got surfels on {s.means.device}; use backend='torch' or 'gsplat' there, "
+                         f"or move the surfels to the CPU")
+    proj = project(s, T_world_camera, options.near)
+    binning = bin_surfels(surfels.numpy(), camera, T_world_camera, options)
+    acc, dist = _PixelStage.apply(proj.records, binning, camera, options.near)
+    return finish(acc, dist if options.distortion else None, options.background, camera.height, camera.width)
