@@ -64,7 +64,7 @@ def cmd_info(a) -> int:
     return 0
 
 
-def cmd_demo(a) -> int:
+def cmd_street(a) -> int:
     import numpy as np
 
     from . import Scene
@@ -81,6 +81,68 @@ def cmd_demo(a) -> int:
     stats = _render_sequence(scene, traj, out / "render", a.backend, a.fps, True, True)
     print(f"rendered {stats['frames']} frames {a.width}x{a.height}, median {stats['median_frame_ms']} ms/frame "
           f"-> {out / 'render'} (rgb/, depth/, video.mp4)")
+    return 0
+
+
+def cmd_demo(a) -> int:
+    from .scenes.demo import run_demo
+    run_demo(Path(a.out), seed=a.seed, iterations=a.iterations, shift_m=a.shift_m)
+    return 0
+
+
+def cmd_synth(a) -> int:
+    from .scenes.synth import synthesize
+    print(f"wrote log {synthesize(a.out, seed=a.seed)}")
+    return 0
+
+
+def cmd_convert(a) -> int:
+    if a.format == "kitti-raw":
+        from .scenes.kitti_raw import convert_kitti_raw
+        outs = [convert_kitti_raw(a.src, a.out)]
+    elif a.format == "dgp":
+        from .scenes.dgp import convert_dgp
+        outs = convert_dgp(a.src, a.out)
+    else:
+        from .scenes.nerfstudio import import_nerfstudio
+        outs = [import_nerfstudio(a.src, a.out)]
+    for o in outs:
+        print(f"wrote log {o}")
+    return 0
+
+
+def cmd_export_nerfstudio(a) -> int:
+    from .scenes.log import load_log
+    from .scenes.nerfstudio import export_nerfstudio
+    print(f"wrote {export_nerfstudio(load_log(a.log), a.out)}")
+    return 0
+
+
+def cmd_validate(a) -> int:
+    from .scenes.log import validate_log
+    log = validate_log(a.log, progress=True)
+    print(f"{a.log}: valid gsim log '{log.name}' ({log.source}): {len(log.frames)} frames, cameras "
+          f"{sorted(log.cameras)}, lidars {sorted(log.lidars)}, {len(log.actors)} actors")
+    for n in log.notes:
+        print(f"  note: {n}")
+    return 0
+
+
+def cmd_reconstruct(a) -> int:
+    from .scenes.train import preset, reconstruct
+    overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale))
+                 if v is not None}
+    scene = reconstruct(a.log, a.out, preset(a.preset, **overrides), resume=a.resume)
+    print(f"wrote scene {scene}")
+    return 0
+
+
+def cmd_eval(a) -> int:
+    from .scenes.evaluate import evaluate
+    m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend)
+    lidar = (f", LiDAR depth |err| median {m['lidar_depth_median_abs_m']:.3f} m mean {m['lidar_depth_mean_abs_m']:.3f} m"
+             if "lidar_depth_median_abs_m" in m else "")
+    print(f"held-out views: {len(m['views'])}; PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.4f}{lidar} -> {a.out}/metrics.json")
     return 0
 
 
@@ -119,8 +181,56 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("scene")
     i.set_defaults(fn=cmd_info)
 
-    d = sub.add_parser("demo", help="build the built-in demo street and render a drive through it")
-    d.add_argument("--out", default="out/demo")
+    dm = sub.add_parser("demo", help="the main job: synthesize the default street log, reconstruct it on CPU, "
+                                     "evaluate held-out views, render a video along a shifted path")
+    dm.add_argument("--out", default="out/demo")
+    dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--iterations", type=int, default=None, help="training iterations (default: the cpu preset's)")
+    dm.add_argument("--shift-m", type=float, default=1.0, help="lateral shift of the novel-view path (metres, left)")
+    dm.set_defaults(fn=cmd_demo)
+
+    sy = sub.add_parser("synth", help="write the synthetic street log (multi-camera + LiDAR, exact ground truth)")
+    sy.add_argument("out")
+    sy.add_argument("--seed", type=int, default=0)
+    sy.set_defaults(fn=cmd_synth)
+
+    cv = sub.add_parser("convert", help="convert a dataset into a gsim driving log")
+    cv.add_argument("format", choices=["kitti-raw", "dgp", "nerfstudio"])
+    cv.add_argument("src", help="kitti-raw: the date folder with calib_*.txt; dgp: a scene folder or dataset JSON; "
+                                "nerfstudio: transforms.json")
+    cv.add_argument("out")
+    cv.set_defaults(fn=cmd_convert)
+
+    en = sub.add_parser("export-nerfstudio", help="write a log's cameras as a nerfstudio transforms.json")
+    en.add_argument("log")
+    en.add_argument("out")
+    en.set_defaults(fn=cmd_export_nerfstudio)
+
+    va = sub.add_parser("validate", help="check a driving log and every file it names")
+    va.add_argument("log")
+    va.set_defaults(fn=cmd_validate)
+
+    rc = sub.add_parser("reconstruct", help="train a surfel scene on a driving log")
+    rc.add_argument("log")
+    rc.add_argument("out")
+    rc.add_argument("--preset", default="cpu", choices=["cpu", "cuda"])
+    rc.add_argument("--iterations", type=int, default=None)
+    rc.add_argument("--seed", type=int, default=None)
+    rc.add_argument("--downscale", type=int, default=None, help="train on images box-averaged by this integer factor")
+    rc.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    rc.set_defaults(fn=cmd_reconstruct)
+
+    ev = sub.add_parser("eval", help="held-out metrics (PSNR, SSIM, LiDAR depth) and side-by-side images")
+    ev.add_argument("scene")
+    ev.add_argument("log")
+    ev.add_argument("--out", required=True)
+    ev.add_argument("--holdout-every", type=int, default=8)
+    ev.add_argument("--downscale", type=int, default=1, help="evaluate at the training downscale")
+    ev.add_argument("--backend", default="auto", choices=backends)
+    ev.set_defaults(fn=cmd_eval)
+
+    d = sub.add_parser("street", help="build the procedural surfel street and render a drive through it")
+    d.add_argument("--out", default="out/street")
     d.add_argument("--frames", type=int, default=48)
     d.add_argument("--surfels", type=int, default=100_000)
     d.add_argument("--width", type=int, default=640)
@@ -128,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--fps", type=float, default=10.0)
     d.add_argument("--backend", default="auto", choices=backends)
-    d.set_defaults(fn=cmd_demo)
+    d.set_defaults(fn=cmd_street)
 
     ip = sub.add_parser("import-ply", help="convert a 3DGS/2DGS .ply into a gsim scene directory")
     ip.add_argument("ply")
@@ -148,7 +258,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, FileExistsError, RuntimeError, NotImplementedError) as e:
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError, NotImplementedError) as e:
         # bad input and unavailable backends: one clear line, no traceback
         print(f"gsim {args.command}: error: {e}", file=sys.stderr)
         return 2

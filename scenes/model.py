@@ -79,18 +79,21 @@ class SceneModel:
                        torch.sigmoid(p["logit_opacities"]), p["sh"])
 
     def surfels_at(self, timestamp_us: int) -> Surfels:
-        """World-frame surfels at ``timestamp_us``, differentiable in every raw parameter."""
+        """World-frame surfels at ``timestamp_us``, differentiable in every raw parameter.
+
+        Only actor surfels are gathered and moved (one batched rotation by owner), so the cost
+        grows with the actors' surfels, not with the background."""
         s = self.activated()
-        if not self.tracks:
+        act = torch.nonzero(self.owner >= 0)[:, 0]
+        if len(act) == 0:
             return s
-        means, quats = s.means, s.quats
-        for k, track in enumerate(self.tracks):
-            sel = self.owner == k
-            T_np = track.pose_at(timestamp_us)
-            T = torch.as_tensor(T_np, dtype=means.dtype)
-            qT = torch.as_tensor(rotmat_to_quat(T_np[:3, :3]), dtype=means.dtype)
-            means = torch.where(sel[:, None], means @ T[:3, :3].T + T[:3, 3], means)
-            quats = torch.where(sel[:, None], _quat_mul(qT.expand_as(quats), quats), quats)
+        poses = np.stack([t.pose_at(timestamp_us) for t in self.tracks])
+        R = torch.as_tensor(poses[:, :3, :3], dtype=s.means.dtype)
+        t = torch.as_tensor(poses[:, :3, 3], dtype=s.means.dtype)
+        q = torch.as_tensor(np.stack([rotmat_to_quat(P[:3, :3]) for P in poses]), dtype=s.means.dtype)
+        k = self.owner[act]
+        means = s.means.index_copy(0, act, torch.einsum("nij,nj->ni", R[k], s.means[act]) + t[k])
+        quats = s.quats.index_copy(0, act, _quat_mul(q[k], s.quats[act]))
         return Surfels(means, quats, s.scales, s.opacities, s.colors)
 
     def to_scene(self) -> Scene:

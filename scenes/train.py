@@ -148,7 +148,7 @@ def train_step(run: _Run, view: View):
             run.densifier.accumulate(grad, depth, float(view.camera.fx), view.camera.width)
     decay = 0.01 ** (run.step / max(cfg.iterations, 1))
     run.adam.step(params, {"means": decay})
-    return float(loss), losses.psnr(rgb.detach().clamp(0, 1), target)
+    return float(loss.detach()), losses.psnr(rgb.detach().clamp(0, 1), target)
 
 
 def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: bool = False,

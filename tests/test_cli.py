@@ -19,7 +19,8 @@ def gsim_cli(*args, check=True):
 
 def test_help_lists_subcommands_without_loading_heavy_modules():
     out = gsim_cli("--help").stdout
-    for sub in ("render", "info", "demo", "import-ply", "export-ply"):
+    for sub in ("render", "info", "demo", "street", "synth", "convert", "reconstruct", "eval", "validate",
+                "import-ply", "export-ply", "export-nerfstudio"):
         assert sub in out
     code = "import sys, gsim.cli; gsim.cli.build_parser(); print(sorted(m for m in ('torch', 'numba', 'gsplat') if m in sys.modules))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -29,7 +30,7 @@ def test_help_lists_subcommands_without_loading_heavy_modules():
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    gsim_cli("demo", "--out", out, "--frames", 4, "--surfels", 3000, "--width", 96, "--height", 54)
+    gsim_cli("street", "--out", out, "--frames", 4, "--surfels", 3000, "--width", 96, "--height", 54)
     return out
 
 
@@ -80,3 +81,19 @@ def test_ply_export_import_roundtrip(demo_dir, tmp_path):
     assert len(a) == len(b)
     assert np.array_equal(a.means, b.means.astype(np.float32))
     assert np.allclose(a.opacities, b.opacities, rtol=1e-6) and np.allclose(a.scales, b.scales, rtol=1e-6)
+
+
+DDAD = __import__("pathlib").Path(__file__).parents[1].parent / "shared" / "data" / "ddad_dgp"
+
+
+@pytest.mark.skipif(not DDAD.is_dir(), reason="../shared/data/ddad_dgp is absent (see ../shared/data/README.md)")
+def test_convert_dgp_validate_and_errors(tmp_path):
+    gsim_cli("convert", "dgp", DDAD / "scene_dataset_v1.0.json", tmp_path / "logs")
+    logs = sorted(p.parent for p in (tmp_path / "logs").rglob("log.json"))
+    assert logs
+    out = gsim_cli("validate", logs[0]).stdout
+    assert "valid gsim log" in out and "actors" in out
+    bad = gsim_cli("validate", tmp_path / "nowhere", check=False)
+    assert bad.returncode == 2 and "nowhere" in bad.stderr and "Traceback" not in bad.stderr
+    bad = gsim_cli("reconstruct", logs[0], tmp_path / "r", "--resume", check=False)
+    assert bad.returncode == 2 and "checkpoint" in bad.stderr

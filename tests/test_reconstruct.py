@@ -1,0 +1,156 @@
+"""Reconstruction on a tiny synthetic log: initialisation, training, resume, evaluation, bad input."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import gsim
+from gsim.scenes import train as train_mod
+from gsim.scenes.evaluate import evaluate, render_image
+from gsim.scenes.init import InitOptions, initial_surfels
+from gsim.scenes.log import LogWriter, load_log
+from gsim.scenes.model import SceneModel
+from gsim.scenes.optim import DensifyOptions
+from gsim.scenes.synth import SynthOptions, synthesize
+from gsim.scenes.train import preset, reconstruct
+from gsim.scenes.views import make_views, split_frames
+
+TINY = SynthOptions(n_frames=9, width=64, height=40, supersample=1, lidar_beams=16, lidar_azimuth_resolution_deg=1.0)
+
+
+def _cfg(**kw):
+    base = dict(iterations=12, checkpoint_every=4, init=InitOptions(voxel_m=0.4, max_surfels=20_000),
+                densify=DensifyOptions(start=2, stop=12, every=3, grad_threshold=1e-5))
+    return preset("cpu", **{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory):
+    return synthesize(tmp_path_factory.mktemp("synth") / "log", seed=3, options=TINY, progress=False)
+
+
+@pytest.fixture(scope="module")
+def trained(log_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("recon")
+    # densification as in a real run (default threshold), not the test's aggressive one
+    reconstruct(log_dir, out, _cfg(iterations=30, checkpoint_every=10, densify=DensifyOptions(start=10, stop=25, every=10)),
+                progress=False)
+    return out
+
+
+def test_init_puts_actor_points_in_their_boxes(log_dir):
+    log = load_log(log_dir)
+    train, held = split_frames(log)
+    assert [f.index for f in held] == [0, 8] and all(f.index % 8 for f in train)
+    opt = InitOptions(voxel_m=0.2)
+    bg, actors = initial_surfels(log, train, opt)
+    assert len(bg) > 1000 and sum(len(a) for a in actors.values()) > 0
+    for track in log.actors:
+        s = actors[track.id]
+        if len(s):  # box frame: inside the box (plus the margin)
+            assert np.all(np.abs(s.means) <= np.asarray(track.size) / 2 + opt.box_margin_m + 1e-5)
+        # and no background surfel sits inside any box at the training times
+        for f in train:
+            T = np.linalg.inv(track.pose_at(f.timestamp_us))
+            local = bg.means @ T[:3, :3].T + T[:3, 3]
+            assert not np.any(np.all(np.abs(local) < np.asarray(track.size) / 2 - 0.3, axis=1))
+    # the road is flat: most surfels low above the ground face up
+    low = bg.means[:, 2] < 0.05
+    normals = gsim.transforms.quat_to_rotmat(bg.quats[low].astype(np.float64))[:, :, 2]
+    assert np.median(normals[:, 2]) > 0.95
+
+
+def test_training_improves_training_views_and_scene_has_actors(log_dir, trained):
+    log = load_log(log_dir)
+    train, _ = split_frames(log)
+    views = make_views(log, train[:2])
+    cfg = _cfg()
+    bg, actors = initial_surfels(log, train, cfg.init)
+    init_scene = SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)).to_scene()
+    scene = gsim.load_scene(trained / "scene")
+
+    def mean_psnr(sc):
+        return np.mean([gsim.scenes.losses.psnr(render_image(sc, v.camera, v.T_world_camera, v.timestamp_us,
+                                                             v.sensor)[0], v.image) for v in views])
+    assert mean_psnr(scene) > mean_psnr(init_scene) + 1.0
+    assert {a.id for a in scene.actors} <= {t.id for t in log.actors} and scene.actors
+    assert scene.sky is not None and set(scene.appearance) == set(log.cameras)
+    # actors ride their tracks: at two times the actor's surfels sit inside its box there
+    a = scene.actors[0]
+    track = next(t for t in log.actors if t.id == a.id)
+    for t in (0, int(log.frames[-1].timestamp_us)):
+        world = scene.at(t).means[-len(a.surfels):] if a is scene.actors[-1] else None
+        placed = a.surfels.transformed(a.pose_at(t)).means
+        T = np.linalg.inv(track.pose_at(t))
+        local = placed @ T[:3, :3].T + T[:3, 3]
+        assert np.all(np.abs(local) <= np.asarray(track.size) / 2 + 1.0)
+        if world is not None:
+            assert np.allclose(world, placed, atol=1e-5)
+    meta = json.loads((trained / "train.json").read_text())
+    assert meta["iterations"] == 30 and 0 not in meta["train_frames"] and 8 not in meta["train_frames"]
+
+
+def test_resume_after_a_kill_ends_with_the_same_scene(log_dir, tmp_path, monkeypatch):
+    cfg = _cfg()
+    reconstruct(log_dir, tmp_path / "a", cfg, progress=False)
+    real_step = train_mod.train_step
+
+    def killed_at_6(run, view):
+        if run.step == 6:
+            raise KeyboardInterrupt  # as a killed process: the checkpoint of step 4 is the last good one
+        return real_step(run, view)
+
+    monkeypatch.setattr(train_mod, "train_step", killed_at_6)
+    with pytest.raises(KeyboardInterrupt):
+        reconstruct(log_dir, tmp_path / "b", cfg, progress=False)
+    assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["step"] == 4
+    assert not list((tmp_path / "b").glob(".*tmp*"))
+    monkeypatch.setattr(train_mod, "train_step", real_step)
+    reconstruct(log_dir, tmp_path / "b", resume=True, progress=False)
+    a, b = gsim.load_scene(tmp_path / "a" / "scene"), gsim.load_scene(tmp_path / "b" / "scene")
+    assert len(a.background) == len(b.background)
+    for k in ("means", "quats", "scales", "opacities", "colors"):
+        assert np.array_equal(getattr(a.background, k), getattr(b.background, k)), k
+    assert np.array_equal(a.sky.envmap, b.sky.envmap)
+
+
+def test_eval_writes_the_metrics_contract(log_dir, trained, tmp_path):
+    m = evaluate(trained / "scene", log_dir, tmp_path / "eval", progress=False)
+    on_disk = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    for k in ("psnr", "ssim", "lidar_depth_median_abs_m", "lidar_depth_mean_abs_m"):
+        assert np.isfinite(on_disk[k]) and on_disk[k] == m[k]
+    assert on_disk["held_out_frames"] == [0, 8]
+    assert len(on_disk["views"]) == 2 * 3  # two held-out frames, three cameras
+    assert 5 < m["psnr"] < 60 and 0 < m["ssim"] <= 1 and m["lidar_depth_median_abs_m"] >= 0
+    images = sorted((tmp_path / "eval" / "views").glob("*.png"))
+    assert len(images) == 6
+    from PIL import Image
+    assert Image.open(images[0]).size == (3 * TINY.width, TINY.height)
+    assert "| **mean** |" in (tmp_path / "eval" / "metrics.md").read_text()
+
+
+def test_bad_input(log_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoint"):
+        reconstruct(log_dir, tmp_path / "none", resume=True, progress=False)
+    with pytest.raises(ValueError, match="preset"):
+        preset("gpu")
+    if gsim.render.BACKENDS["gsplat"].probe() is not None:
+        with pytest.raises(RuntimeError, match="gsplat"):
+            reconstruct(log_dir, tmp_path / "c", preset("cuda"), progress=False)
+    # a camera-only log cannot initialise surfels
+    log = load_log(log_dir)
+    cam = log.cameras["front"]
+    with LogWriter(tmp_path / "camonly", "camonly", "test") as w:
+        w.add_camera("front", cam.camera, cam.T_vehicle_camera)
+        for f in log.frames:
+            w.add_ego_pose(f.timestamp_us, log.T_world_vehicle(f.timestamp_us))
+            o = f.cameras["front"]
+            w.add_frame(f.timestamp_us, {"front": w.image("front", f.index, o.timestamp_us,
+                                                          src=log.root / o.image)}, {})
+    with pytest.raises(ValueError, match="LiDAR"):
+        reconstruct(tmp_path / "camonly", tmp_path / "d", _cfg(), progress=False)
+    assert not (tmp_path / "d" / "scene").exists()
+    with pytest.raises(ValueError, match="holdout_every"):
+        reconstruct(log_dir, tmp_path / "e", dataclasses.replace(_cfg(), holdout_every=1), progress=False)
