@@ -112,28 +112,31 @@ def look_at(eye, target, up=(0.0, 0.0, 1.0)) -> np.ndarray:
     return T
 
 
-def interpolate_pose(times_us: np.ndarray, poses: np.ndarray, t_us: int) -> np.ndarray:
-    """Pose at ``t_us`` from a timed track: linear in translation, slerp in rotation.
-
-    Times outside the track clamp to its ends (an actor holds its first/last pose).
-    """
-    i = int(np.searchsorted(times_us, t_us, side="right"))
-    if i == 0:
-        return poses[0].copy()
-    if i >= len(times_us):
-        return poses[-1].copy()
+def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us) -> np.ndarray:
+    """Poses at the times ``t_us`` (M,) from a timed track (T,) / (T,4,4): (M,4,4), linear in
+    translation, slerp in rotation. Times outside the track clamp to its ends (an actor holds
+    its first/last pose)."""
+    times_us = np.asarray(times_us, np.int64)
+    t = np.atleast_1d(np.asarray(t_us, np.int64))
+    i = np.clip(np.searchsorted(times_us, t, side="right"), 1, max(len(times_us) - 1, 1))
+    if len(times_us) == 1:
+        return np.repeat(np.asarray(poses[:1], np.float64), len(t), 0)
     t0, t1 = times_us[i - 1], times_us[i]
-    a = (t_us - t0) / (t1 - t0)
+    a = np.clip((t - t0) / (t1 - t0), 0.0, 1.0)[:, None]
     q0, q1 = rotmat_to_quat(poses[i - 1, :3, :3]), rotmat_to_quat(poses[i, :3, :3])
-    d = float(np.dot(q0, q1))
-    if d < 0:
-        q1, d = -q1, -d
-    if d > 0.9995:
-        q = q0 + a * (q1 - q0)
-    else:
-        th = np.arccos(d)
-        q = (np.sin((1 - a) * th) * q0 + np.sin(a * th) * q1) / np.sin(th)
-    T = np.eye(4)
-    T[:3, :3] = quat_to_rotmat(q / np.linalg.norm(q))
-    T[:3, 3] = (1 - a) * poses[i - 1, :3, 3] + a * poses[i, :3, 3]
+    d = np.sum(q0 * q1, axis=1, keepdims=True)
+    q1, d = np.where(d < 0, -q1, q1), np.abs(d)
+    th = np.arccos(np.clip(d, -1.0, 1.0))
+    sin_th = np.where(d > 0.9995, 1.0, np.sin(th))
+    w0 = np.where(d > 0.9995, 1 - a, np.sin((1 - a) * th) / sin_th)  # nearly equal: linear, then normalised
+    w1 = np.where(d > 0.9995, a, np.sin(a * th) / sin_th)
+    q = w0 * q0 + w1 * q1
+    T = np.tile(np.eye(4), (len(t), 1, 1))
+    T[:, :3, :3] = quat_to_rotmat(q / np.linalg.norm(q, axis=1, keepdims=True))
+    T[:, :3, 3] = (1 - a) * poses[i - 1, :3, 3] + a * poses[i, :3, 3]
     return T
+
+
+def interpolate_pose(times_us: np.ndarray, poses: np.ndarray, t_us: int) -> np.ndarray:
+    """The pose at one time ``t_us`` (see interpolate_poses)."""
+    return interpolate_poses(times_us, poses, [int(t_us)])[0]

@@ -20,7 +20,7 @@ from gsim.scene import load_scene
 
 from .evaluate import evaluate, render_image
 from .log import LogFormatError, load_log
-from .synth import synthesize
+from .synth import SynthOptions, synthesize
 from .train import preset, reconstruct
 
 
@@ -44,14 +44,16 @@ def render_shifted_path(scene_path, log_path, out, shift_m: float, fps: float = 
     return out / "video.mp4"
 
 
-def run_demo(out: Path, seed: int = 0, iterations: Optional[int] = None, shift_m: float = 1.0) -> dict:
+def run_demo(out: Path, seed: int = 0, iterations: Optional[int] = None, shift_m: float = 1.0,
+             synth_options: SynthOptions = SynthOptions()) -> dict:
+    """The main job; returns the held-out metrics. A valid log already at OUT/log is reused."""
     out = Path(out)
     t0 = time.perf_counter()
     try:
         load_log(out / "log")
         print(f"using the existing log {out / 'log'}")
     except LogFormatError:
-        synthesize(out / "log", seed=seed)
+        synthesize(out / "log", seed=seed, options=synth_options)
     t1 = time.perf_counter()
     cfg = preset("cpu", seed=seed)
     if iterations is not None:

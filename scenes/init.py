@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from gsim.surfels import Surfels, rgb_to_sh
-from gsim.transforms import rotmat_to_quat
+from gsim.transforms import interpolate_poses, rotmat_to_quat
 
 from .log import DrivingLog, Frame
 from .views import sweep_world, visible_points
@@ -31,6 +31,8 @@ class InitOptions:
     box_margin_m: float = 0.15  # points this far outside a box still belong to its actor
     scale_factor: float = 0.6  # surfel sigma = factor * voxel (neighbours overlap)
     sh_degree: int = 0
+    above_stride: int = 4  # pixels between the image points seeded above the LiDAR's top beam (0: none)
+    above_max_depth_m: float = 60.0  # columns whose highest LiDAR point is farther get none
 
 
 @dataclass
@@ -39,6 +41,45 @@ class _Points:
     origin: List[np.ndarray]
     rgb: List[np.ndarray]
     seen: List[np.ndarray]
+
+
+def _above_lidar(log: DrivingLog, frame: Frame, world: np.ndarray, background: np.ndarray, opt: InitOptions):
+    """Points for what the cameras see above the LiDAR's top beam (upper facades, tree crowns): in
+    column blocks of ``above_stride`` pixels, the pixels above the block's highest visible LiDAR
+    point, back-projected at that point's camera depth (exact for a vertical surface seen by a
+    level camera). Only where that point is background (``background`` mask) and at most 1 m
+    below the camera (a wall, not the ground or a car roof). Returns (xyz, origin, rgb), world frame."""
+    xyz, origin, rgb = [], [], []
+    for obs in frame.cameras.values():
+        cam = log.cameras[obs.sensor].camera
+        T = log.T_world_camera(obs)
+        idx, pix, z = visible_points(cam, T, world)
+        s, W = opt.above_stride, cam.width
+        block, v = pix % W // s, pix // W  # column blocks of s pixels
+        top = np.full(W // s + 1, cam.height, np.int64)
+        np.minimum.at(top, block, v)
+        at_top = v == top[block]
+        wall = (background[idx] & (world[idx, 2] > T[2, 3] - 1.0) & (z <= opt.above_max_depth_m))[at_top]
+        depth = np.zeros(len(top))
+        depth[block[at_top][wall]] = z[at_top][wall]
+        blocks = np.nonzero(depth > 0)[0]
+        if len(blocks) == 0:
+            continue
+        bb, vv = np.meshgrid(blocks, np.arange(s // 2, cam.height, s))
+        sel = vv < top[bb]
+        bb, vv = bb[sel], vv[sel]
+        uu = np.minimum(bb * s + s // 2, W - 1)
+        rays = cam.ray_table()[vv, uu]
+        ok = np.isfinite(rays).all(1)
+        uu, vv, rays = uu[ok], vv[ok], rays[ok]
+        d = depth[bb[ok]][:, None]
+        pc = np.concatenate([rays * d, d], 1)
+        xyz.append(pc @ T[:3, :3].T + T[:3, 3])
+        origin.append(np.broadcast_to(T[:3, 3], (len(pc), 3)))
+        rgb.append(log.image(obs)[vv, uu])
+    if not xyz:
+        return np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 3), np.float32)
+    return np.concatenate(xyz), np.concatenate(origin), np.concatenate(rgb)
 
 
 def _colour(log: DrivingLog, frame: Frame, world: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -52,7 +93,7 @@ def _colour(log: DrivingLog, frame: Frame, world: np.ndarray) -> Tuple[np.ndarra
     return rgb, seen
 
 
-def collect_points(log: DrivingLog, frames: Sequence[Frame], margin: float, progress: bool = False):
+def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, progress: bool = False):
     """LiDAR points of ``frames``: background (world) and per actor (box frame), with colours."""
     bg = _Points([], [], [], [])
     actors: Dict[str, _Points] = {a.id: _Points([], [], [], []) for a in log.actors}
@@ -62,17 +103,20 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], margin: float, prog
         it = tqdm(frames, desc="init: lidar", unit="frame")
     for f in it:
         for obs in f.lidars.values():
-            world, origin, _ = sweep_world(log, obs)
+            world, origin, _, t = sweep_world(log, obs)
             rgb, seen = _colour(log, f, world)
             free = np.ones(len(world), bool)
+            times, inv = np.unique(t, return_inverse=True)
             for a in log.actors:
-                T_aw = np.linalg.inv(a.pose_at(obs.timestamp_us))
-                local = world @ T_aw[:3, :3].T + T_aw[:3, 3]
-                inside = free & np.all(np.abs(local) <= np.asarray(a.size) / 2 + margin, axis=1)
+                # each point with the actor's pose at the point's own time (a rolling sweep)
+                T_aw = np.linalg.inv(interpolate_poses(a.timestamps_us, a.poses, times))[inv]
+                local = np.einsum("nij,nj->ni", T_aw[:, :3, :3], world) + T_aw[:, :3, 3]
+                inside = free & np.all(np.abs(local) <= np.asarray(a.size) / 2 + opt.box_margin_m, axis=1)
                 if inside.any():
                     p = actors[a.id]
                     p.xyz.append(local[inside])
-                    p.origin.append(origin[inside] @ T_aw[:3, :3].T + T_aw[:3, 3])
+                    p.origin.append(np.einsum("nij,nj->ni", T_aw[inside, :3, :3], origin[inside])
+                                    + T_aw[inside, :3, 3])
                     p.rgb.append(rgb[inside])
                     p.seen.append(seen[inside])
                     free &= ~inside
@@ -80,6 +124,11 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], margin: float, prog
             bg.origin.append(origin[free])
             bg.rgb.append(rgb[free])
             bg.seen.append(seen[free])
+            if opt.above_stride:
+                up = _above_lidar(log, f, world, free, opt)
+                for part, x in zip((bg.xyz, bg.origin, bg.rgb), up):
+                    part.append(x)
+                bg.seen.append(np.ones(len(up[0]), bool))
     return bg, actors
 
 
@@ -158,7 +207,7 @@ def initial_surfels(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions =
     if not any(f.lidars for f in frames):
         raise ValueError(f"{log.root}: reconstruction needs LiDAR sweeps to initialise surfels; "
                          f"the training frames have none")
-    bg, actors = collect_points(log, frames, opt.box_margin_m, progress)
+    bg, actors = collect_points(log, frames, opt, progress)
     voxel = opt.voxel_m
     while True:
         background = surfels_from_points(bg, voxel, opt)

@@ -56,13 +56,13 @@ class Adam:
 @dataclass(frozen=True)
 class DensifyOptions:
     start: int = 300
-    stop: int = 2000
+    stop: int = 1500
     every: int = 100
     grad_threshold: float = 2e-4  # mean |dL/d(image-plane position)| in half-widths, as gsplat
     split_scale: float = 0.01  # x scene scale: larger surfels are split, smaller ones cloned
     prune_opacity: float = 0.005
     prune_scale: float = 0.1  # x scene scale: larger surfels are pruned
-    max_surfels: int = 600_000
+    max_surfels: int = 400_000  # a CPU budget: the step time grows with the surfels in view
 
 
 class Densifier:

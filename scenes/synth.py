@@ -102,7 +102,7 @@ class SynthOptions:
                              f"got {self.supersample}")
         _int_option("lidar_beams", self.lidar_beams, 1, 1024)
         res = self.lidar_azimuth_resolution_deg
-        if not (isinstance(res, (int, float)) and 0.01 <= res <= 90 and abs(360 / res - round(360 / res)) < 1e-6):
+        if not (isinstance(res, (int, float)) and not isinstance(res, bool) and 0.01 <= res <= 90 and abs(360 / res - round(360 / res)) < 1e-6):
             raise ValueError(f"SynthOptions.lidar_azimuth_resolution_deg: expected degrees in [0.01, 90] that "
                              f"divide 360, got {res!r}")
         r = self.lidar_max_range_m
@@ -631,8 +631,10 @@ def build_street(seed: int = 0, options: SynthOptions = SynthOptions()) -> Stree
     generator, so a longer drive extends the same street."""
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
-    r_ego, r_layout, r_left, r_right, r_furniture, r_parked, r_moving, r_tex = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(8))
+    # one generator per part and side: how much a part draws depends on the street's length
+    r_ego, r_layout, r_left, r_right, r_moving, r_tex, *r_sides = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(10))
+    r_furniture, r_parked = dict(zip((1, -1), r_sides[:2])), dict(zip((1, -1), r_sides[2:]))
     ego = EgoRoute(r_ego.uniform(5.5, 7.5), r_ego.uniform(0.15, 0.35), r_ego.uniform(3.0, 5.0),
                    r_ego.uniform(0, 2 * np.pi))
     x_lo, x_hi = -40.0, ego.speed_mps * options.n_frames * FRAME_PERIOD_US * 1e-6 + 160.0
@@ -650,19 +652,20 @@ def build_street(seed: int = 0, options: SynthOptions = SynthOptions()) -> Stree
               for i, b in enumerate(buildings)]
     tints = []
     for side in (1, -1):  # street furniture on the sidewalks: trees and lamp poles
-        x = x_lo + r_furniture.uniform(2, 8)
+        rf = r_furniture[side]
+        x = x_lo + rf.uniform(2, 8)
         while x < x_hi:
-            if r_furniture.random() < 0.6:
-                trunk_r, trunk_h, crown_r = (r_furniture.uniform(0.12, 0.2), r_furniture.uniform(2.2, 3.2),
-                                             r_furniture.uniform(1.3, 2.0))
+            if rf.random() < 0.6:
+                trunk_r, trunk_h, crown_r = (rf.uniform(0.12, 0.2), rf.uniform(2.2, 3.2),
+                                             rf.uniform(1.3, 2.0))
                 y, cz = side * (ROAD_HALF_WIDTH + 1.0), walk_z + trunk_h + 0.6 * crown_r
                 prims.append((CYLINDER, (x, y, trunk_r, walk_z, cz, 0.0), TRUNK, 0))
                 prims.append((SPHERE, (x, y, cz, crown_r, 0.0, 0.0), CROWN, len(tints)))
-                tints.append(np.array([0.20, 0.36, 0.14]) * r_furniture.uniform(0.85, 1.15, 3))
+                tints.append(np.array([0.20, 0.36, 0.14]) * rf.uniform(0.85, 1.15, 3))
             else:
                 prims.append((CYLINDER, (x, side * (ROAD_HALF_WIDTH + 0.45), 0.09, walk_z, walk_z + 6.5, 0.0),
                               POLE, 0))
-            x += r_furniture.uniform(8, 15)
+            x += rf.uniform(8, 15)
 
     # Cars: moving ones first (a lead car in the ego lane, faster than the ego; 1-2 oncoming), then parked.
     cars = [_car(r_moving, r_moving.uniform(14, 22), -LANE_WIDTH / 2, 0.0, ego.speed_mps + r_moving.uniform(0.3, 1.5))]
@@ -672,12 +675,13 @@ def build_street(seed: int = 0, options: SynthOptions = SynthOptions()) -> Stree
         x += r_moving.uniform(25, 45)
     n_moving = len(cars)
     for side in (1, -1):  # parked in the parking lanes, facing their side's traffic
-        x = x_lo + r_parked.uniform(0, 6)
+        rp = r_parked[side]
+        x = x_lo + rp.uniform(0, 6)
         while x < x_hi - 6:
-            car = _car(r_parked, 0.0, side * (LANE_WIDTH + 1.25), (np.pi if side > 0 else 0.0)
-                       + r_parked.uniform(-0.03, 0.03), 0.0)
+            car = _car(rp, 0.0, side * (LANE_WIDTH + 1.25), (np.pi if side > 0 else 0.0)
+                       + rp.uniform(-0.03, 0.03), 0.0)
             cars.append((*car[:C_X], x + car[C_L] / 2, *car[C_Y:]))
-            x += car[C_L] + r_parked.uniform(3, 20)
+            x += car[C_L] + rp.uniform(3, 20)
     cars = np.array(cars, CAR_DTYPE)
 
     kinds = np.array([p[0] for p in prims], np.int64)

@@ -15,7 +15,7 @@ import numpy as np
 
 from gsim.appearance import camera_ray_directions
 from gsim.cameras import Camera, downscale_image
-from gsim.transforms import interpolate_pose
+from gsim.transforms import interpolate_poses
 
 from .log import DrivingLog, Frame, LidarObs
 
@@ -42,21 +42,18 @@ def split_frames(log: DrivingLog, holdout_every: int = 8) -> Tuple[List[Frame], 
     return train, held
 
 
-def sweep_world(log: DrivingLog, obs: LidarObs) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A sweep's points in the world: (M,3) points, (M,3) sensor origins, (M,) intensity.
+def sweep_world(log: DrivingLog, obs: LidarObs) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A sweep's points in the world: (M,3) points, (M,3) sensor origins, (M,) intensity, (M,) int64
+    time of each point (us).
 
-    With per-point time offsets each point is placed with the ego pose at its own time
-    (poses are interpolated once per distinct offset)."""
+    With per-point time offsets each point is placed with the ego pose at its own time."""
     pts = log.sweep(obs)
     T_vl = log.lidars[obs.sensor].T_vehicle_lidar
-    if pts.shape[1] == 5:
-        offsets, inv = np.unique(pts[:, 4].astype(np.int64), return_inverse=True)
-    else:
-        offsets, inv = np.zeros(1, np.int64), np.zeros(len(pts), np.int64)
-    T = np.stack([interpolate_pose(log.ego_timestamps_us, log.ego_poses, obs.timestamp_us + int(o)) @ T_vl
-                  for o in offsets])[inv]
+    offsets = pts[:, 4].astype(np.int64) if pts.shape[1] == 5 else np.zeros(len(pts), np.int64)
+    times, inv = np.unique(obs.timestamp_us + offsets, return_inverse=True)
+    T = (interpolate_poses(log.ego_timestamps_us, log.ego_poses, times) @ T_vl)[inv]
     world = np.einsum("nij,nj->ni", T[:, :3, :3], pts[:, :3].astype(np.float64)) + T[:, :3, 3]
-    return world, T[:, :3, 3], pts[:, 3]
+    return world, T[:, :3, 3], pts[:, 3], times[inv]
 
 
 def visible_points(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray, block: int = 4,

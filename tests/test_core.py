@@ -5,7 +5,7 @@ import torch
 
 import gsim
 from gsim.cameras import camera_from_dict
-from gsim.transforms import (check_pose, interpolate_pose, invert, look_at, quat_to_rotmat,
+from gsim.transforms import (check_pose, interpolate_pose, interpolate_poses, invert, look_at, quat_to_rotmat,
                              rotmat_to_quat)
 
 CAMERAS = [
@@ -62,6 +62,24 @@ def test_interpolate_pose_midpoint_and_clamp():
     assert np.isclose(np.arctan2(mid[1, 0], mid[0, 0]), np.pi / 4)
     assert np.allclose(interpolate_pose(ts, poses, -5), a)
     assert np.allclose(interpolate_pose(ts, poses, 500), b)
+
+
+def test_interpolate_poses_vectorized_yaw_is_linear_in_time():
+    """A track turning 120 deg about z: at fraction a of the interval the yaw is a * 120 deg (slerp),
+    the position linear; each batched pose equals the one-at-a-time result; ends clamp."""
+    th = np.radians(120)
+    b = np.eye(4)
+    b[:3, :3] = quat_to_rotmat(np.array([[np.cos(th / 2), 0, 0, np.sin(th / 2)]]))[0]
+    b[:3, 3] = [4, -2, 1]
+    ts, poses = np.array([1000, 2000]), np.stack([np.eye(4), b])
+    t = np.array([0, 1000, 1250, 1500, 1999, 2000, 9000])
+    T = interpolate_poses(ts, poses, t)
+    a = np.clip((t - 1000) / 1000, 0, 1)
+    assert np.allclose(np.arctan2(T[:, 1, 0], T[:, 0, 0]), a * th, atol=1e-9)
+    assert np.allclose(T[:, :3, 3], a[:, None] * [4, -2, 1])
+    for i, ti in enumerate(t):
+        assert np.allclose(T[i], interpolate_pose(ts, poses, int(ti)))
+    assert np.allclose(interpolate_poses(ts[:1], poses[:1], t), np.eye(4))  # a single pose holds
 
 
 @pytest.mark.parametrize("cam", CAMERAS, ids=lambda c: c.model)
