@@ -21,7 +21,7 @@ import torch
 
 from gsim.appearance import Sky, compose
 from gsim.io import atomic_path, write_json
-from gsim.render import BACKENDS, render_camera
+from gsim.render import BACKENDS, RenderOptions, render_camera
 
 from . import losses
 from .init import InitOptions, initial_surfels
@@ -45,7 +45,8 @@ class TrainConfig:
     ssim_weight: float = 0.2
     lidar_weight: float = 0.1
     normal_weight: float = 0.05
-    normal_from: int = 500  # iteration where the normal loss starts (2DGS waits for geometry)
+    normal_from: int = 500  # iteration where the normal and distortion losses start (2DGS waits for geometry)
+    distortion_weight: float = 100.0  # 2DGS's depth distortion (its weight for unbounded scenes)
     lr_means: float = 1.6e-4  # x scene scale, decays x0.01 over the run
     lr_quats: float = 1e-3
     lr_scales: float = 5e-3
@@ -72,7 +73,8 @@ PRESETS = {
     # CPU: 2 cores; the numba backend with its backward when it is differentiable, else the torch reference
     "cpu": TrainConfig(),
     # CUDA: gsplat, the 3DGS schedule
-    "cuda": TrainConfig(preset="cuda", backend="gsplat", iterations=30000, checkpoint_every=5000,
+    # (gsplat's render_distort is another definition than 2DGS's distortion: off there)
+    "cuda": TrainConfig(preset="cuda", backend="gsplat", iterations=30000, checkpoint_every=5000, distortion_weight=0.0,
                         init=InitOptions(sh_degree=3, voxel_m=0.05, max_surfels=1_000_000),
                         densify=DensifyOptions(start=500, stop=15000, max_surfels=3_000_000)),
 }
@@ -87,10 +89,16 @@ def preset(name: str, **overrides) -> TrainConfig:
     return dataclasses.replace(cfg, **overrides)
 
 
-def scene_scale(views) -> float:
-    """gsplat's scene scale: 1.1 x the largest camera distance from the cameras' centroid (at least 1 m)."""
+def scene_scale(views, points: np.ndarray) -> float:
+    """The length that scales the means' learning rate and the split/prune sizes: gsplat's
+    1.1 x the largest camera distance from the cameras' centroid, but at least the median
+    distance from that centroid to ``points`` (the initial background): a log whose ego barely
+    moves (stop-and-go traffic) still sees a street tens of metres deep. At least 1 m."""
     c = np.stack([v.T_world_camera[:3, 3] for v in views])
-    return max(1.1 * float(np.linalg.norm(c - c.mean(0), axis=1).max()), 1.0)
+    centre = c.mean(0)
+    spread = 1.1 * float(np.linalg.norm(c - centre, axis=1).max())
+    depth = float(np.median(np.linalg.norm(points - centre, axis=1))) if len(points) else 0.0
+    return max(spread, depth, 1.0)
 
 
 class _Run:
@@ -129,16 +137,20 @@ def train_step(run: _Run, view: View):
     cfg, model = run.cfg, run.model
     params = {**model.params, **model.extra_params()}
     surfels = model.surfels_at(view.timestamp_us)
-    frame = render_camera(surfels, view.camera, view.T_world_camera, backend=cfg.backend)
+    geometry = run.step >= cfg.normal_from
+    options = RenderOptions(distortion=bool(cfg.distortion_weight and geometry))
+    frame = render_camera(surfels, view.camera, view.T_world_camera, backend=cfg.backend, options=options)
     rgb = compose(frame.rgb, frame.alpha, Sky(model.sky), torch.from_numpy(view.dirs_world), model.affine[view.sensor])
     target = torch.from_numpy(view.image)
     loss = losses.photometric(rgb, target, cfg.ssim_weight)
     if cfg.lidar_weight:
         loss = loss + cfg.lidar_weight * losses.lidar_depth(frame.depth, frame.alpha, torch.from_numpy(view.lidar_pix),
                                                             torch.from_numpy(view.lidar_depth))
-    if cfg.normal_weight and run.step >= cfg.normal_from:
+    if cfg.normal_weight and geometry:
         rays = torch.from_numpy(view.camera.ray_table().astype(np.float32))
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, rays)
+    if frame.distortion is not None:
+        loss = loss + cfg.distortion_weight * frame.distortion.mean()
     loss.backward()
     with torch.no_grad():
         grad = model.params["means"].grad
@@ -173,7 +185,8 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     views = make_views(log, train_frames, cfg.downscale, progress=progress)
     if state is None:
         bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress)
-        run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)), scene_scale(views))
+        run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)),
+                   scene_scale(views, bg.means))
     else:
         run = _Run(cfg, SceneModel.from_state(state["model"], log.actors), state["scale"])
         run.restore(state)

@@ -21,7 +21,7 @@ TINY = SynthOptions(n_frames=9, width=64, height=40, supersample=1, lidar_beams=
 
 
 def _cfg(**kw):
-    base = dict(iterations=12, checkpoint_every=4, init=InitOptions(voxel_m=0.4, max_surfels=20_000),
+    base = dict(iterations=12, checkpoint_every=4, normal_from=3, init=InitOptions(voxel_m=0.4, max_surfels=20_000),
                 densify=DensifyOptions(start=2, stop=12, every=3, grad_threshold=1e-5))
     return preset("cpu", **{**base, **kw})
 
@@ -114,6 +114,23 @@ def test_training_improves_training_views_and_scene_has_actors(log_dir, trained)
             assert np.allclose(world, placed, atol=1e-5)
     meta = json.loads((trained / "train.json").read_text())
     assert meta["iterations"] == 30 and 0 not in meta["train_frames"] and 8 not in meta["train_frames"]
+
+
+def test_geometry_losses_start_at_normal_from(log_dir):
+    """The 2DGS depth distortion joins the loss from ``normal_from`` on, weighted by distortion_weight."""
+    log = load_log(log_dir)
+    train, _ = split_frames(log)
+    view = make_views(log, train[:1])[0]
+    bg, actors = initial_surfels(log, train, _cfg().init)
+
+    def loss(step, weight):
+        cfg = _cfg(normal_from=5, normal_weight=0.0, distortion_weight=weight)
+        run = train_mod._Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)), 1.0)
+        run.step = step
+        return train_mod.train_step(run, view)[0]
+
+    assert loss(4, 100.0) == loss(4, 0.0)  # before normal_from: no distortion term
+    assert loss(5, 100.0) > loss(5, 0.0) + 1e-6
 
 
 def test_resume_after_a_kill_ends_with_the_same_scene(log_dir, tmp_path, monkeypatch):
