@@ -207,3 +207,6 @@ def test_demo_main_job_writes_every_output(tmp_path):
     assert len(list((tmp_path / "eval" / "views").glob("*.png"))) == 6
     assert len(list((tmp_path / "novel" / "rgb").glob("*.png"))) == TINY.n_frames
     assert (tmp_path / "novel" / "video.mp4").stat().st_size > 0
+    from gsim.scenes.synth import made_by
+    log = load_log(tmp_path / "log")
+    assert made_by(log, 1, TINY) and not made_by(log, 2, TINY) and not made_by(log, 1, SynthOptions())
