@@ -21,6 +21,7 @@ import numpy as np
 
 from gsim.cameras import PinholeCamera
 from gsim.scenes._convert_util import OPENCV_PIXEL_CENTRE_SHIFT, check_image, make_pose, timestamp_us
+from gsim.lidar import LidarSpec
 from gsim.scenes.log import LidarBeams, LogFormatError, LogWriter
 from gsim.transforms import invert
 
@@ -32,13 +33,12 @@ LIDAR = "velodyne_points"
 FRAME_PERIOD_US = 100_000  # KITTI records at 10 Hz
 EARTH_RADIUS_M = 6378137.0
 
-# Velodyne HDL-64E S2 datasheet values: upper block +2 to -8.33 deg in 1/3 deg steps, lower block
-# -8.83 to -24.33 deg in 1/2 deg steps. Azimuth step measured on the sample drive (0.09 deg at
-# 10 Hz); KITTI keeps returns up to 80 m.
-HDL64E = LidarBeams(
-    elevations_deg=tuple(float(e) for e in np.round(np.concatenate([2.0 - np.arange(32) / 3.0,
-                                                                   -8.83 - 0.5 * np.arange(32)]), 4)),
-    azimuth_resolution_deg=0.09, min_range_m=1.0, max_range_m=80.0)
+# The HDL-64E preset's nominal table (gsim.lidar: datasheet blocks, the lower one down to -24.9 deg,
+# which the sample's sweeps confirm) and its 0.18 deg azimuth step at 10 Hz (the sample's spacing
+# of one laser's neighbouring returns); KITTI keeps returns up to 80 m.
+_HDL64E = LidarSpec.preset("velodyne-hdl64e")
+HDL64E = LidarBeams(elevations_deg=_HDL64E.elevations_deg, azimuth_resolution_deg=_HDL64E.azimuth_resolution_deg,
+                    min_range_m=_HDL64E.min_range_m, max_range_m=80.0)
 
 
 def _read_calib(path: Path) -> Dict[str, str]:
