@@ -58,6 +58,17 @@ def _check_elevations(cls: str, field: str, el) -> None:
         _fail(cls, field, f"elevation {el[bad[0]]} deg at index {bad[0]} is outside [-90, 90]")
 
 
+def _name_and_elevations(cls: str, name, elevations, unit: str) -> Tuple[float, ...]:
+    """Check a spec's name and elevation table (at least one ``unit``); returns the table."""
+    if not isinstance(name, str) or not name:
+        _fail(cls, "name", f"expected a non-empty string, got {name!r}")
+    el = _table(cls, "elevations_deg", elevations)
+    if not el:
+        _fail(cls, "elevations_deg", f"expected at least one {unit}")
+    _check_elevations(cls, "elevations_deg", el)
+    return el
+
+
 def _directions(el_deg: np.ndarray, az_deg: np.ndarray) -> np.ndarray:
     el, az = np.radians(el_deg), np.radians(az_deg)
     return np.stack([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)], -1)
@@ -121,12 +132,7 @@ class LidarSpec(_SpecIO):
 
     def __post_init__(self):
         c = type(self).__name__
-        if not isinstance(self.name, str) or not self.name:
-            _fail(c, "name", f"expected a non-empty string, got {self.name!r}")
-        el = _table(c, "elevations_deg", self.elevations_deg)
-        if not el:
-            _fail(c, "elevations_deg", "expected at least one laser")
-        _check_elevations(c, "elevations_deg", el)
+        el = _name_and_elevations(c, self.name, self.elevations_deg, "laser")
         n = len(el)
         scalars = {f: _number(c, f, getattr(self, f)) for f in
                    ("azimuth_resolution_deg", "spin_hz", "min_range_m", "max_range_m", "start_azimuth_deg")}
@@ -208,12 +214,7 @@ class RayTableSpec(_SpecIO):
 
     def __post_init__(self):
         c = type(self).__name__
-        if not isinstance(self.name, str) or not self.name:
-            _fail(c, "name", f"expected a non-empty string, got {self.name!r}")
-        el = _table(c, "elevations_deg", self.elevations_deg)
-        if not el:
-            _fail(c, "elevations_deg", "expected at least one ray")
-        _check_elevations(c, "elevations_deg", el)
+        el = _name_and_elevations(c, self.name, self.elevations_deg, "ray")
         az = _table(c, "azimuths_deg", self.azimuths_deg, len(el))
         lo, hi, hz = (_number(c, f, getattr(self, f)) for f in ("min_range_m", "max_range_m", "frame_hz"))
         _check_ranges(c, lo, hi)
