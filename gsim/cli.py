@@ -42,6 +42,21 @@ def cmd_render(a) -> int:
     return 0
 
 
+def cmd_render_lidar(a) -> int:
+    from tqdm import tqdm
+
+    from . import load_scene
+    from .lidar import LidarSpec, render_lidar
+    from .lidar.io import load_lidar_trajectory, write_sweep
+    spec = LidarSpec.preset(a.spec)
+    scene = load_scene(a.scene)
+    times, poses = load_lidar_trajectory(a.trajectory)
+    for i, (t, T) in enumerate(tqdm(list(zip(times, poses)), desc="render-lidar", unit="sweep")):
+        write_sweep(render_lidar(scene, spec, T, backend=a.backend, timestamp_us=int(t)), a.out, i)
+    print(f"wrote {len(times)} sweeps of {spec.name} to {a.out} (points/*.npy|ply|pcd, range/*.png)")
+    return 0
+
+
 def cmd_info(a) -> int:
     import numpy as np
 
@@ -240,6 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--fps", type=float, default=10.0)
     d.add_argument("--backend", default="auto", choices=backends)
     d.set_defaults(fn=cmd_street)
+
+    rl = sub.add_parser("render-lidar", help="render LiDAR sweeps of a scene along a LiDAR trajectory")
+    rl.add_argument("scene")
+    rl.add_argument("--spec", required=True, help="a LiDAR preset, e.g. velodyne-hdl64e, velodyne-vlp16, "
+                                                  "ouster-os1-64, hesai-pandar64")
+    rl.add_argument("--trajectory", required=True,
+                    help='JSON {"schema_version": 1, "frames": [{"timestamp_us": ..., "T_world_lidar": 4x4}]}')
+    rl.add_argument("--out", required=True)
+    rl.add_argument("--backend", default="auto", choices=["auto", "numba", "torch"])
+    rl.set_defaults(fn=cmd_render_lidar)
 
     ip = sub.add_parser("import-ply", help="convert a 3DGS/2DGS .ply into a gsim scene directory")
     ip.add_argument("ply")

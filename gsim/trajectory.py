@@ -36,18 +36,19 @@ class Trajectory:
         write_json(path, self.to_dict())
 
 
-def load_trajectory(path) -> Trajectory:
-    """Read and validate a trajectory file; errors name the file and the field."""
+def load_timed_poses(path, pose_key: str, what: str = "trajectory"):
+    """(the file's dict, timestamps_us (n,) int64, poses (n,4,4)) of a JSON file with
+    ``schema_version`` 1 and ``frames`` [{"timestamp_us": int, pose_key: 4x4}]; errors name the file
+    and the field."""
     path = Path(path)
     try:
         d = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(f"{path}: trajectory file not found") from None
+        raise ValueError(f"{path}: {what} file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(d, dict) or d.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"{path}: field 'schema_version' must be {SCHEMA_VERSION}")
-    camera = camera_from_dict(d.get("camera"), f"{path}: camera")
     frames = d.get("frames")
     if not isinstance(frames, list) or not frames:
         raise ValueError(f"{path}: field 'frames' must be a non-empty list")
@@ -57,12 +58,18 @@ def load_trajectory(path) -> Trajectory:
         if not isinstance(f, dict) or not isinstance(f.get("timestamp_us"), int) or isinstance(f.get("timestamp_us"), bool):
             raise ValueError(f"{where}.timestamp_us: expected an integer (microseconds)")
         try:
-            T = np.asarray(f.get("T_world_camera"), dtype=np.float64)
+            T = np.asarray(f.get(pose_key), dtype=np.float64)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}.T_world_camera: expected a 4x4 array of numbers") from None
-        poses.append(check_pose(T, f"{where}.T_world_camera"))
+            raise ValueError(f"{where}.{pose_key}: expected a 4x4 array of numbers") from None
+        poses.append(check_pose(T, f"{where}.{pose_key}"))
         ts.append(f["timestamp_us"])
     ts = np.asarray(ts, dtype=np.int64)
     if np.any(np.diff(ts) < 0):
         raise ValueError(f"{path}: frames' timestamp_us must not decrease")
-    return Trajectory(camera, ts, np.stack(poses))
+    return d, ts, np.stack(poses)
+
+
+def load_trajectory(path) -> Trajectory:
+    """Read and validate a camera trajectory file; errors name the file and the field."""
+    d, ts, poses = load_timed_poses(path, "T_world_camera")
+    return Trajectory(camera_from_dict(d.get("camera"), f"{path}: camera"), ts, poses)

@@ -19,7 +19,7 @@ def gsim_cli(*args, check=True):
 
 def test_help_lists_subcommands_without_loading_heavy_modules():
     out = gsim_cli("--help").stdout
-    for sub in ("render", "info", "demo", "street", "synth", "convert", "reconstruct", "eval", "validate",
+    for sub in ("render", "render-lidar", "info", "demo", "street", "synth", "convert", "reconstruct", "eval", "validate",
                 "import-ply", "export-ply", "export-nerfstudio"):
         assert sub in out
     code = "import sys, gsim.cli; gsim.cli.build_parser(); print(sorted(m for m in ('torch', 'numba', 'gsplat') if m in sys.modules))"
@@ -97,3 +97,34 @@ def test_convert_dgp_validate_and_errors(tmp_path):
     assert bad.returncode == 2 and "nowhere" in bad.stderr and "Traceback" not in bad.stderr
     bad = gsim_cli("reconstruct", logs[0], tmp_path / "r", "--resume", check=False)
     assert bad.returncode == 2 and "checkpoint" in bad.stderr
+
+
+def test_render_lidar_writes_every_format(demo_dir, tmp_path):
+    """Two VLP-16 sweeps of the street: .npy/.ply/.pcd agree with each other and with the range image."""
+    T = np.eye(4)
+    T[:3, 3] = [5.0, -3.0, 1.8]
+    traj = tmp_path / "lidar.json"
+    traj.write_text(json.dumps({"schema_version": 1, "frames": [
+        {"timestamp_us": 0, "T_world_lidar": T.tolist()}, {"timestamp_us": 100_000, "T_world_lidar": T.tolist()}]}))
+    out = tmp_path / "sweeps"
+    gsim_cli("render-lidar", demo_dir / "scene", "--spec", "velodyne-vlp16", "--trajectory", traj, "--out", out)
+    table = np.load(out / "points" / "000001.npy")
+    assert table.shape[1] == 6 and len(table) > 1000
+    assert np.allclose(np.linalg.norm(table[:, :3], axis=1), table[:, 3], rtol=1e-5)  # range = |point|
+    assert set(np.unique(table[:, 4]).astype(int)) <= set(range(16))
+    rec = np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("ring", "<u2"), ("t", "<i4")])
+    for ext, marker in (("ply", b"end_header\n"), ("pcd", b"DATA binary\n")):
+        raw = (out / "points" / f"000001.{ext}").read_bytes()
+        body = np.frombuffer(raw[raw.index(marker) + len(marker):], rec)
+        assert len(body) == len(table) and np.array_equal(body["x"], table[:, 0]) and np.array_equal(body["ring"], table[:, 4])
+    rng = imageio.imread(out / "range" / "000001.png")
+    assert rng.dtype == np.uint16 and rng.shape == (16, 1800)
+    assert np.count_nonzero(rng) == len(table)
+    assert not list(out.rglob(".*tmp*"))
+    bad = gsim_cli("render-lidar", demo_dir / "scene", "--spec", "velodyne-nope", "--trajectory", traj, "--out", out,
+                   check=False)
+    assert bad.returncode == 2 and "velodyne-hdl64e" in bad.stderr and "Traceback" not in bad.stderr
+    traj.write_text(json.dumps({"schema_version": 1, "frames": [{"timestamp_us": 0, "T_world_lidar": [[1, 0], [0, 1]]}]}))
+    bad = gsim_cli("render-lidar", demo_dir / "scene", "--spec", "velodyne-vlp16", "--trajectory", traj, "--out", out,
+                   check=False)
+    assert bad.returncode == 2 and "T_world_lidar" in bad.stderr
