@@ -14,6 +14,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from gsim.cameras import Camera
 from gsim.surfels import Surfels, rgb_to_sh
 from gsim.transforms import interpolate_poses, rotmat_to_quat
 
@@ -43,17 +44,37 @@ class _Points:
     seen: List[np.ndarray]
 
 
-def _above_lidar(log: DrivingLog, frame: Frame, world: np.ndarray, background: np.ndarray, opt: InitOptions):
+@dataclass(frozen=True, eq=False)
+class _Seen:
+    """One camera of a frame looking at a sweep's world points: its model, pose, image and the
+    points it sees (indices, flat pixels, camera z; see views.visible_points)."""
+
+    camera: Camera
+    T_world_camera: np.ndarray
+    image: np.ndarray
+    idx: np.ndarray
+    pix: np.ndarray
+    z: np.ndarray
+
+
+def _cameras_seeing(log: DrivingLog, frame: Frame, world: np.ndarray) -> List[_Seen]:
+    """Each camera of ``frame`` with what it sees of ``world`` (each image decoded once)."""
+    out = []
+    for obs in frame.cameras.values():
+        cam, T = log.cameras[obs.sensor].camera, log.T_world_camera(obs)
+        out.append(_Seen(cam, T, log.image(obs), *visible_points(cam, T, world)))
+    return out
+
+
+def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarray, opt: InitOptions):
     """Points for what the cameras see above the LiDAR's top beam (upper facades, tree crowns): in
     column blocks of ``above_stride`` pixels, the pixels above the block's highest visible LiDAR
     point, back-projected at that point's camera depth (exact for a vertical surface seen by a
     level camera). Only where that point is background (``background`` mask) and at most 1 m
     below the camera (a wall, not the ground or a car roof). Returns (xyz, origin, rgb), world frame."""
     xyz, origin, rgb = [], [], []
-    for obs in frame.cameras.values():
-        cam = log.cameras[obs.sensor].camera
-        T = log.T_world_camera(obs)
-        idx, pix, z = visible_points(cam, T, world)
+    for c in seen:
+        cam, T, idx, pix, z = c.camera, c.T_world_camera, c.idx, c.pix, c.z
         s, W = opt.above_stride, cam.width
         block, v = pix % W // s, pix // W  # column blocks of s pixels
         top = np.full(W // s + 1, cam.height, np.int64)
@@ -76,21 +97,20 @@ def _above_lidar(log: DrivingLog, frame: Frame, world: np.ndarray, background: n
         pc = np.concatenate([rays * d, d], 1)
         xyz.append(pc @ T[:3, :3].T + T[:3, 3])
         origin.append(np.broadcast_to(T[:3, 3], (len(pc), 3)))
-        rgb.append(log.image(obs)[vv, uu])
+        rgb.append(c.image[vv, uu])
     if not xyz:
         return np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 3), np.float32)
     return np.concatenate(xyz), np.concatenate(origin), np.concatenate(rgb)
 
 
-def _colour(log: DrivingLog, frame: Frame, world: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    rgb, seen = np.full((len(world), 3), UNSEEN_GRAY, np.float32), np.zeros(len(world), bool)
-    for obs in frame.cameras.values():
-        cam = log.cameras[obs.sensor].camera
-        idx, pix, _ = visible_points(cam, log.T_world_camera(obs), world)
-        new = ~seen[idx]
-        rgb[idx[new]] = log.image(obs).reshape(-1, 3)[pix[new]]
-        seen[idx[new]] = True
-    return rgb, seen
+def _colour(seen: Sequence[_Seen], n: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(n,3) colours of the points from the first camera that sees each, and which were seen."""
+    rgb, was_seen = np.full((n, 3), UNSEEN_GRAY, np.float32), np.zeros(n, bool)
+    for c in seen:
+        new = ~was_seen[c.idx]
+        rgb[c.idx[new]] = c.image.reshape(-1, 3)[c.pix[new]]
+        was_seen[c.idx[new]] = True
+    return rgb, was_seen
 
 
 def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, progress: bool = False):
@@ -104,7 +124,8 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
     for f in it:
         for obs in f.lidars.values():
             world, origin, _, t = sweep_world(log, obs)
-            rgb, seen = _colour(log, f, world)
+            cams = _cameras_seeing(log, f, world)
+            rgb, seen = _colour(cams, len(world))
             free = np.ones(len(world), bool)
             times, inv = np.unique(t, return_inverse=True)
             for a in log.actors:
@@ -125,7 +146,7 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
             bg.rgb.append(rgb[free])
             bg.seen.append(seen[free])
             if opt.above_stride:
-                up = _above_lidar(log, f, world, free, opt)
+                up = _above_lidar(cams, world, free, opt)
                 for part, x in zip((bg.xyz, bg.origin, bg.rgb), up):
                     part.append(x)
                 bg.seen.append(np.ones(len(up[0]), bool))

@@ -66,12 +66,13 @@ def test_points_seeded_above_the_lidar_lie_on_the_facades(log_dir):
     """Image points seeded above the LiDAR's top beam, re-cast analytically from the side cameras
     (which face the facades; the front camera sees them at grazing angles, where a column's wall
     depth is only a first guess): most of those whose ray meets a building lie on it."""
-    from gsim.scenes.init import _above_lidar
+    from gsim.scenes.init import _above_lidar, _cameras_seeing
     from gsim.scenes.synth import BUILDING, build_street
     log, street = load_log(log_dir), build_street(3, TINY)
     f = log.frames[4]
     world, _, _, _ = sweep_world(log, f.lidars["top"])
-    xyz, origin, rgb = _above_lidar(log, f, world, np.ones(len(world), bool), InitOptions(above_stride=2))
+    xyz, origin, rgb = _above_lidar(_cameras_seeing(log, f, world), world, np.ones(len(world), bool),
+                                    InitOptions(above_stride=2))
     assert len(xyz) > 100 and rgb.shape == xyz.shape
     ratios = []
     for name in ("front_left", "front_right"):
