@@ -118,9 +118,9 @@ def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us) -> np.ndarr
     its first/last pose)."""
     times_us = np.asarray(times_us, np.int64)
     t = np.atleast_1d(np.asarray(t_us, np.int64))
-    i = np.clip(np.searchsorted(times_us, t, side="right"), 1, max(len(times_us) - 1, 1))
     if len(times_us) == 1:
         return np.repeat(np.asarray(poses[:1], np.float64), len(t), 0)
+    i = np.clip(np.searchsorted(times_us, t, side="right"), 1, len(times_us) - 1)
     t0, t1 = times_us[i - 1], times_us[i]
     a = np.clip((t - t0) / (t1 - t0), 0.0, 1.0)[:, None]
     q0, q1 = rotmat_to_quat(poses[i - 1, :3, :3]), rotmat_to_quat(poses[i, :3, :3])

@@ -14,8 +14,9 @@ Range along a ray = rendered camera z * |(x/z, y/z, 1)| (the expected, alpha-nor
 depth). A ray returns when its accumulated alpha reaches ``hit_alpha`` and its range lies in the
 spec's [min, max]. Exact (float32) wherever the ray-plane hit decides; at grazing incidence
 (a few degrees) the 2DGS object-space filter can win for surfels whose centres lie almost on the
-ray and contributes their centre depth instead (a few percent of range). Not modelled yet: intensity and learned ray drop (neural heads) and the rolling
-sweep (the sensor is at one pose for the whole sweep); `LidarFrame.intensity` is None.
+ray and contributes their centre depth instead (a few percent of range). Not modelled yet:
+intensity and learned ray drop (neural heads) and the rolling sweep (the sensor is at one pose
+for the whole sweep); `LidarFrame.intensity` is None.
 """
 from __future__ import annotations
 
@@ -54,7 +55,17 @@ class _Sector:
     R_lidar_camera: np.ndarray  # (3,3)
     lasers: np.ndarray  # (H,) laser index of each row
     columns: np.ndarray  # (W,) column index of each grid column
-    norm: np.ndarray  # (H,W) |(x/z, y/z, 1)|: range = depth * norm
+
+
+@dataclass(frozen=True, eq=False)
+class _Layout:
+    """What a spec's sweeps share (computed once per spec): the sector cameras, and per ray
+    (lasers, columns) the range per unit camera z, the sensor-frame direction and the firing time."""
+
+    sectors: Tuple[_Sector, ...]
+    norm: np.ndarray  # |(x/z, y/z, 1)|: range = depth * norm
+    directions: np.ndarray  # (L,C,3)
+    time_offsets_us: np.ndarray  # (L,C) int64
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,7 +86,7 @@ class LidarFrame:
 
 
 @functools.lru_cache(maxsize=16)
-def _sectors(spec: LidarSpec) -> Tuple[_Sector, ...]:
+def _layout(spec: LidarSpec) -> _Layout:
     el = np.asarray(spec.elevations_deg)
     if np.abs(el).max() > MAX_ELEVATION_DEG:
         raise ValueError(f"render_lidar: {spec.name} has elevations up to {np.abs(el).max():.1f} deg; the "
@@ -84,7 +95,7 @@ def _sectors(spec: LidarSpec) -> Tuple[_Sector, ...]:
     col_az = spec.column_azimuths_deg()
     ray_az = col_az[None, :] + np.asarray(spec.azimuth_offsets_deg)[:, None]  # (L, C)
     which = np.floor((col_az + 180.0) / SECTOR_DEG).astype(int) % round(360 / SECTOR_DEG)
-    out = []
+    out, norm = [], np.ones((spec.lasers, spec.columns))
     for k in range(round(360 / SECTOR_DEG)):
         cols = np.nonzero(which == k)[0]
         if len(cols) == 0:
@@ -96,8 +107,9 @@ def _sectors(spec: LidarSpec) -> Tuple[_Sector, ...]:
         d = np.stack(np.broadcast_arrays(np.cos(e) * np.cos(a), np.cos(e) * np.sin(a), np.sin(e)), -1) @ R
         rays = d[..., :2] / d[..., 2:]
         cam = RayGridCamera(len(cols), len(rows), 1.0 / BEAM_DIVERGENCE_RAD, 1.0 / BEAM_DIVERGENCE_RAD, rays)
-        out.append(_Sector(cam, R, rows, cols, np.sqrt(1.0 + (rays ** 2).sum(-1))))
-    return tuple(out)
+        out.append(_Sector(cam, R, rows, cols))
+        norm[np.ix_(rows, cols)] = np.sqrt(1.0 + (rays ** 2).sum(-1))
+    return _Layout(tuple(out), norm, spec.ray_directions(), spec.time_offsets_us())
 
 
 def render_lidar(scene_or_surfels, spec: LidarSpec, T_world_lidar, backend: str = "auto",
@@ -129,21 +141,21 @@ def render_lidar(scene_or_surfels, spec: LidarSpec, T_world_lidar, backend: str 
     reason = BACKENDS[name].probe()
     if reason is not None:
         raise RuntimeError(f"render_lidar: backend {name!r} is not available: {reason}")
-    shape = (spec.lasers, spec.columns)
-    depth_img, alpha_img, norm_img = np.zeros(shape), np.zeros(shape), np.ones(shape)
+    layout = _layout(spec)
+    depth_img, alpha_img = np.zeros(layout.norm.shape), np.zeros(layout.norm.shape)
     options = RenderOptions(near=min(0.05, spec.min_range_m / 2) or 0.01)
-    for sec in _sectors(spec):
+    for sec in layout.sectors:
         T_wc = T.copy()
         T_wc[:3, :3] = T[:3, :3] @ sec.R_lidar_camera
         f = frame_to_numpy(BACKENDS[name].render(surfels, sec.camera, T_wc, options))
         idx = np.ix_(sec.lasers, sec.columns)
-        depth_img[idx], alpha_img[idx], norm_img[idx] = f.depth, f.alpha, sec.norm
-    ranges = depth_img * norm_img
+        depth_img[idx], alpha_img[idx] = f.depth, f.alpha
+    ranges = depth_img * layout.norm
     hit = (alpha_img >= hit_alpha) & (ranges >= spec.min_range_m) & (ranges <= spec.max_range_m)
     range_image = np.where(hit, ranges, 0.0).astype(np.float32)
     ring, column = np.nonzero(hit)
-    dirs = spec.ray_directions()[ring, column]
     r = ranges[ring, column]
-    return LidarFrame(points=(dirs * r[:, None]).astype(np.float32), ranges=r.astype(np.float32), ring=ring,
-                      column=column, time_offset_us=spec.time_offsets_us()[ring, column], range_image=range_image,
+    return LidarFrame(points=(layout.directions[ring, column] * r[:, None]).astype(np.float32),
+                      ranges=r.astype(np.float32), ring=ring, column=column,
+                      time_offset_us=layout.time_offsets_us[ring, column], range_image=range_image,
                       alpha_image=alpha_img.astype(np.float32))
