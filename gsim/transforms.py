@@ -88,10 +88,13 @@ def check_pose(T, name: str = "pose") -> np.ndarray:
 
 
 def invert(T: np.ndarray) -> np.ndarray:
-    """Inverse of a rigid 4x4 transform."""
-    Ti = np.eye(4)
-    Ti[:3, :3] = T[:3, :3].T
-    Ti[:3, 3] = -T[:3, :3].T @ T[:3, 3]
+    """Inverse of a rigid 4x4 transform, or of each of a stack (...,4,4)."""
+    T = np.asarray(T, np.float64)
+    Rt = np.swapaxes(T[..., :3, :3], -1, -2)
+    Ti = np.zeros_like(T)
+    Ti[..., :3, :3] = Rt
+    Ti[..., :3, 3] = -np.einsum("...ij,...j->...i", Rt, T[..., :3, 3])
+    Ti[..., 3, 3] = 1.0
     return Ti
 
 

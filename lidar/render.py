@@ -1,161 +1,295 @@
-"""Ray-surfel LiDAR rendering with the camera rasterizers' exact 2DGS math.
+"""`render_lidar`: a LiDAR sweep of a scene by exact ray-surfel compositing (lidar.kernel).
 
-A sweep's rays are cut into azimuth sectors of SECTOR_DEG; each sector is a "ray grid camera":
-rows are the lasers sorted by elevation (top first), columns the sector's rotor columns sorted
-right to left seen from the sensor, and each entry is the ray (x/z, y/z) in the sector's OpenCV
-frame (z along the sector's centre azimuth, y down). The camera backends render such a grid as
-they render a distorted camera (per-pixel rays, tile ranges from the rays themselves), so every
-ray meets every surfel's plane exactly and composites front to back with the same alpha,
-low-pass filter and early stop. The filter's "pixel" is the beam's divergence (BEAM_DIVERGENCE_RAD),
-not the ray spacing: a beam is a thin cone, and a surfel between two beams is missed, as a real
-sensor misses it (a grid-sized filter would fatten far surfels into beams they are not on).
+Rolling sweep: each column fires at its own time (the spec's timing model), and the sensor's pose
+and every actor's pose are taken at that time: from a sensor trajectory (timestamps, poses)
+interpolated like the logs' poses, and from the actors' tracks. The sweep is cut into bundles of
+consecutive columns over which the sensor and the actors move at most BUNDLE_SPREAD_M; each bundle
+is binned from its middle column's pose. ``rolling=False`` holds everything at the sweep start.
+Points are reported in the sensor frame of their own column (what a spinning LiDAR reports).
 
-Range along a ray = rendered camera z * |(x/z, y/z, 1)| (the expected, alpha-normalised hit
-depth). A ray returns when its accumulated alpha reaches ``hit_alpha`` and its range lies in the
-spec's [min, max]. Exact (float32) wherever the ray-plane hit decides; at grazing incidence
-(a few degrees) the 2DGS object-space filter can win for surfels whose centres lie almost on the
-ray and contributes their centre depth instead (a few percent of range). Not modelled yet:
-intensity and learned ray drop (neural heads) and the rolling sweep (the sensor is at one pose
-for the whole sweep); `LidarFrame.intensity` is None.
+Range: the median (where the accumulated alpha first reaches ``hit_alpha``, a first-return
+model; a ray returns when it does, within the spec's ranges); the alpha-normalised expected range
+is in ``expected_range_image``. The beam is a cone of BEAM_DIVERGENCE_RAD, the low-pass filter's
+"pixel": a surfel between two beams is missed, as a real sensor misses it. Exact (float32 where the
+kernel accumulates) wherever the ray-plane hit decides; at grazing incidence (a few degrees) the 2DGS
+filter can win for surfels whose centres lie almost on the ray and gives their centre distance.
+Intensity and ray drop come from the scene's LiDAR head (lidar.heads) when it has one.
 """
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
-from gsim.lidar.spec import LidarSpec
+from gsim.lidar.spec import LidarSpec, RayTableSpec
 
-SECTOR_DEG = 60.0
-MAX_ELEVATION_DEG = 60.0  # a sector camera's rays must stay well inside its forward half-space
 BEAM_DIVERGENCE_RAD = 3e-3  # full angle; spec sheets give 1.5-3 mrad (HDL-64E ~2, VLP-16 3)
-
-
-@dataclass(frozen=True, eq=False)
-class RayGridCamera:
-    """A camera given by its rays: (height, width, 2) x/z, y/z in its OpenCV frame; fx, fy (per unit
-    of x/z, y/z) set the low-pass filter's pixel. Hashed by identity (the tile tables cache on it)."""
-
-    width: int
-    height: int
-    fx: float
-    fy: float
-    rays: np.ndarray
-
-    def ray_table(self) -> np.ndarray:
-        return self.rays
-
-
-@dataclass(frozen=True, eq=False)
-class _Sector:
-    camera: RayGridCamera
-    R_lidar_camera: np.ndarray  # (3,3)
-    lasers: np.ndarray  # (H,) laser index of each row
-    columns: np.ndarray  # (W,) column index of each grid column
-
-
-@dataclass(frozen=True, eq=False)
-class _Layout:
-    """What a spec's sweeps share (computed once per spec): the sector cameras, and per ray
-    (lasers, columns) the range per unit camera z, the sensor-frame direction and the firing time."""
-
-    sectors: Tuple[_Sector, ...]
-    norm: np.ndarray  # |(x/z, y/z, 1)|: range = depth * norm
-    directions: np.ndarray  # (L,C,3)
-    time_offsets_us: np.ndarray  # (L,C) int64
+BUNDLE_SPREAD_M = 0.1  # how far the sensor or an actor may move within one bundle of columns
+MAX_BUNDLES = 64
 
 
 @dataclass(frozen=True, eq=False)
 class LidarFrame:
-    """A rendered sweep. points (M,3) float32 in the sensor frame for the rays that returned; ranges
-    (M,) m; ring (M,) laser index; column (M,) column index; time_offset_us (M,) int64 firing time
-    from the sweep start; range_image (lasers, columns) float32 m, 0 where the ray returned nothing;
-    alpha_image (lasers, columns) accumulated opacity; intensity: None (not modelled yet)."""
+    """A rendered sweep. For the rays that returned: points (M,3) float32 in the sensor frame (of the
+    ray's own column), ranges (M,) m, ring (M,) laser index (row), column (M,), time_offset_us (M,)
+    int64 firing time from the sweep start, normals (M,3) float32 sensor frame, facing the sensor,
+    intensity (M,) float32 in [0,1] (None when the scene has no LiDAR head). Per ray (lasers,
+    columns): range_image float32 m (0 = no return), expected_range_image (alpha-normalised, 0 where
+    alpha is 0), alpha_image, drop_probability_image (None without a head). A ray table
+    (`RayTableSpec`) is one row of N rays."""
 
     points: np.ndarray
     ranges: np.ndarray
     ring: np.ndarray
     column: np.ndarray
     time_offset_us: np.ndarray
+    normals: np.ndarray
     range_image: np.ndarray
+    expected_range_image: np.ndarray
     alpha_image: np.ndarray
     intensity: Optional[np.ndarray] = None
+    drop_probability_image: Optional[np.ndarray] = None
+
+
+@dataclass(frozen=True, eq=False)
+class _Layout:
+    directions: np.ndarray  # (L,C,3) sensor frame
+    time_offsets_us: np.ndarray  # (L,C) int64
+    column_us: np.ndarray  # (C,) int64: when a column fires (its first laser)
 
 
 @functools.lru_cache(maxsize=16)
-def _layout(spec: LidarSpec) -> _Layout:
-    el = np.asarray(spec.elevations_deg)
-    if np.abs(el).max() > MAX_ELEVATION_DEG:
-        raise ValueError(f"render_lidar: {spec.name} has elevations up to {np.abs(el).max():.1f} deg; the "
-                         f"sector renderer handles |elevation| <= {MAX_ELEVATION_DEG} deg")
-    rows = np.argsort(-el, kind="stable")
-    col_az = spec.column_azimuths_deg()
-    ray_az = col_az[None, :] + np.asarray(spec.azimuth_offsets_deg)[:, None]  # (L, C)
-    which = np.floor((col_az + 180.0) / SECTOR_DEG).astype(int) % round(360 / SECTOR_DEG)
-    out, norm = [], np.ones((spec.lasers, spec.columns))
-    for k in range(round(360 / SECTOR_DEG)):
-        cols = np.nonzero(which == k)[0]
-        if len(cols) == 0:
-            continue
-        cols = cols[np.argsort(-col_az[cols], kind="stable")]  # decreasing azimuth: image x to the right
-        phi = math.radians(-180.0 + (k + 0.5) * SECTOR_DEG)
-        R = np.array([[math.sin(phi), 0.0, math.cos(phi)], [-math.cos(phi), 0.0, math.sin(phi)], [0.0, -1.0, 0.0]])
-        a, e = np.radians(ray_az[np.ix_(rows, cols)]), np.radians(el[rows])[:, None]
-        d = np.stack(np.broadcast_arrays(np.cos(e) * np.cos(a), np.cos(e) * np.sin(a), np.sin(e)), -1) @ R
-        rays = d[..., :2] / d[..., 2:]
-        cam = RayGridCamera(len(cols), len(rows), 1.0 / BEAM_DIVERGENCE_RAD, 1.0 / BEAM_DIVERGENCE_RAD, rays)
-        out.append(_Sector(cam, R, rows, cols))
-        norm[np.ix_(rows, cols)] = np.sqrt(1.0 + (rays ** 2).sum(-1))
-    return _Layout(tuple(out), norm, spec.ray_directions(), spec.time_offsets_us())
+def _layout(spec) -> _Layout:
+    d, t = spec.ray_directions(), spec.time_offsets_us()
+    if isinstance(spec, RayTableSpec):
+        d, t = d[None], t[None]
+    return _Layout(d, t, t.min(0))
 
 
-def render_lidar(scene_or_surfels, spec: LidarSpec, T_world_lidar, backend: str = "auto",
-                 timestamp_us: Optional[int] = None, hit_alpha: float = 0.5) -> LidarFrame:
-    """Render one sweep of ``spec`` from the sensor pose ``T_world_lidar`` (4x4, sensor -> world) of a
-    Scene (at ``timestamp_us``) or of world-frame Surfels. backend: "auto" (numba on the CPU),
-    "numba" or "torch" (the reference, any device). numpy out."""
-    from gsim.render import BACKENDS
-    from gsim.render.common import RenderOptions, frame_to_numpy
+@dataclass(frozen=True, eq=False)
+class SurfelGroups:
+    """Surfels each in its group's frame, ready for the kernel: group 0 the world, group g >= 1 an actor
+    (box frame) with its track. rec (N, kernel.N_REC) float32, quats (N,4), scales (N,2), features (N,F) float32,
+    group (N,) int64, radius (G,) m: how far the group's surfels reach from its origin."""
+
+    rec: np.ndarray
+    quats: np.ndarray
+    scales: np.ndarray
+    features: np.ndarray
+    group: np.ndarray
+    tracks: Tuple[Tuple[np.ndarray, np.ndarray], ...]  # per actor: (timestamps_us, T_world_actor)
+    radius: np.ndarray
+
+    @staticmethod
+    def build(parts, tracks) -> "SurfelGroups":
+        """From numpy Surfels per group (the first in the world) and the actors' tracks."""
+        from .kernel import N_REC, surfel_records
+        feats = [p.features for p in parts]
+        widths = {f.shape[1] for f in feats if f is not None}
+        if len(widths) > 1 or (widths and any(f is None for f in feats)):
+            raise ValueError("render_lidar: the background and actors must all have features of one width, or none")
+        F = widths.pop() if widths else 0
+        n = sum(len(p) for p in parts)
+        rec = np.empty((n, N_REC), np.float32)
+        c = lambda x, dt=np.float64: np.ascontiguousarray(np.concatenate(x), dt)
+        surfel_records(c([p.means for p in parts]), c([p.quats for p in parts]), c([p.scales for p in parts]),
+                       c([p.opacities for p in parts]), rec)
+        scales = c([p.scales for p in parts], np.float32)
+        group = np.concatenate([np.full(len(p), g, np.int64) for g, p in enumerate(parts)])
+        radius = np.zeros(len(parts))
+        for g, p in enumerate(parts):
+            if len(p):
+                radius[g] = float((np.linalg.norm(p.means, axis=1) + 3.5 * p.scales.max(1)).max())
+        features = c([p.features for p in parts], np.float32) if F else np.zeros((n, 0), np.float32)
+        return SurfelGroups(rec, c([p.quats for p in parts]), scales, features, group, tuple(tracks), radius)
+
+
+def _groups(scene_or_surfels) -> SurfelGroups:
     from gsim.scene import Scene
     from gsim.surfels import Surfels
-    from gsim.transforms import check_pose
+    if not isinstance(scene_or_surfels, (Scene, Surfels)):
+        raise TypeError(f"render_lidar: expected a Scene or Surfels, got {type(scene_or_surfels).__name__}")
+    return _cached_groups(scene_or_surfels)
 
-    if not isinstance(spec, LidarSpec):
+
+@functools.lru_cache(maxsize=4)
+def _cached_groups(scene_or_surfels) -> SurfelGroups:
+    """Per scene object (Scene and Surfels are frozen and hashed by identity): a simulator renders many
+    sweeps of one scene."""
+    from gsim.surfels import Surfels
+    if isinstance(scene_or_surfels, Surfels):
+        return SurfelGroups.build([scene_or_surfels.numpy()], [])
+    s = scene_or_surfels
+    return SurfelGroups.build([s.background.numpy()] + [a.surfels.numpy() for a in s.actors],
+                              [(a.track_timestamps_us, a.track_poses) for a in s.actors])
+
+
+def _sensor_poses(T_world_lidar, timestamp_us: Optional[int], times_us: np.ndarray, rolling: bool) -> np.ndarray:
+    """(C,4,4) sensor pose at each column's firing time."""
+    from gsim.transforms import check_pose, interpolate_poses
+    if isinstance(T_world_lidar, tuple):
+        ts, poses = T_world_lidar
+        ts = np.asarray(ts, np.int64)
+        poses = np.asarray(poses, np.float64)
+        if ts.ndim != 1 or len(ts) == 0 or poses.shape != (len(ts), 4, 4) or np.any(np.diff(ts) <= 0):
+            raise ValueError("render_lidar: a trajectory is (timestamps_us (K,) strictly increasing, poses (K,4,4))")
+        for i, T in enumerate(poses):
+            check_pose(T, f"trajectory pose {i}")
+        if timestamp_us is None:
+            raise ValueError("render_lidar: give timestamp_us (the sweep start) with a trajectory")
+        at = times_us if rolling else np.full(len(times_us), timestamp_us)
+        return interpolate_poses(ts, poses, at)
+    T = check_pose(T_world_lidar, "T_world_lidar")
+    return np.broadcast_to(T, (len(times_us), 4, 4))
+
+
+def _bundles(origins: np.ndarray, actor_poses: np.ndarray) -> List[np.ndarray]:
+    """Consecutive column ranges over which the sensor and each actor origin move about BUNDLE_SPREAD_M."""
+    C = len(origins)
+    path = np.linalg.norm(np.diff(origins, axis=0), axis=1).sum()
+    for P in actor_poses:
+        path = max(path, np.linalg.norm(np.diff(P[:, :3, 3], axis=0), axis=1).sum())
+    n = int(min(MAX_BUNDLES, C, max(1, math.ceil(path / BUNDLE_SPREAD_M))))
+    return np.array_split(np.arange(C), n)
+
+
+def _rotation_angle(R: np.ndarray) -> np.ndarray:
+    return np.arccos(np.clip((np.trace(R, axis1=-2, axis2=-1) - 1) / 2, -1.0, 1.0))
+
+
+def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world_lidar, backend: str = "auto",
+                 timestamp_us: Optional[int] = None, hit_alpha: float = 0.5, rolling: bool = True) -> LidarFrame:
+    """Render one sweep of ``spec`` starting at ``timestamp_us`` (microseconds) of a Scene or of world-frame
+    Surfels. ``T_world_lidar``: the sensor pose (4x4, sensor -> world) held over the sweep, or a trajectory
+    (timestamps_us (K,), poses (K,4,4)) from which each column's pose is interpolated (``rolling``; else
+    the pose at timestamp_us). Actors move along their tracks per column when ``rolling``.
+    backend: "auto"/"numba" (the CPU kernel) or "torch" (the reference twin, any device; binning-free and slow
+    on big scenes). numpy out."""
+    if not isinstance(spec, (LidarSpec, RayTableSpec)):
         raise ValueError(f"render_lidar: spec must be a gsim.lidar.LidarSpec (e.g. LidarSpec.preset("
-                         f"'velodyne-hdl64e')), got {type(spec).__name__}")
+                         f"'velodyne-hdl64e')) or RayTableSpec, got {type(spec).__name__}")
     if not 0 < hit_alpha < 1:
         raise ValueError(f"render_lidar: hit_alpha must lie in (0, 1), got {hit_alpha}")
-    T = check_pose(T_world_lidar, "T_world_lidar")
-    if isinstance(scene_or_surfels, Scene):
-        surfels: Union[Surfels, None] = scene_or_surfels.at(timestamp_us)
-    elif isinstance(scene_or_surfels, Surfels):
-        surfels = scene_or_surfels
-    else:
-        raise TypeError(f"render_lidar: expected a Scene or Surfels, got {type(scene_or_surfels).__name__}")
     name = "numba" if backend == "auto" else backend
     if name not in ("numba", "torch"):
         raise ValueError(f"render_lidar: backend must be 'auto', 'numba' or 'torch', got {backend!r}")
+    from gsim.render import BACKENDS
     reason = BACKENDS[name].probe()
     if reason is not None:
         raise RuntimeError(f"render_lidar: backend {name!r} is not available: {reason}")
-    layout = _layout(spec)
-    depth_img, alpha_img = np.zeros(layout.norm.shape), np.zeros(layout.norm.shape)
-    options = RenderOptions(near=min(0.05, spec.min_range_m / 2) or 0.01)
-    for sec in layout.sectors:
-        T_wc = T.copy()
-        T_wc[:3, :3] = T[:3, :3] @ sec.R_lidar_camera
-        f = frame_to_numpy(BACKENDS[name].render(surfels, sec.camera, T_wc, options))
-        idx = np.ix_(sec.lasers, sec.columns)
-        depth_img[idx], alpha_img[idx] = f.depth, f.alpha
-    ranges = depth_img * layout.norm
-    hit = (alpha_img >= hit_alpha) & (ranges >= spec.min_range_m) & (ranges <= spec.max_range_m)
-    range_image = np.where(hit, ranges, 0.0).astype(np.float32)
+    groups = _groups(scene_or_surfels)
+    if groups.tracks and timestamp_us is None:
+        raise ValueError("render_lidar: this scene has actors; give timestamp_us (integer microseconds)")
+    lay = _layout(spec)
+    t0 = 0 if timestamp_us is None else int(timestamp_us)
+    times = t0 + lay.column_us if rolling else np.full(len(lay.column_us), t0)
+    sensor = _sensor_poses(T_world_lidar, timestamp_us, times, rolling)
+    out = trace(groups, sensor, times, lay.directions, hit_alpha, name)
+    return _frame(spec, lay, out, sensor, hit_alpha)
+
+
+def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, directions: np.ndarray,
+          hit_alpha: float, backend: str = "numba", candidates: int = 0) -> dict:
+    """Composite the rays (lasers, columns) of a sweep: sensor (C,4,4) pose per column, times_us (C,)
+    each column's time (actors' poses), directions (L,C,3) in the sensor frame. Returns flat (L*C,)
+    arrays (see lidar.kernel) plus origins/dirs (world) and, with ``candidates`` K > 0 (numba), each
+    ray's first K contributing surfels."""
+    from gsim.transforms import interpolate_poses, invert
+    L, C = directions.shape[:2]
+    G = 1 + len(groups.tracks)
+    world_from_group = np.tile(np.eye(4), (G, C, 1, 1))
+    for g, (ts, poses) in enumerate(groups.tracks, start=1):
+        world_from_group[g] = interpolate_poses(ts, poses, times_us)
+    group_from_world = np.ascontiguousarray(invert(world_from_group)[..., :3, :])
+    origins = np.ascontiguousarray(np.repeat(sensor[None, :, :3, 3], L, 0).reshape(-1, 3))
+    dirs = np.ascontiguousarray(np.einsum("cij,lcj->lci", sensor[:, :3, :3], directions).reshape(-1, 3))
+    column = np.tile(np.arange(C), L)
+    R = L * C
+    F = groups.features.shape[1]
+    out = {"alpha": np.zeros(R), "range_sum": np.zeros(R), "median": np.zeros(R), "normal": np.zeros((R, 3)),
+           "features": np.zeros((R, F)), "candidates": np.full((R, candidates), -1, np.int64)}
+    for cols in _bundles(sensor[:, :3, 3], world_from_group[1:]):
+        mid = cols[len(cols) // 2]
+        o_ref, R_ref = sensor[mid, :3, 3].copy(), np.ascontiguousarray(sensor[mid, :3, :3])
+        spread = float(np.linalg.norm(sensor[cols, :3, 3] - o_ref, axis=1).max())
+        margin = np.full(G, spread)
+        for g in range(1, G):
+            P = world_from_group[g, cols]
+            move = np.linalg.norm(P[:, :3, 3] - world_from_group[g, mid, :3, 3], axis=1)
+            turn = _rotation_angle(P[:, :3, :3] @ world_from_group[g, mid, :3, :3].T)
+            margin[g] += 1.05 * float((move + turn * groups.radius[g]).max()) + 1e-3
+        rays = (np.arange(L)[:, None] * C + cols[None, :]).ravel()
+        ref = np.ascontiguousarray(world_from_group[:, mid, :3, :])
+        if backend == "numba":
+            from .kernel import render_bundle
+            render_bundle(groups.rec, groups.scales, groups.features, groups.group, ref, group_from_world, margin,
+                          origins, dirs, column, o_ref, R_ref, BEAM_DIVERGENCE_RAD, hit_alpha, out, rays)
+        else:
+            _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, R_ref, hit_alpha,
+                          out, rays)
+    out.update(origins=origins, dirs=dirs, column=column)
+    return out
+
+
+def _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, R_ref, hit_alpha, out, rays,
+                  chunk: int = 4096) -> None:
+    """The reference: every surfel whose cap (the kernel's, recomputed here) holds a ray is composited
+    for it, in the kernel's order, by lidar.reference.composite."""
+    import torch
+    from .reference import composite
+    t = lambda x, dt=torch.float64: torch.as_tensor(np.ascontiguousarray(x), dtype=dt)
+    rec = t(groups.rec)
+    means, op, g = rec[:, :3], rec[:, 12], t(groups.group, torch.int64)
+    W = t(ref)
+    c = torch.einsum("nab,nb->na", W[g][..., :3], means) + W[g][..., 3] - t(o_ref)
+    dist = c.norm(dim=-1)
+    lg = torch.log((op * 255).clamp_min(1.0))
+    r3 = torch.sqrt(2 * lg) * t(groups.scales).max(1).values
+    m = t(margin)[g]
+    rho = (torch.asin((r3 / (dist - m)).clamp(0, 1)) + torch.atan(math.tan(BEAM_DIVERGENCE_RAD) * torch.sqrt(lg))
+           + torch.asin((m / dist).clamp(0, 1)) + 1e-6)
+    full = (dist <= m + r3 + 0.01) | (rho >= math.pi / 2)
+    cos_rho = torch.where(full, -2.0 * torch.ones_like(rho), torch.cos(rho))
+    live = op * 255 > 1.0
+    order = torch.argsort(torch.where(live, dist, math.inf), stable=True)
+    order = order[live[order]]
+    u = c[order] / dist[order, None]
+    quats = t(groups.quats)
+    scales = t(groups.scales)
+    gfw = t(group_from_world)
+    feats = t(groups.features)
+    for k in range(0, len(rays), chunk):
+        r = torch.as_tensor(rays[k:k + chunk])
+        d = t(dirs)[r]
+        hit = (d @ u.T) >= cos_rho[order][None]
+        K = int(hit.sum(1).max()) if len(order) else 0
+        idx = torch.sort(torch.where(hit, torch.arange(len(order))[None], len(order)), dim=1).values[:, :K]
+        cand = torch.where(idx < len(order), torch.cat([order, order.new_full((1,), -1)])[idx], -1)
+        res = composite(t(origins)[r], d, torch.as_tensor(column)[r], means, quats, scales, op, feats, g, gfw, cand,
+                        BEAM_DIVERGENCE_RAD, hit_alpha)
+        for key in ("alpha", "range_sum", "median", "normal", "features"):
+            out[key][rays[k:k + chunk]] = res[key].numpy()
+
+
+def _frame(spec, lay: _Layout, out: dict, sensor: np.ndarray, hit_alpha: float) -> LidarFrame:
+    L, C = lay.directions.shape[:2]
+    alpha = out["alpha"].reshape(L, C)
+    median = out["median"].reshape(L, C)
+    expected = np.where(alpha > 0, out["range_sum"].reshape(L, C) / np.where(alpha > 0, alpha, 1), 0.0)
+    hit = (alpha >= hit_alpha) & (median >= spec.min_range_m) & (median <= spec.max_range_m)
     ring, column = np.nonzero(hit)
-    r = ranges[ring, column]
-    return LidarFrame(points=(layout.directions[ring, column] * r[:, None]).astype(np.float32),
+    r = median[ring, column]
+    n = out["normal"].reshape(L, C, 3)[ring, column]
+    if np.all(sensor[:, :3, :3] == sensor[:1, :3, :3]):
+        n = n @ sensor[0, :3, :3]  # R^T n for one sensor orientation
+    else:
+        n = np.einsum("mji,mj->mi", sensor[column, :3, :3], n)
+    n /= np.maximum(np.linalg.norm(n, axis=1, keepdims=True), 1e-12)
+    return LidarFrame(points=(lay.directions[ring, column] * r[:, None]).astype(np.float32),
                       ranges=r.astype(np.float32), ring=ring, column=column,
-                      time_offset_us=layout.time_offsets_us[ring, column], range_image=range_image,
-                      alpha_image=alpha_img.astype(np.float32))
+                      time_offset_us=lay.time_offsets_us[ring, column], normals=n.astype(np.float32),
+                      range_image=np.where(hit, median, 0.0).astype(np.float32),
+                      expected_range_image=expected.astype(np.float32), alpha_image=alpha.astype(np.float32))

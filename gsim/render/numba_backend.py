@@ -253,10 +253,12 @@ def _overlaps(bounds, i, tile_bounds, t):
 
 
 @njit(parallel=True, cache=True)
-def _tile_lists(order, rect, bounds, tile_bounds, tiles_x, n_parts):
+def _tile_lists(order, rect, bounds, tile_bounds, tiles_x, n_parts, wrap=False):
     """Counting sort of the (tile, surfel) overlaps by tile, surfels in ``order`` within a tile: tile
     t's list is lst[start[t]:start[t + 1]]. In parallel over n_parts parts of ``order``, each with its
-    own slots in every tile's list."""
+    own slots in every tile's list. ``wrap``: the rectangles are exact (no bounds test: bounds and
+    tile_bounds only give the number of tiles) and their x range may run past tiles_x, wrapping
+    around (a 360-degree azimuth grid)."""
     n_tiles, n = tile_bounds.shape[0], order.shape[0]
     pos = np.zeros((n_parts, n_tiles), np.int64)
     for part in prange(n_parts):
@@ -264,8 +266,11 @@ def _tile_lists(order, rect, bounds, tile_bounds, tiles_x, n_parts):
             i = order[j]
             for ty in range(rect[i, 2], rect[i, 3]):
                 for tx in range(rect[i, 0], rect[i, 1]):
-                    t = ty * tiles_x + tx
-                    pos[part, t] += _overlaps(bounds, i, tile_bounds, t)
+                    t = ty * tiles_x + (tx - tiles_x if tx >= tiles_x else tx)
+                    if wrap:
+                        pos[part, t] += 1
+                    else:
+                        pos[part, t] += _overlaps(bounds, i, tile_bounds, t)
     start = np.empty(n_tiles + 1, np.int64)
     total = 0
     for t in range(n_tiles):
@@ -279,8 +284,8 @@ def _tile_lists(order, rect, bounds, tile_bounds, tiles_x, n_parts):
             i = order[j]
             for ty in range(rect[i, 2], rect[i, 3]):
                 for tx in range(rect[i, 0], rect[i, 1]):
-                    t = ty * tiles_x + tx
-                    if _overlaps(bounds, i, tile_bounds, t):
+                    t = ty * tiles_x + (tx - tiles_x if tx >= tiles_x else tx)
+                    if wrap or _overlaps(bounds, i, tile_bounds, t):  # (short-circuits: bounds unused when wrap)
                         lst[pos[part, t]] = i
                         pos[part, t] += 1
     return start, lst

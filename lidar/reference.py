@@ -1,0 +1,73 @@
+"""The torch twin of lidar.kernel: the same ray-surfel math, differentiable, on any device.
+
+`composite` takes rays and, per ray, the surfels to composite in order (a padded candidate
+list: the numba kernel's record of contributors, or `all_candidates` for the binning-free oracle)
+and returns what the kernel returns, as tensors with gradients to the surfels' means, quats,
+scales, opacities and features. Training draws rays from real sweeps, lets the numba kernel find
+each ray's contributors, and recomposites them here.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from gsim.render.common import ALPHA_THRESHOLD, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN
+from gsim.render.torch_backend import quat_to_rotmat
+
+from .kernel import NEAR
+
+
+def all_candidates(means_world: torch.Tensor, o_ref: torch.Tensor, n_rays: int) -> torch.Tensor:
+    """(n_rays, N) every surfel for every ray, ordered by centre distance from ``o_ref`` (the kernel's order)."""
+    order = torch.argsort((means_world - o_ref).norm(dim=-1), stable=True)
+    return order[None].expand(n_rays, -1)
+
+
+def composite(origins: torch.Tensor, dirs: torch.Tensor, column: torch.Tensor, means: torch.Tensor,
+              quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor, features: torch.Tensor,
+              group: torch.Tensor, group_from_world: torch.Tensor, candidates: torch.Tensor, divergence: float,
+              hit_alpha: float) -> Dict[str, torch.Tensor]:
+    """Composite rays (R,) against their candidates (R,K) (-1 = none), surfels in their groups' frames.
+
+    origins, dirs (R,3) world; column (R,) index into group_from_world (G,C,3,4); features (N,F).
+    Returns alpha (R,), range_sum (R,) (alpha-weighted ranges), median (R,), normal (R,3) and
+    features (R,F) (alpha-weighted sums), as lidar.kernel."""
+    valid = candidates >= 0
+    j = candidates.clamp_min(0)
+    g = group[j]  # (R,K)
+    A = group_from_world[g, column[:, None].expand_as(j)]  # (R,K,3,4)
+    o = torch.einsum("rkab,rb->rka", A[..., :3], origins) + A[..., 3]
+    d = torch.einsum("rkab,rb->rka", A[..., :3], dirs)
+    Rm = quat_to_rotmat(torch.nn.functional.normalize(quats, dim=-1))  # (N,3,3): columns e_u, e_v, n
+    eu, ev, n = Rm[j, :, 0] / scales[j, 0:1], Rm[j, :, 1] / scales[j, 1:2], Rm[j, :, 2]
+    p = means[j] - o
+    tc = (p * d).sum(-1)
+    ok = valid & (tc > NEAR)
+    tc_safe = torch.where(ok, tc, torch.ones_like(tc))
+    rho2 = FILTER_INV_SQUARE / divergence ** 2 * ((p * p).sum(-1) - tc_safe ** 2).clamp_min(0) / tc_safe ** 2
+    nd = (n * d).sum(-1)
+    nd_safe = torch.where(nd != 0, nd, torch.ones_like(nd))
+    t = (n * p).sum(-1) / nd_safe
+    h = t[..., None] * d - p
+    a, b = (h * eu).sum(-1), (h * ev).sum(-1)
+    rho3 = a * a + b * b
+    use3 = (nd != 0) & (t > NEAR) & (rho3 <= rho2)
+    rho = torch.where(use3, rho3, rho2)
+    rng = torch.where(use3, t, tc)
+    al = torch.clamp(opacities[j] * torch.exp(-0.5 * rho), max=MAX_ALPHA)
+    al = torch.where(ok & (al >= ALPHA_THRESHOLD), al, torch.zeros_like(al))
+    after = torch.cumprod(1 - al, -1)
+    before = torch.cat([torch.ones_like(after[:, :1]), after[:, :-1]], -1)
+    stop = (al > 0) & (after <= T_MIN)  # the first such surfel and all after it are not composited
+    keep = torch.cumsum(stop.to(torch.int64), -1) == 0
+    w = al * before * keep
+    acc = torch.cumsum(w, -1)
+    crossed = (acc >= hit_alpha) & (acc - w < hit_alpha) & (w > 0)
+    median = (crossed * rng).sum(-1)
+    s = torch.where(nd > 0, -torch.ones_like(nd), torch.ones_like(nd))[..., None]
+    n_world = torch.einsum("rkba,rkb->rka", A[..., :3], n)  # A^T n
+    F = features.shape[1]
+    return {"alpha": w.sum(-1), "range_sum": (w * rng).sum(-1), "median": median,
+            "normal": (w[..., None] * s * n_world).sum(1),
+            "features": (w[..., None] * features[j]).sum(1) if F else w.new_zeros(len(w), 0)}
