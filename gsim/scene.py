@@ -7,6 +7,7 @@ one folder of ``.npy`` arrays per surfel set::
     background/{means,quats,scales,opacities,colors[,features]}.npy
     actors/<id>/{...same...}.npy, actors/<id>/track_{timestamps_us,poses}.npy
     sky.npy                      (optional) lat-long sky map, see gsim.appearance
+    lidar_head.json              (optional) LiDAR intensity / ray-drop head, see gsim.lidar.heads
 
 The manifest's ``appearance`` maps camera sensor names to (3,4) colour affines.
 The directory is written next to its destination and renamed into place, so a
@@ -79,6 +80,7 @@ class Scene:
     actors: tuple = field(default_factory=tuple)
     sky: Optional[Sky] = None
     appearance: Dict[str, np.ndarray] = field(default_factory=dict)
+    lidar_head: Optional[object] = None  # gsim.lidar.heads.LidarHead: decodes the surfels' features
 
     def __post_init__(self):
         app = {}
@@ -154,9 +156,13 @@ def save_scene(scene: Scene, path) -> None:
             env = scene.sky.envmap
             np.save(tmp / "sky.npy", np.ascontiguousarray(env.detach().cpu().numpy() if hasattr(env, "detach") else env))
             sky = {"type": "latlong", "file": "sky.npy"}
+        head = None
+        if scene.lidar_head is not None:
+            head = "lidar_head.json"
+            (tmp / head).write_text(json.dumps(scene.lidar_head.to_dict()))
         manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
                     "background": {"surfels": "background", "count": len(scene.background)},
-                    "actors": actors, "sky": sky,
+                    "actors": actors, "sky": sky, "lidar_head": head,
                     "appearance": {k: A.tolist() for k, A in scene.appearance.items()}}
         (tmp / "scene.json").write_text(json.dumps(manifest, indent=2))
 
@@ -203,9 +209,13 @@ def load_scene(path) -> Scene:
                 sky = Sky(env)
             except ValueError as e:
                 raise SceneFormatError(f"{spath}: {e}") from None
+        head = None
+        if m.get("lidar_head") is not None:
+            from gsim.lidar.heads import LidarHead
+            head = LidarHead.load(_inside(path, m["lidar_head"], "lidar_head"))
         try:
             appearance = {k: np.asarray(v, dtype=np.float64) for k, v in m.get("appearance", {}).items()}
-            return Scene(background=bg, actors=tuple(actors), sky=sky, appearance=appearance)
+            return Scene(background=bg, actors=tuple(actors), sky=sky, appearance=appearance, lidar_head=head)
         except ValueError as e:
             raise SceneFormatError(f"{mpath}: {e}") from None
     except (KeyError, TypeError, AttributeError) as e:

@@ -49,10 +49,14 @@ def composite(origins: torch.Tensor, dirs: torch.Tensor, column: torch.Tensor, m
     nd = (n * d).sum(-1)
     nd_safe = torch.where(nd != 0, nd, torch.ones_like(nd))
     t = (n * p).sum(-1) / nd_safe
+    # a hit behind the ray or at grazing incidence far away never wins; keep its maths finite, since
+    # where() passes its unused branch zero gradients, which become NaN against an inf
+    plane = (nd != 0) & (t > NEAR) & (t < 1e6)
+    t = torch.where(plane, t, torch.zeros_like(t))
     h = t[..., None] * d - p
     a, b = (h * eu).sum(-1), (h * ev).sum(-1)
     rho3 = a * a + b * b
-    use3 = (nd != 0) & (t > NEAR) & (rho3 <= rho2)
+    use3 = plane & (rho3 <= rho2)
     rho = torch.where(use3, rho3, rho2)
     rng = torch.where(use3, t, tc)
     al = torch.clamp(opacities[j] * torch.exp(-0.5 * rho), max=MAX_ALPHA)

@@ -161,13 +161,15 @@ def _rotation_angle(R: np.ndarray) -> np.ndarray:
 
 
 def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world_lidar, backend: str = "auto",
-                 timestamp_us: Optional[int] = None, hit_alpha: float = 0.5, rolling: bool = True) -> LidarFrame:
+                 timestamp_us: Optional[int] = None, hit_alpha: float = 0.5, rolling: bool = True,
+                 head=None) -> LidarFrame:
     """Render one sweep of ``spec`` starting at ``timestamp_us`` (microseconds) of a Scene or of world-frame
     Surfels. ``T_world_lidar``: the sensor pose (4x4, sensor -> world) held over the sweep, or a trajectory
     (timestamps_us (K,), poses (K,4,4)) from which each column's pose is interpolated (``rolling``; else
     the pose at timestamp_us). Actors move along their tracks per column when ``rolling``.
     backend: "auto"/"numba" (the CPU kernel) or "torch" (the reference twin, any device; binning-free and slow
-    on big scenes). numpy out."""
+    on big scenes). head: the `LidarHead` that decodes the surfels' features into intensity and ray drop
+    (default: the scene's own; none: intensity is None and only geometry drops rays). numpy out."""
     if not isinstance(spec, (LidarSpec, RayTableSpec)):
         raise ValueError(f"render_lidar: spec must be a gsim.lidar.LidarSpec (e.g. LidarSpec.preset("
                          f"'velodyne-hdl64e')) or RayTableSpec, got {type(spec).__name__}")
@@ -187,54 +189,59 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     t0 = 0 if timestamp_us is None else int(timestamp_us)
     times = t0 + lay.column_us if rolling else np.full(len(lay.column_us), t0)
     sensor = _sensor_poses(T_world_lidar, timestamp_us, times, rolling)
-    out = trace(groups, sensor, times, lay.directions, hit_alpha, name)
-    return _frame(spec, lay, out, sensor, hit_alpha)
+    L, C = lay.directions.shape[:2]
+    dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
+    out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name)
+    head = head if head is not None else getattr(scene_or_surfels, "lidar_head", None)
+    if head is not None and groups.features.shape[1] != head.w1.shape[0] - 2:
+        raise ValueError(f"render_lidar: the LiDAR head decodes {head.w1.shape[0] - 2} features per surfel, the "
+                         f"surfels have {groups.features.shape[1]}")
+    return _frame(spec, lay, out, dirs, sensor, hit_alpha, head)
 
 
-def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, directions: np.ndarray,
+def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: np.ndarray, column: np.ndarray,
           hit_alpha: float, backend: str = "numba", candidates: int = 0) -> dict:
-    """Composite the rays (lasers, columns) of a sweep: sensor (C,4,4) pose per column, times_us (C,)
-    each column's time (actors' poses), directions (L,C,3) in the sensor frame. Returns flat (L*C,)
-    arrays (see lidar.kernel) plus origins/dirs (world) and, with ``candidates`` K > 0 (numba), each
-    ray's first K contributing surfels."""
+    """Composite rays fired from "columns": sensor (C,4,4) the pose of each column (its origin), times_us (C,)
+    its time (the actors' poses), columns in time order; dirs (R,3) unit world directions, column (R,) each
+    ray's column. Returns (R,) arrays (see lidar.kernel: alpha, range_sum, median, normal, features) plus
+    group_from_world (G,C,3,4) and, with ``candidates`` K > 0 (numba), each ray's first K contributors."""
     from gsim.transforms import interpolate_poses, invert
-    L, C = directions.shape[:2]
-    G = 1 + len(groups.tracks)
+    C, R, G = len(sensor), len(dirs), 1 + len(groups.tracks)
     world_from_group = np.tile(np.eye(4), (G, C, 1, 1))
     for g, (ts, poses) in enumerate(groups.tracks, start=1):
         world_from_group[g] = interpolate_poses(ts, poses, times_us)
     group_from_world = np.ascontiguousarray(invert(world_from_group)[..., :3, :])
-    origins = np.ascontiguousarray(np.repeat(sensor[None, :, :3, 3], L, 0).reshape(-1, 3))
-    dirs = np.ascontiguousarray(np.einsum("cij,lcj->lci", sensor[:, :3, :3], directions).reshape(-1, 3))
-    column = np.tile(np.arange(C), L)
-    R = L * C
+    origins = np.ascontiguousarray(sensor[column, :3, 3])
+    dirs = np.ascontiguousarray(dirs, np.float64)
+    by_column = np.argsort(column, kind="stable")
+    bounds = np.searchsorted(column[by_column], np.arange(C + 1))
     F = groups.features.shape[1]
     out = {"alpha": np.zeros(R), "range_sum": np.zeros(R), "median": np.zeros(R), "normal": np.zeros((R, 3)),
            "features": np.zeros((R, F)), "candidates": np.full((R, candidates), -1, np.int64)}
     for cols in _bundles(sensor[:, :3, 3], world_from_group[1:]):
+        rays = by_column[bounds[cols[0]]:bounds[cols[-1] + 1]]
+        if len(rays) == 0:
+            continue
         mid = cols[len(cols) // 2]
         o_ref, R_ref = sensor[mid, :3, 3].copy(), np.ascontiguousarray(sensor[mid, :3, :3])
-        spread = float(np.linalg.norm(sensor[cols, :3, 3] - o_ref, axis=1).max())
-        margin = np.full(G, spread)
+        margin = np.full(G, float(np.linalg.norm(sensor[cols, :3, 3] - o_ref, axis=1).max()))
         for g in range(1, G):
             P = world_from_group[g, cols]
             move = np.linalg.norm(P[:, :3, 3] - world_from_group[g, mid, :3, 3], axis=1)
             turn = _rotation_angle(P[:, :3, :3] @ world_from_group[g, mid, :3, :3].T)
             margin[g] += 1.05 * float((move + turn * groups.radius[g]).max()) + 1e-3
-        rays = (np.arange(L)[:, None] * C + cols[None, :]).ravel()
         ref = np.ascontiguousarray(world_from_group[:, mid, :3, :])
         if backend == "numba":
             from .kernel import render_bundle
             render_bundle(groups.rec, groups.scales, groups.features, groups.group, ref, group_from_world, margin,
                           origins, dirs, column, o_ref, R_ref, BEAM_DIVERGENCE_RAD, hit_alpha, out, rays)
         else:
-            _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, R_ref, hit_alpha,
-                          out, rays)
-    out.update(origins=origins, dirs=dirs, column=column)
+            _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, hit_alpha, out, rays)
+    out["group_from_world"] = group_from_world
     return out
 
 
-def _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, R_ref, hit_alpha, out, rays,
+def _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, hit_alpha, out, rays,
                   chunk: int = 4096) -> None:
     """The reference: every surfel whose cap (the kernel's, recomputed here) holds a ray is composited
     for it, in the kernel's order, by lidar.reference.composite."""
@@ -274,12 +281,18 @@ def _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, 
             out[key][rays[k:k + chunk]] = res[key].numpy()
 
 
-def _frame(spec, lay: _Layout, out: dict, sensor: np.ndarray, hit_alpha: float) -> LidarFrame:
+def _frame(spec, lay: _Layout, out: dict, dirs: np.ndarray, sensor: np.ndarray, hit_alpha: float,
+           head) -> LidarFrame:
     L, C = lay.directions.shape[:2]
     alpha = out["alpha"].reshape(L, C)
     median = out["median"].reshape(L, C)
     expected = np.where(alpha > 0, out["range_sum"].reshape(L, C) / np.where(alpha > 0, alpha, 1), 0.0)
     hit = (alpha >= hit_alpha) & (median >= spec.min_range_m) & (median <= spec.max_range_m)
+    intensity = drop = None
+    if head is not None:
+        intensity, p = (x.reshape(L, C) for x in head(out, dirs))
+        drop = np.where(alpha >= hit_alpha, p, 1.0).astype(np.float32)
+        hit &= drop < 0.5
     ring, column = np.nonzero(hit)
     r = median[ring, column]
     n = out["normal"].reshape(L, C, 3)[ring, column]
@@ -292,4 +305,6 @@ def _frame(spec, lay: _Layout, out: dict, sensor: np.ndarray, hit_alpha: float) 
                       ranges=r.astype(np.float32), ring=ring, column=column,
                       time_offset_us=lay.time_offsets_us[ring, column], normals=n.astype(np.float32),
                       range_image=np.where(hit, median, 0.0).astype(np.float32),
-                      expected_range_image=expected.astype(np.float32), alpha_image=alpha.astype(np.float32))
+                      expected_range_image=expected.astype(np.float32), alpha_image=alpha.astype(np.float32),
+                      intensity=None if intensity is None else intensity[ring, column].astype(np.float32),
+                      drop_probability_image=drop)

@@ -49,6 +49,19 @@ def lidar_depth(depth: torch.Tensor, alpha: torch.Tensor, pix: torch.Tensor, z: 
     return (d - z).abs().mean() + (1 - a).mean()
 
 
+def lidar_rays(out: dict, target_range: torch.Tensor, target_intensity: torch.Tensor):
+    """(range, intensity, ray-drop) losses of rendered LiDAR rays (scenes.lidar_fit.render_rays) against a
+    sweep's rays (range 0 = dropped): range L1 (m) + (1 - alpha) on returns; MSE of the head's intensity on
+    returns; BCE of its ray-drop logit on the rays where the scene has a surface (alpha >= 0.5)."""
+    ret = target_range > 0
+    zero = out["alpha"].sum() * 0
+    rng = (out["range"][ret] - target_range[ret]).abs().mean() + (1 - out["alpha"][ret]).mean() if ret.any() else zero
+    inten = ((torch.sigmoid(out["logits"][ret, 0]) - target_intensity[ret]) ** 2).mean() if ret.any() else zero
+    surf = out["alpha"].detach() >= 0.5
+    drop = (F.binary_cross_entropy_with_logits(out["logits"][surf, 1], (~ret[surf]).float()) if surf.any() else zero)
+    return rng, inten, drop
+
+
 def depth_normals(depth: torch.Tensor, rays: torch.Tensor) -> torch.Tensor:
     """(H-1,W-1,3) camera-frame normals of the surface of a depth map, facing the camera.
     rays (H,W,2) are the pixels' x/z, y/z (camera.ray_table())."""

@@ -1,7 +1,7 @@
 """The trainable scene: raw surfel parameters, actor ownership, sky and per-camera affines.
 
 All surfels live in one set of raw tensors (means, quats, log-scales, logit-opacities,
-SH colours) with an ``owner`` per surfel: -1 for the background (world frame), k for
+SH colours, LiDAR features) with an ``owner`` per surfel: -1 for the background (world frame), k for
 actor k (its box frame, placed by its track at render time). One set keeps densification
 and the optimiser state in one place. `surfels_at(t)` gives differentiable world surfels.
 """
@@ -13,13 +13,15 @@ import numpy as np
 import torch
 
 from gsim.appearance import IDENTITY_AFFINE, Sky
+from gsim.lidar.heads import FEATURES, LidarHead
 from gsim.scene import Actor, Scene
 from gsim.surfels import Surfels
 from gsim.transforms import rotmat_to_quat
 
 from .log import ActorTrack
 
-PARAMS = ("means", "quats", "log_scales", "logit_opacities", "sh")
+PARAMS = ("means", "quats", "log_scales", "logit_opacities", "sh", "features")
+HEAD = ("w1", "b1", "w2", "b2")
 SKY_SHAPE = (32, 64)
 
 
@@ -34,8 +36,9 @@ class SceneModel:
     """Raw parameters (``params``: name -> leaf tensor) plus the fixed actor tracks and owners."""
 
     def __init__(self, params: Dict[str, torch.Tensor], owner: torch.Tensor, tracks: Sequence[ActorTrack],
-                 sky: torch.Tensor, affine: Dict[str, torch.Tensor]):
+                 sky: torch.Tensor, affine: Dict[str, torch.Tensor], head: Dict[str, torch.Tensor]):
         self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+        self.head = {k: v.detach().clone().requires_grad_(True) for k, v in head.items()}
         self.owner = owner.clone()
         self.tracks: List[ActorTrack] = list(tracks)
         self.sky = sky.detach().clone().requires_grad_(True)
@@ -51,11 +54,13 @@ class SceneModel:
         s = Surfels.concatenate([p.numpy() for p in parts])
         op = np.clip(s.opacities.astype(np.float64), 1e-4, 1 - 1e-4)
         raw = {"means": s.means, "quats": s.quats, "log_scales": np.log(s.scales),
-               "logit_opacities": np.log(op / (1 - op)), "sh": s.colors}
+               "logit_opacities": np.log(op / (1 - op)), "sh": s.colors,
+               "features": np.zeros((len(s.means), FEATURES), np.float32)}
         sky = np.broadcast_to(np.asarray(sky_rgb, np.float32), SKY_SHAPE + (3,)).copy()
         return SceneModel({k: torch.tensor(np.asarray(v), dtype=torch.float32) for k, v in raw.items()},
                           torch.as_tensor(owner, dtype=torch.int64), tracks, torch.from_numpy(sky),
-                          {c: torch.tensor(IDENTITY_AFFINE, dtype=torch.float32) for c in cameras})
+                          {c: torch.tensor(IDENTITY_AFFINE, dtype=torch.float32) for c in cameras},
+                          {k: torch.from_numpy(getattr(LidarHead.initial(), k)) for k in HEAD})
 
     @staticmethod
     def from_state(state: dict, tracks: Sequence[ActorTrack]) -> "SceneModel":
@@ -65,18 +70,19 @@ class SceneModel:
         if missing:
             raise ValueError(f"checkpoint: actors {missing} are not tracked in this log")
         return SceneModel(state["params"], state["owner"], [by_id[i] for i in state["track_ids"]], state["sky"],
-                          state["affine"])
+                          state["affine"], state["head"])
 
     def __len__(self) -> int:
         return len(self.owner)
 
     def extra_params(self) -> Dict[str, torch.Tensor]:
-        return {"sky": self.sky, **{f"affine/{c}": a for c, a in self.affine.items()}}
+        return {"sky": self.sky, **{f"affine/{c}": a for c, a in self.affine.items()},
+                **{f"head/{k}": v for k, v in self.head.items()}}
 
     def activated(self) -> Surfels:
         p = self.params
         return Surfels(p["means"], torch.nn.functional.normalize(p["quats"], dim=-1), torch.exp(p["log_scales"]),
-                       torch.sigmoid(p["logit_opacities"]), p["sh"])
+                       torch.sigmoid(p["logit_opacities"]), p["sh"], p["features"])
 
     def surfels_at(self, timestamp_us: int) -> Surfels:
         """World-frame surfels at ``timestamp_us``, differentiable in every raw parameter.
@@ -94,24 +100,28 @@ class SceneModel:
         k = self.owner[act]
         means = s.means.index_copy(0, act, torch.einsum("nij,nj->ni", R[k], s.means[act]) + t[k])
         quats = s.quats.index_copy(0, act, _quat_mul(q[k], s.quats[act]))
-        return Surfels(means, quats, s.scales, s.opacities, s.colors)
+        return Surfels(means, quats, s.scales, s.opacities, s.colors, s.features)
 
-    def to_scene(self) -> Scene:
-        """The trained scene (numpy): background, actors in their box frames, sky, affines."""
+    def to_scene(self, lidar: bool = False) -> Scene:
+        """The trained scene (numpy): background, actors in their box frames, sky, affines; with ``lidar``
+        (the LiDAR losses trained them) the surfels' features and the LiDAR head."""
         with torch.no_grad():
             s = self.activated().numpy()
         own = self.owner.numpy()
-        pick = lambda m: Surfels(s.means[m], s.quats[m], s.scales[m], s.opacities[m], s.colors[m])
+        pick = lambda m: Surfels(s.means[m], s.quats[m], s.scales[m], s.opacities[m], s.colors[m],
+                                 s.features[m] if lidar else None)
         actors = tuple(Actor(id=t.id, category=t.category, size=t.size, surfels=pick(own == k),
                              track_timestamps_us=t.timestamps_us, track_poses=t.poses)
                        for k, t in enumerate(self.tracks))
         return Scene(background=pick(own == -1), actors=actors, sky=Sky(self.sky.detach().clamp(0, 1).numpy().copy()),
-                     appearance={c: a.detach().numpy().astype(np.float64) for c, a in self.affine.items()})
+                     appearance={c: a.detach().numpy().astype(np.float64) for c, a in self.affine.items()},
+                     lidar_head=LidarHead(*(self.head[k].detach().numpy() for k in HEAD)) if lidar else None)
 
     def state_dict(self) -> dict:
         return {"params": {k: v.detach().clone() for k, v in self.params.items()}, "owner": self.owner.clone(),
                 "track_ids": [t.id for t in self.tracks], "sky": self.sky.detach().clone(),
-                "affine": {c: a.detach().clone() for c, a in self.affine.items()}}
+                "affine": {c: a.detach().clone() for c, a in self.affine.items()},
+                "head": {k: v.detach().clone() for k, v in self.head.items()}}
 
     def replace(self, keep: torch.Tensor, new: Dict[str, torch.Tensor], new_owner: torch.Tensor) -> None:
         """Keep surfels ``keep`` (bool mask) and append ``new`` raw parameters (densification)."""

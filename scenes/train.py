@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -25,6 +25,8 @@ from gsim.render import BACKENDS, RenderOptions, render_camera
 
 from . import losses
 from .init import InitOptions, initial_surfels
+from .lidar_fit import render_rays
+from .lidar_rays import SweepRays, sweep_rays
 from .log import load_log
 from .model import SceneModel
 from .optim import Adam, DensifyOptions, Densifier
@@ -43,7 +45,12 @@ class TrainConfig:
     holdout_every: int = 8
     downscale: int = 1  # train on images box-averaged by this factor (evaluate with the same)
     ssim_weight: float = 0.2
-    lidar_weight: float = 0.1
+    lidar_weight: float = 0.1  # LiDAR points projected into the camera view: depth L1 + (1 - alpha)
+    lidar_rays: int = 2048  # LiDAR rays rendered per step (0: no LiDAR ray losses, no intensity/ray-drop head)
+    lidar_range_weight: float = 0.1  # ray range L1 (m) + (1 - alpha) on returns
+    lidar_intensity_weight: float = 0.5  # MSE of the head's intensity on returns
+    lidar_drop_weight: float = 0.05  # BCE of the head's ray drop where the scene has a surface
+    lidar_rays_per_sweep: int = 20000  # rays kept per training sweep (a random subset, fixed at load)
     normal_weight: float = 0.05
     normal_from: int = 500  # iteration where the normal and distortion losses start (2DGS waits for geometry)
     distortion_weight: float = 100.0  # 2DGS's depth distortion (its weight for unbounded scenes)
@@ -54,6 +61,8 @@ class TrainConfig:
     lr_sh: float = 2.5e-3
     lr_sky: float = 1e-2
     lr_affine: float = 1e-3
+    lr_features: float = 1e-2
+    lr_head: float = 1e-3
     checkpoint_every: int = 500
     init: InitOptions = field(default_factory=InitOptions)
     densify: DensifyOptions = field(default_factory=DensifyOptions)
@@ -108,7 +117,8 @@ class _Run:
         self.cfg, self.model, self.scale = cfg, model, scale
         lrs = {"means": cfg.lr_means * scale, "quats": cfg.lr_quats, "log_scales": cfg.lr_scales,
                "logit_opacities": cfg.lr_opacities, "sh": cfg.lr_sh, "sky": cfg.lr_sky,
-               **{f"affine/{c}": cfg.lr_affine for c in model.affine}}
+               **{f"affine/{c}": cfg.lr_affine for c in model.affine}, "features": cfg.lr_features,
+               **{f"head/{k}": cfg.lr_head for k in model.head}}
         self.adam = Adam(lrs)
         self.densifier = Densifier(cfg.densify, scale)
         self.rng = np.random.default_rng(cfg.seed)
@@ -132,8 +142,8 @@ class _Run:
             torch.save(self.state(), tmp)
 
 
-def train_step(run: _Run, view: View):
-    """One iteration on one view; returns (loss, psnr)."""
+def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log):
+    """One iteration on one view (and LiDAR rays of its frame's sweeps); returns (loss, psnr)."""
     cfg, model = run.cfg, run.model
     params = {**model.params, **model.extra_params()}
     surfels = model.surfels_at(view.timestamp_us)
@@ -151,6 +161,13 @@ def train_step(run: _Run, view: View):
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, rays)
     if frame.distortion is not None:
         loss = loss + cfg.distortion_weight * frame.distortion.mean()
+    if sweeps.get(view.frame):
+        frame_sweeps = sweeps[view.frame]
+        rays = frame_sweeps[int(run.rng.integers(len(frame_sweeps)))]
+        rays = rays.subset(run.rng.choice(len(rays.range), min(cfg.lidar_rays, len(rays.range)), replace=False))
+        out = render_rays(model, log, rays)
+        rng_l, int_l, drop_l = losses.lidar_rays(out, torch.from_numpy(rays.range), torch.from_numpy(rays.intensity))
+        loss = loss + cfg.lidar_range_weight * rng_l + cfg.lidar_intensity_weight * int_l + cfg.lidar_drop_weight * drop_l
     loss.backward()
     with torch.no_grad():
         grad = model.params["means"].grad
@@ -161,6 +178,21 @@ def train_step(run: _Run, view: View):
     decay = 0.01 ** (run.step / max(cfg.iterations, 1))
     run.adam.step(params, {"means": decay})
     return float(loss.detach()), losses.psnr(rgb.detach().clamp(0, 1), target)
+
+
+def lidar_sweeps(log, frames, cfg: TrainConfig) -> Dict[int, List[SweepRays]]:
+    """Per training frame, its sweeps as rays (a fixed random subset of each): empty without LiDAR or with
+    cfg.lidar_rays = 0."""
+    if not cfg.lidar_rays:
+        return {}
+    rng = np.random.default_rng(cfg.seed + 1)
+    out = {}
+    for f in frames:
+        for obs in f.lidars.values():
+            r = sweep_rays(log, obs)
+            keep = np.sort(rng.choice(len(r.range), min(cfg.lidar_rays_per_sweep, len(r.range)), replace=False))
+            out.setdefault(f.index, []).append(r.subset(keep))
+    return out
 
 
 def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: bool = False,
@@ -183,6 +215,7 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     log = load_log(log_path)
     train_frames, _ = split_frames(log, cfg.holdout_every)
     views = make_views(log, train_frames, cfg.downscale, progress=progress)
+    sweeps = lidar_sweeps(log, train_frames, cfg)
     if state is None:
         bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress)
         run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)),
@@ -196,7 +229,7 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     t0, psnrs = time.perf_counter(), []
     while run.step < cfg.iterations:
         view = views[int(run.rng.integers(len(views)))]
-        loss, p = train_step(run, view)
+        loss, p = train_step(run, view, sweeps, log)
         run.step += 1
         psnrs = (psnrs + [p])[-50:]
         run.densifier.step(run.model, run.adam, run.step, run.gen)
@@ -205,7 +238,7 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", psnr=f"{np.mean(psnrs):.2f}", surfels=len(run.model))
     bar.close()
-    run.model.to_scene().save(out / "scene")
+    run.model.to_scene(lidar=bool(sweeps)).save(out / "scene")
     write_json(out / "train.json", {"log": str(Path(log_path).resolve()), "config": cfg.to_dict(),
                                     "iterations": cfg.iterations, "surfels": len(run.model),
                                     "wall_s_this_session": round(time.perf_counter() - t0, 2),

@@ -128,7 +128,7 @@ def test_geometry_losses_start_at_normal_from(log_dir):
         cfg = _cfg(normal_from=5, normal_weight=0.0, distortion_weight=weight)
         run = train_mod._Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)), 1.0)
         run.step = step
-        return train_mod.train_step(run, view)[0]
+        return train_mod.train_step(run, view, {}, log)[0]
 
     assert loss(4, 100.0) == loss(4, 0.0)  # before normal_from: no distortion term
     assert loss(5, 100.0) > loss(5, 0.0) + 1e-6
@@ -139,10 +139,10 @@ def test_resume_after_a_kill_ends_with_the_same_scene(log_dir, tmp_path, monkeyp
     reconstruct(log_dir, tmp_path / "a", cfg, progress=False)
     real_step = train_mod.train_step
 
-    def killed_at_6(run, view):
+    def killed_at_6(run, *args):
         if run.step == 6:
             raise KeyboardInterrupt  # as a killed process: the checkpoint of step 4 is the last good one
-        return real_step(run, view)
+        return real_step(run, *args)
 
     monkeypatch.setattr(train_mod, "train_step", killed_at_6)
     with pytest.raises(KeyboardInterrupt):
@@ -153,7 +153,7 @@ def test_resume_after_a_kill_ends_with_the_same_scene(log_dir, tmp_path, monkeyp
     reconstruct(log_dir, tmp_path / "b", resume=True, progress=False)
     a, b = gsim.load_scene(tmp_path / "a" / "scene"), gsim.load_scene(tmp_path / "b" / "scene")
     assert len(a.background) == len(b.background)
-    for k in ("means", "quats", "scales", "opacities", "colors"):
+    for k in ("means", "quats", "scales", "opacities", "colors", "features"):
         assert np.array_equal(getattr(a.background, k), getattr(b.background, k)), k
     assert np.array_equal(a.sky.envmap, b.sky.envmap)
 
