@@ -5,7 +5,9 @@ OUT/recon (scene, checkpoint, train.json), OUT/eval (metrics.json, metrics.md, s
 images) and OUT/bench.json, and prints a markdown row for BENCHMARKS.md.
 
 Usage: python bench/bench_reconstruct.py [--log LOG] [--out out/bench/recon] [--preset cpu]
-       [--iterations N] [--downscale D]
+       [--iterations N] [--downscale D] [--no-lidar-losses]
+--no-lidar-losses trains on the images alone (no LiDAR depth in the views, no LiDAR rays, no head): the
+baseline that the LiDAR losses are compared against (the LiDAR still initialises the surfels).
 """
 from __future__ import annotations
 
@@ -29,10 +31,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--preset", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--iterations", type=int)
     ap.add_argument("--downscale", type=int)
+    ap.add_argument("--no-lidar-losses", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.out)
     log = Path(args.log) if args.log else synthesize(out / "log", seed=0)
     overrides = {k: v for k, v in (("iterations", args.iterations), ("downscale", args.downscale)) if v is not None}
+    if args.no_lidar_losses:
+        overrides.update(lidar_weight=0.0, lidar_rays=0)
     cfg = preset(args.preset, **overrides)
     t0 = time.perf_counter()
     reconstruct(log, out / "recon", cfg)
@@ -43,7 +48,8 @@ def main(argv=None) -> dict:
               "downscale": cfg.downscale, "train_wall_s": round(train_s, 1),
               "s_per_1000_it": round(1000 * train_s / cfg.iterations, 1), "surfels": surfels,
               "psnr": m["psnr"], "ssim": m["ssim"],
-              **{k: m[k] for k in ("lidar_depth_median_abs_m", "lidar_depth_mean_abs_m") if k in m},
+              "lidar_losses": not args.no_lidar_losses, **{k: v for k, v in m.items() if k.startswith("lidar_")
+                                                           and k != "lidar_sweeps"},
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
     write_json(out / "bench.json", result)
     lidar = (f" {m['lidar_depth_median_abs_m']:.3f} | {m['lidar_depth_mean_abs_m']:.3f} |"

@@ -43,6 +43,7 @@ def cmd_render(a) -> int:
 
 
 def cmd_render_lidar(a) -> int:
+    import numpy as np
     from tqdm import tqdm
 
     from . import load_scene
@@ -51,9 +52,15 @@ def cmd_render_lidar(a) -> int:
     spec = LidarSpec.preset(a.spec)
     scene = load_scene(a.scene)
     times, poses = load_lidar_trajectory(a.trajectory)
+    # each sweep starts at a frame of the trajectory; the sensor moves along it while the sweep spins
+    rolling = not a.no_rolling and len(times) > 1 and bool(np.all(np.diff(times) > 0))
     for i, (t, T) in enumerate(tqdm(list(zip(times, poses)), desc="render-lidar", unit="sweep")):
-        write_sweep(render_lidar(scene, spec, T, backend=a.backend, timestamp_us=int(t)), a.out, i)
-    print(f"wrote {len(times)} sweeps of {spec.name} to {a.out} (points/*.npy|ply|pcd, range/*.png)")
+        f = render_lidar(scene, spec, (times, poses) if rolling else T, backend=a.backend, timestamp_us=int(t),
+                         rolling=rolling)
+        write_sweep(f, a.out, i)
+    kitti = "|bin" if scene.lidar_head is not None else ""
+    print(f"wrote {len(times)} sweeps of {spec.name} to {a.out} (points/*.npy|ply|pcd{kitti}, range/*.png)"
+          f"{'' if rolling else ', sensor held still over each sweep'}")
     return 0
 
 
@@ -264,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help='JSON {"schema_version": 1, "frames": [{"timestamp_us": ..., "T_world_lidar": 4x4}]}')
     rl.add_argument("--out", required=True)
     rl.add_argument("--backend", default="auto", choices=["auto", "numba", "torch"])
+    rl.add_argument("--no-rolling", action="store_true",
+                    help="hold the sensor (and the actors) still over each sweep instead of moving them per column")
     rl.set_defaults(fn=cmd_render_lidar)
 
     ip = sub.add_parser("import-ply", help="convert a 3DGS/2DGS .ply into a gsim scene directory")

@@ -35,13 +35,17 @@ def composite(origins: torch.Tensor, dirs: torch.Tensor, column: torch.Tensor, m
     features (R,F) (alpha-weighted sums), as lidar.kernel."""
     valid = candidates >= 0
     j = candidates.clamp_min(0)
-    g = group[j]  # (R,K)
+    # gathers by index_select: its backward sums in a fixed order (indexing's backward may not), so a
+    # training run is repeatable bit for bit
+    take = lambda x: torch.index_select(x, 0, j.reshape(-1)).reshape(j.shape + x.shape[1:])
+    g = take(group)  # (R,K)
     A = group_from_world[g, column[:, None].expand_as(j)]  # (R,K,3,4)
     o = torch.einsum("rkab,rb->rka", A[..., :3], origins) + A[..., 3]
     d = torch.einsum("rkab,rb->rka", A[..., :3], dirs)
     Rm = quat_to_rotmat(torch.nn.functional.normalize(quats, dim=-1))  # (N,3,3): columns e_u, e_v, n
-    eu, ev, n = Rm[j, :, 0] / scales[j, 0:1], Rm[j, :, 1] / scales[j, 1:2], Rm[j, :, 2]
-    p = means[j] - o
+    Rj, sj = take(Rm), take(scales)
+    eu, ev, n = Rj[..., 0] / sj[..., 0:1], Rj[..., 1] / sj[..., 1:2], Rj[..., 2]
+    p = take(means) - o
     tc = (p * d).sum(-1)
     ok = valid & (tc > NEAR)
     tc_safe = torch.where(ok, tc, torch.ones_like(tc))
@@ -59,7 +63,7 @@ def composite(origins: torch.Tensor, dirs: torch.Tensor, column: torch.Tensor, m
     use3 = plane & (rho3 <= rho2)
     rho = torch.where(use3, rho3, rho2)
     rng = torch.where(use3, t, tc)
-    al = torch.clamp(opacities[j] * torch.exp(-0.5 * rho), max=MAX_ALPHA)
+    al = torch.clamp(take(opacities) * torch.exp(-0.5 * rho), max=MAX_ALPHA)
     al = torch.where(ok & (al >= ALPHA_THRESHOLD), al, torch.zeros_like(al))
     after = torch.cumprod(1 - al, -1)
     before = torch.cat([torch.ones_like(after[:, :1]), after[:, :-1]], -1)
@@ -74,4 +78,4 @@ def composite(origins: torch.Tensor, dirs: torch.Tensor, column: torch.Tensor, m
     F = features.shape[1]
     return {"alpha": w.sum(-1), "range_sum": (w * rng).sum(-1), "median": median,
             "normal": (w[..., None] * s * n_world).sum(1),
-            "features": (w[..., None] * features[j]).sum(1) if F else w.new_zeros(len(w), 0)}
+            "features": (w[..., None] * take(features)).sum(1) if F else w.new_zeros(len(w), 0)}

@@ -175,13 +175,7 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
                          f"'velodyne-hdl64e')) or RayTableSpec, got {type(spec).__name__}")
     if not 0 < hit_alpha < 1:
         raise ValueError(f"render_lidar: hit_alpha must lie in (0, 1), got {hit_alpha}")
-    name = "numba" if backend == "auto" else backend
-    if name not in ("numba", "torch"):
-        raise ValueError(f"render_lidar: backend must be 'auto', 'numba' or 'torch', got {backend!r}")
-    from gsim.render import BACKENDS
-    reason = BACKENDS[name].probe()
-    if reason is not None:
-        raise RuntimeError(f"render_lidar: backend {name!r} is not available: {reason}")
+    name = _backend(backend)
     groups = _groups(scene_or_surfels)
     if groups.tracks and timestamp_us is None:
         raise ValueError("render_lidar: this scene has actors; give timestamp_us (integer microseconds)")
@@ -197,6 +191,42 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
         raise ValueError(f"render_lidar: the LiDAR head decodes {head.w1.shape[0] - 2} features per surfel, the "
                          f"surfels have {groups.features.shape[1]}")
     return _frame(spec, lay, out, dirs, sensor, hit_alpha, head)
+
+
+def _backend(backend: str) -> str:
+    name = "numba" if backend == "auto" else backend
+    if name not in ("numba", "torch"):
+        raise ValueError(f"render_lidar: backend must be 'auto', 'numba' or 'torch', got {backend!r}")
+    from gsim.render import BACKENDS
+    reason = BACKENDS[name].probe()
+    if reason is not None:
+        raise RuntimeError(f"render_lidar: backend {name!r} is not available: {reason}")
+    return name
+
+
+def render_rays(scene_or_surfels, T_world_lidar: np.ndarray, times_us: np.ndarray, dirs: np.ndarray,
+                min_range_m: float, max_range_m: float, backend: str = "auto", hit_alpha: float = 0.5,
+                head=None) -> dict:
+    """Arbitrary rays, each fired at its own time from its own sensor pose: T_world_lidar (R,4,4), times_us
+    (R,) (the actors' poses), dirs (R,3) unit, sensor frame. Returns {"range": (R,) m, 0 = no return,
+    "intensity": (R,) or None, "drop_probability": (R,) or None} (see `render_lidar`)."""
+    groups = _groups(scene_or_surfels)
+    head = head if head is not None else getattr(scene_or_surfels, "lidar_head", None)
+    order = np.argsort(times_us, kind="stable")
+    poses = np.asarray(T_world_lidar, np.float64)[order]
+    world = np.einsum("rij,rj->ri", poses[:, :3, :3], np.asarray(dirs, np.float64)[order])
+    out = trace(groups, poses, np.asarray(times_us)[order], world, np.arange(len(order)), hit_alpha,
+                _backend(backend))
+    hit = (out["alpha"] >= hit_alpha) & (out["median"] >= min_range_m) & (out["median"] <= max_range_m)
+    intensity = drop = None
+    if head is not None and groups.features.shape[1]:
+        intensity, drop = head(out, world)
+        drop = np.where(out["alpha"] >= hit_alpha, drop, 1.0)
+        hit &= drop < 0.5
+    back = np.argsort(order)
+    pick = lambda x: None if x is None else x[back].astype(np.float32)
+    return {"range": pick(np.where(hit, out["median"], 0.0)), "intensity": pick(intensity),
+            "drop_probability": pick(drop)}
 
 
 def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: np.ndarray, column: np.ndarray,

@@ -99,6 +99,31 @@ def test_convert_dgp_validate_and_errors(tmp_path):
     assert bad.returncode == 2 and "checkpoint" in bad.stderr
 
 
+def test_render_lidar_with_a_head_writes_intensity_and_kitti_bin(demo_dir, tmp_path):
+    from gsim.lidar.heads import FEATURES, LidarHead
+    street = gsim.load_scene(demo_dir / "scene")
+    bg = street.background
+    feats = np.random.default_rng(0).normal(size=(len(bg), FEATURES)).astype(np.float32)
+    head = LidarHead.initial(seed=1)
+    head = LidarHead(head.w1, head.b1, np.random.default_rng(2).normal(0, 0.5, head.w2.shape), np.array([0.0, -5.0]))
+    gsim.Scene(background=gsim.Surfels(bg.means, bg.quats, bg.scales, bg.opacities, bg.colors, feats),
+               lidar_head=head).save(tmp_path / "scene")
+    T = np.eye(4)
+    T[:3, 3] = [5.0, -3.0, 1.8]
+    traj = tmp_path / "lidar.json"
+    traj.write_text(json.dumps({"schema_version": 1, "frames": [{"timestamp_us": 0, "T_world_lidar": T.tolist()}]}))
+    gsim_cli("render-lidar", tmp_path / "scene", "--spec", "velodyne-vlp16", "--trajectory", traj, "--out", tmp_path / "o")
+    table = np.load(tmp_path / "o" / "points" / "000000.npy")
+    assert table.shape[1] == 7 and len(table) > 1000 and np.all((table[:, 6] >= 0) & (table[:, 6] <= 1))
+    kitti = np.fromfile(tmp_path / "o" / "points" / "000000.bin", "<f4").reshape(-1, 4)
+    assert np.array_equal(kitti, table[:, [0, 1, 2, 6]]) and table[:, 6].std() > 0
+    rec = np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("ring", "<u2"), ("t", "<i4"), ("i", "<f4")])
+    raw = (tmp_path / "o" / "points" / "000000.pcd").read_bytes()
+    assert b"FIELDS x y z ring time_offset_us intensity\n" in raw
+    body = np.frombuffer(raw[raw.index(b"DATA binary\n") + 12:], rec)
+    assert np.array_equal(body["i"], table[:, 6])
+
+
 def test_render_lidar_writes_every_format(demo_dir, tmp_path):
     """Two VLP-16 sweeps of the street: .npy/.ply/.pcd agree with each other and with the range image."""
     T = np.eye(4)
@@ -110,6 +135,7 @@ def test_render_lidar_writes_every_format(demo_dir, tmp_path):
     gsim_cli("render-lidar", demo_dir / "scene", "--spec", "velodyne-vlp16", "--trajectory", traj, "--out", out)
     table = np.load(out / "points" / "000001.npy")
     assert table.shape[1] == 6 and len(table) > 1000
+    assert not (out / "points" / "000001.bin").exists()  # no LiDAR head, no intensity: no KITTI file
     assert np.allclose(np.linalg.norm(table[:, :3], axis=1), table[:, 3], rtol=1e-5)  # range = |point|
     assert set(np.unique(table[:, 4]).astype(int)) <= set(range(16))
     rec = np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("ring", "<u2"), ("t", "<i4")])

@@ -171,6 +171,21 @@ def test_eval_writes_the_metrics_contract(log_dir, trained, tmp_path):
     from PIL import Image
     assert Image.open(images[0]).size == (3 * TINY.width, TINY.height)
     assert "| **mean** |" in (tmp_path / "eval" / "metrics.md").read_text()
+    # held-out sweeps, ray by ray: the SplatAD/NeuRAD metrics and a bird's-eye side-by-side per sweep
+    for k in ("lidar_range_median_abs_m", "lidar_range_mean_abs_m", "lidar_chamfer_m", "lidar_ray_drop_accuracy",
+              "lidar_intensity_rmse"):
+        assert np.isfinite(on_disk[k]) and on_disk[k] >= 0, k
+    assert 0.5 < m["lidar_ray_drop_accuracy"] <= 1 and m["lidar_range_median_abs_m"] < 1.0
+    assert len(on_disk["lidar_sweeps"]) == 2 and len(list((tmp_path / "eval" / "lidar").glob("*.png"))) == 2
+
+
+def test_trained_scene_has_a_lidar_head_that_gives_intensity(trained):
+    scene = gsim.load_scene(trained / "scene")
+    assert scene.lidar_head is not None and scene.background.features.shape[1] == 8
+    f = gsim.render_lidar(scene, gsim.lidar.LidarSpec.preset("velodyne-vlp16"), np.eye(4), timestamp_us=0)
+    assert f.intensity is not None and f.intensity.shape == f.ranges.shape
+    assert np.all((f.intensity >= 0) & (f.intensity <= 1))
+    assert f.drop_probability_image.shape == f.range_image.shape
 
 
 def test_bad_input(log_dir, tmp_path):
