@@ -1,9 +1,10 @@
 """LiDAR rendering benchmark: sweeps of the demo street (`gsim.demo.street_surfels`) along its drive.
 
 Usage: python bench/bench_lidar.py [--surfels 200000] [--lasers 64] [--columns 2048] [--sweeps 10]
-       [--backends numba,open3d]
+       [--backends numba,open3d] [--speed M_S]
 The sensor: `lasers` beams evenly from +22.5 to -22.5 deg (an OS1-like pattern), `columns` per
-revolution, 1.9 m above the street. Prints, per backend, the median wall time per sweep after one
+revolution, 1.9 m above the street. --speed: a rolling sweep, the sensor driving forward at that speed
+while it spins (gsim backends only; 0: the sensor still). Prints, per backend, the median wall time per sweep after one
 warm-up sweep (JIT, tile tables; Embree's BVH commit), and a JSON summary line.
 
 "open3d" is the reference point for speed, not the same physics: Open3D's Embree ray caster
@@ -50,8 +51,13 @@ def time_sweeps(sweep: Callable, inputs: Sequence) -> Tuple[float, List[float], 
     return warmup, times, images
 
 
-def gsim_sweep(surfels: Surfels, spec: LidarSpec, backend: str, T: np.ndarray) -> np.ndarray:
-    return render_lidar(surfels, spec, T, backend=backend).range_image
+def gsim_sweep(surfels: Surfels, spec: LidarSpec, backend: str, speed: float, T: np.ndarray) -> np.ndarray:
+    if not speed:
+        return render_lidar(surfels, spec, T, backend=backend).range_image
+    T_end = T.copy()  # rolling: the sensor drives forward (its x axis) at ``speed`` m/s during the sweep
+    T_end[:3, 3] += T[:3, 0] * speed / spec.spin_hz
+    trajectory = (np.array([0, round(1e6 / spec.spin_hz)]), np.stack([T, T_end]))
+    return render_lidar(surfels, spec, trajectory, backend=backend, timestamp_us=0).range_image
 
 
 def surfel_quads(surfels: Surfels) -> Tuple[np.ndarray, np.ndarray]:
@@ -97,6 +103,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--columns", type=int, default=2048)
     ap.add_argument("--sweeps", type=int, default=10)
     ap.add_argument("--backends", default="numba,open3d", help="gsim backends (numba, torch) and/or open3d")
+    ap.add_argument("--speed", type=float, default=0.0, help="m/s: a rolling sweep (gsim backends)")
     args = ap.parse_args(argv)
     surfels = street_surfels(args.surfels)
     spec = LidarSpec(name=f"bench-{args.lasers}x{args.columns}",
@@ -107,7 +114,7 @@ def main(argv=None) -> dict:
         T = np.eye(4)
         T[:3, 3] = T_cam[:3, 3] + [0.0, 0.0, 0.3]
         poses.append(T)
-    out = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    out = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores", "speed_m_s": args.speed,
            "surfels": len(surfels), "rays": args.lasers * args.columns}
     images = {}
     for backend in args.backends.split(","):
@@ -126,7 +133,7 @@ def main(argv=None) -> dict:
             dirs = spec.ray_directions()
             sweep, inputs = partial(open3d_sweep, scene, spec), [o3d.core.Tensor(sensor_rays(T, dirs)) for T in poses]
         else:
-            entry, sweep, inputs = {}, partial(gsim_sweep, surfels, spec, backend), poses
+            entry, sweep, inputs = {}, partial(gsim_sweep, surfels, spec, backend, args.speed), poses
         warmup, times, images[backend] = time_sweeps(sweep, inputs)
         out[backend] = {"median_ms": round(1000 * statistics.median(times), 1), "sweeps": len(times),
                         "median_returns": int(statistics.median([np.count_nonzero(im) for im in images[backend]])),

@@ -41,6 +41,7 @@ from gsim.render.numba_backend import FASTMATH, _depth_keys, _exp_neg, _tile_lis
 
 NEAR = 0.01  # m: hits and centres closer along the ray are ignored
 RAYS_PER_CELL = 16
+MAX_CELL_RAD = math.radians(2.0)  # sparse rays (a training batch): small cells keep the surfel lists short
 SEAM_BINS = 720  # resolution of the search for an empty azimuth arc (0.5 degrees)
 N_REC = 13  # per surfel: centre (3), e_u / s_u (3), e_v / s_v (3), unit normal (3), opacity
 
@@ -336,7 +337,7 @@ def _grid(az: np.ndarray, el: np.ndarray):
         az_lo = -np.pi + (ends[k] % SEAM_BINS) * bin_w
         span, circle = (SEAM_BINS - min(ends[k] - starts[k], SEAM_BINS)) * bin_w, 0.0
     el_lo, el_span = float(el.min()), max(float(el.max() - el.min()), 1e-9)
-    step = max(math.sqrt(span * el_span * RAYS_PER_CELL / R), 1e-6)
+    step = min(max(math.sqrt(span * el_span * RAYS_PER_CELL / R), 1e-6), MAX_CELL_RAD)
     n_az = max(1, min(int(math.ceil(span / step)), 1 << 14))
     n_el = max(1, min(int(math.ceil(el_span / step)), 1 << 10))
     az_step, el_step = span / n_az, el_span * (1 + 1e-9) / n_el + 1e-12

@@ -38,10 +38,13 @@ def composite(origins: torch.Tensor, dirs: torch.Tensor, column: torch.Tensor, m
     # gathers by index_select: its backward sums in a fixed order (indexing's backward may not), so a
     # training run is repeatable bit for bit
     take = lambda x: torch.index_select(x, 0, j.reshape(-1)).reshape(j.shape + x.shape[1:])
-    g = take(group)  # (R,K)
-    A = group_from_world[g, column[:, None].expand_as(j)]  # (R,K,3,4)
-    o = torch.einsum("rkab,rb->rka", A[..., :3], origins) + A[..., 3]
-    d = torch.einsum("rkab,rb->rka", A[..., :3], dirs)
+    if group_from_world.shape[0] == 1:  # the world alone: no ray needs taking into another frame
+        A = None
+        o, d = origins[:, None].expand(j.shape + (3,)), dirs[:, None].expand(j.shape + (3,))
+    else:
+        A = group_from_world[take(group), column[:, None].expand_as(j)]  # (R,K,3,4)
+        o = torch.einsum("rkab,rb->rka", A[..., :3], origins) + A[..., 3]
+        d = torch.einsum("rkab,rb->rka", A[..., :3], dirs)
     Rm = quat_to_rotmat(torch.nn.functional.normalize(quats, dim=-1))  # (N,3,3): columns e_u, e_v, n
     Rj, sj = take(Rm), take(scales)
     eu, ev, n = Rj[..., 0] / sj[..., 0:1], Rj[..., 1] / sj[..., 1:2], Rj[..., 2]
@@ -74,7 +77,7 @@ def composite(origins: torch.Tensor, dirs: torch.Tensor, column: torch.Tensor, m
     crossed = (acc >= hit_alpha) & (acc - w < hit_alpha) & (w > 0)
     median = (crossed * rng).sum(-1)
     s = torch.where(nd > 0, -torch.ones_like(nd), torch.ones_like(nd))[..., None]
-    n_world = torch.einsum("rkba,rkb->rka", A[..., :3], n)  # A^T n
+    n_world = n if A is None else torch.einsum("rkba,rkb->rka", A[..., :3], n)  # A^T n
     F = features.shape[1]
     return {"alpha": w.sum(-1), "range_sum": (w * rng).sum(-1), "median": median,
             "normal": (w[..., None] * s * n_world).sum(1),

@@ -3,8 +3,8 @@
 Rolling sweep: each column fires at its own time (the spec's timing model), and the sensor's pose
 and every actor's pose are taken at that time: from a sensor trajectory (timestamps, poses)
 interpolated like the logs' poses, and from the actors' tracks. The sweep is cut into bundles of
-consecutive columns over which the sensor and the actors move at most BUNDLE_SPREAD_M; each bundle
-is binned from its middle column's pose. ``rolling=False`` holds everything at the sweep start.
+consecutive columns over which the sensor and the actors move at most BUNDLE_SPREAD_M (fewer when the
+rays are few); each bundle is binned from its middle column's pose, with margins for the motion. ``rolling=False`` holds everything at the sweep start.
 Points are reported in the sensor frame of their own column (what a spinning LiDAR reports).
 
 Range: the median (where the accumulated alpha first reaches ``hit_alpha``, a first-return
@@ -29,6 +29,7 @@ from gsim.lidar.spec import LidarSpec, RayTableSpec
 BEAM_DIVERGENCE_RAD = 3e-3  # full angle; spec sheets give 1.5-3 mrad (HDL-64E ~2, VLP-16 3)
 BUNDLE_SPREAD_M = 0.1  # how far the sensor or an actor may move within one bundle of columns
 MAX_BUNDLES = 64
+MIN_BUNDLE_RAYS = 8192
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,27 +85,19 @@ class SurfelGroups:
     radius: np.ndarray
 
     @staticmethod
-    def build(parts, tracks) -> "SurfelGroups":
-        """From numpy Surfels per group (the first in the world) and the actors' tracks."""
+    def build(means, quats, scales, opacities, features, group, tracks) -> "SurfelGroups":
+        """From numpy arrays (activated values; features (N,F) or None) with each surfel's group (N,) (0: the
+        world, g: the frame of actor g - 1) and the actors' tracks."""
         from .kernel import N_REC, surfel_records
-        feats = [p.features for p in parts]
-        widths = {f.shape[1] for f in feats if f is not None}
-        if len(widths) > 1 or (widths and any(f is None for f in feats)):
-            raise ValueError("render_lidar: the background and actors must all have features of one width, or none")
-        F = widths.pop() if widths else 0
-        n = sum(len(p) for p in parts)
+        c = lambda x, dt=np.float64: np.ascontiguousarray(x, dt)
+        n = len(means)
         rec = np.empty((n, N_REC), np.float32)
-        c = lambda x, dt=np.float64: np.ascontiguousarray(np.concatenate(x), dt)
-        surfel_records(c([p.means for p in parts]), c([p.quats for p in parts]), c([p.scales for p in parts]),
-                       c([p.opacities for p in parts]), rec)
-        scales = c([p.scales for p in parts], np.float32)
-        group = np.concatenate([np.full(len(p), g, np.int64) for g, p in enumerate(parts)])
-        radius = np.zeros(len(parts))
-        for g, p in enumerate(parts):
-            if len(p):
-                radius[g] = float((np.linalg.norm(p.means, axis=1) + 3.5 * p.scales.max(1)).max())
-        features = c([p.features for p in parts], np.float32) if F else np.zeros((n, 0), np.float32)
-        return SurfelGroups(rec, c([p.quats for p in parts]), scales, features, group, tuple(tracks), radius)
+        surfel_records(c(means), c(quats), c(scales), c(opacities), rec)
+        group = c(group, np.int64)
+        radius = np.zeros(1 + len(tracks))
+        np.maximum.at(radius, group, np.linalg.norm(means, axis=1) + 3.5 * scales.max(1))
+        feats = c(features, np.float32) if features is not None else np.zeros((n, 0), np.float32)
+        return SurfelGroups(rec, c(quats), c(scales, np.float32), feats, group, tuple(tracks), radius)
 
 
 def _groups(scene_or_surfels) -> SurfelGroups:
@@ -121,10 +114,19 @@ def _cached_groups(scene_or_surfels) -> SurfelGroups:
     sweeps of one scene."""
     from gsim.surfels import Surfels
     if isinstance(scene_or_surfels, Surfels):
-        return SurfelGroups.build([scene_or_surfels.numpy()], [])
-    s = scene_or_surfels
-    return SurfelGroups.build([s.background.numpy()] + [a.surfels.numpy() for a in s.actors],
-                              [(a.track_timestamps_us, a.track_poses) for a in s.actors])
+        parts, tracks = [scene_or_surfels.numpy()], []
+    else:
+        s = scene_or_surfels
+        parts = [s.background.numpy()] + [a.surfels.numpy() for a in s.actors]
+        tracks = [(a.track_timestamps_us, a.track_poses) for a in s.actors]
+    feats = [p.features for p in parts]
+    if len({f.shape[1] for f in feats if f is not None}) > 1 or (any(f is None for f in feats)
+                                                                 and any(f is not None for f in feats)):
+        raise ValueError("render_lidar: the background and actors must all have features of one width, or none")
+    cat = lambda k: np.concatenate([getattr(p, k) for p in parts])
+    return SurfelGroups.build(cat("means"), cat("quats"), cat("scales"), cat("opacities"),
+                              None if feats[0] is None else cat("features"),
+                              np.concatenate([np.full(len(p), g) for g, p in enumerate(parts)]), tracks)
 
 
 def _sensor_poses(T_world_lidar, timestamp_us: Optional[int], times_us: np.ndarray, rolling: bool) -> np.ndarray:
@@ -146,13 +148,15 @@ def _sensor_poses(T_world_lidar, timestamp_us: Optional[int], times_us: np.ndarr
     return np.broadcast_to(T, (len(times_us), 4, 4))
 
 
-def _bundles(origins: np.ndarray, actor_poses: np.ndarray) -> List[np.ndarray]:
-    """Consecutive column ranges over which the sensor and each actor origin move about BUNDLE_SPREAD_M."""
+def _bundles(origins: np.ndarray, actor_poses: np.ndarray, n_rays: int) -> List[np.ndarray]:
+    """Consecutive column ranges over which the sensor and each actor origin move about BUNDLE_SPREAD_M; at
+    least MIN_BUNDLE_RAYS rays per bundle (each bundle bins every surfel again: with few rays, as in a training
+    batch, wider margins cost less than more binning)."""
     C = len(origins)
     path = np.linalg.norm(np.diff(origins, axis=0), axis=1).sum()
     for P in actor_poses:
         path = max(path, np.linalg.norm(np.diff(P[:, :3, 3], axis=0), axis=1).sum())
-    n = int(min(MAX_BUNDLES, C, max(1, math.ceil(path / BUNDLE_SPREAD_M))))
+    n = int(min(MAX_BUNDLES, C, max(1, n_rays // MIN_BUNDLE_RAYS), max(1, math.ceil(path / BUNDLE_SPREAD_M))))
     return np.array_split(np.arange(C), n)
 
 
@@ -248,7 +252,7 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: 
     F = groups.features.shape[1]
     out = {"alpha": np.zeros(R), "range_sum": np.zeros(R), "median": np.zeros(R), "normal": np.zeros((R, 3)),
            "features": np.zeros((R, F)), "candidates": np.full((R, candidates), -1, np.int64)}
-    for cols in _bundles(sensor[:, :3, 3], world_from_group[1:]):
+    for cols in _bundles(sensor[:, :3, 3], world_from_group[1:], R):
         rays = by_column[bounds[cols[0]]:bounds[cols[-1] + 1]]
         if len(rays) == 0:
             continue
@@ -274,10 +278,11 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: 
 def _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, hit_alpha, out, rays,
                   chunk: int = 4096) -> None:
     """The reference: every surfel whose cap (the kernel's, recomputed here) holds a ray is composited
-    for it, in the kernel's order, by lidar.reference.composite."""
+    for it, in the kernel's order, by lidar.reference.composite; on the GPU when torch has CUDA."""
     import torch
     from .reference import composite
-    t = lambda x, dt=torch.float64: torch.as_tensor(np.ascontiguousarray(x), dtype=dt)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t = lambda x, dt=torch.float64: torch.as_tensor(np.ascontiguousarray(x), dtype=dt, device=dev)
     rec = t(groups.rec)
     means, op, g = rec[:, :3], rec[:, 12], t(groups.group, torch.int64)
     W = t(ref)
@@ -299,16 +304,16 @@ def _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, 
     gfw = t(group_from_world)
     feats = t(groups.features)
     for k in range(0, len(rays), chunk):
-        r = torch.as_tensor(rays[k:k + chunk])
-        d = t(dirs)[r]
+        r = rays[k:k + chunk]
+        d = t(dirs[r])
         hit = (d @ u.T) >= cos_rho[order][None]
         K = int(hit.sum(1).max()) if len(order) else 0
-        idx = torch.sort(torch.where(hit, torch.arange(len(order))[None], len(order)), dim=1).values[:, :K]
+        idx = torch.sort(torch.where(hit, torch.arange(len(order), device=dev)[None], len(order)), dim=1).values[:, :K]
         cand = torch.where(idx < len(order), torch.cat([order, order.new_full((1,), -1)])[idx], -1)
-        res = composite(t(origins)[r], d, torch.as_tensor(column)[r], means, quats, scales, op, feats, g, gfw, cand,
+        res = composite(t(origins[r]), d, t(column[r], torch.int64), means, quats, scales, op, feats, g, gfw, cand,
                         BEAM_DIVERGENCE_RAD, hit_alpha)
         for key in ("alpha", "range_sum", "median", "normal", "features"):
-            out[key][rays[k:k + chunk]] = res[key].numpy()
+            out[key][r] = res[key].cpu().numpy()
 
 
 def _frame(spec, lay: _Layout, out: dict, dirs: np.ndarray, sensor: np.ndarray, hit_alpha: float,

@@ -9,7 +9,6 @@ import torch
 from gsim.lidar.heads import head_inputs, mlp
 from gsim.lidar.reference import composite
 from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, trace
-from gsim.surfels import Surfels
 
 from .lidar_rays import SweepRays
 from .log import DrivingLog
@@ -23,19 +22,24 @@ def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
     order = np.argsort(rays.times_us, kind="stable")
     poses = rays.poses(log)[order]
     dirs = np.einsum("rij,rj->ri", poses[:, :3, :3], rays.dirs[order])
-    s = model.activated()
-    own = model.owner.numpy()
-    perm = np.argsort(own, kind="stable")  # the kernel takes the surfels grouped: background, then each actor
-    arrays = [x.detach().numpy()[perm] for x in (s.means, s.quats, s.scales, s.opacities, s.colors)]
-    cut = np.searchsorted(own[perm], np.arange(-1, len(model.tracks) + 1))
-    parts = [Surfels(*(x[cut[k]:cut[k + 1]] for x in arrays)) for k in range(len(model.tracks) + 1)]
-    groups = SurfelGroups.build(parts, [(t.timestamps_us, t.poses) for t in model.tracks])
+    p = model.params
+    with torch.no_grad():
+        groups = SurfelGroups.build(p["means"].numpy(), torch.nn.functional.normalize(p["quats"], dim=-1).numpy(),
+                                    p["log_scales"].exp().numpy(), torch.sigmoid(p["logit_opacities"]).numpy(), None,
+                                    (model.owner + 1).numpy(), [(t.timestamps_us, t.poses) for t in model.tracks])
     out = trace(groups, poses, rays.times_us[order], dirs, np.arange(len(order)), HIT_ALPHA, "numba", CANDIDATES)
-    cand = torch.as_tensor(np.where(out["candidates"] >= 0, perm[np.maximum(out["candidates"], 0)], -1))
+    # recomposite with gradients, activating only the surfels some ray takes (a street has far more)
+    found = out["candidates"] >= 0
+    used, local = np.unique(out["candidates"][found], return_inverse=True)
+    cand = np.full(found.shape, -1, np.int64)
+    cand[found] = local
+    idx = torch.as_tensor(used)
+    p = {k: v.index_select(0, idx) for k, v in p.items() if k != "sh"}
     f32 = lambda x: torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32)
-    res = composite(f32(poses[:, :3, 3]), f32(dirs), torch.arange(len(order)), s.means, s.quats, s.scales,
-                    s.opacities, model.params["features"], model.owner + 1, f32(out["group_from_world"]), cand,
-                    BEAM_DIVERGENCE_RAD, HIT_ALPHA)
+    res = composite(f32(poses[:, :3, 3]), f32(dirs), torch.arange(len(order)), p["means"],
+                    torch.nn.functional.normalize(p["quats"], dim=-1), p["log_scales"].exp(),
+                    torch.sigmoid(p["logit_opacities"]), p["features"], model.owner[idx] + 1,
+                    f32(out["group_from_world"]), torch.as_tensor(cand), BEAM_DIVERGENCE_RAD, HIT_ALPHA)
     h = model.head
     logits = mlp(head_inputs(res, f32(dirs)), h["w1"], h["b1"], h["w2"], h["b2"])
     a = res["alpha"]

@@ -207,3 +207,15 @@ def test_a_ray_table_renders_as_one_row():
     f = render_lidar(wall(10.0, 20.0, 0.25, 0.99), spec, np.eye(4))
     assert f.range_image.shape == (1, len(dirs)) and len(f.points) == len(dirs)
     assert np.allclose(f.points[:, 0], 10.0, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_torch_reference_on_cuda_matches_numba():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU with CUDA (the torch reference then runs on it)")
+    s = wall(10.0, 20.0, 0.5, 0.99)
+    a, b = (render_lidar(s, VLP16, np.eye(4), backend=k) for k in ("numba", "torch"))
+    assert np.mean((a.range_image > 0) != (b.range_image > 0)) < 0.005
+    both = (a.range_image > 0) & (b.range_image > 0)
+    assert np.abs(a.range_image[both] - b.range_image[both]).max() < 1e-3
