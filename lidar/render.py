@@ -94,8 +94,9 @@ class SurfelGroups:
         rec = np.empty((n, N_REC), np.float32)
         surfel_records(c(means), c(quats), c(scales), c(opacities), rec)
         group = c(group, np.int64)
-        radius = np.zeros(1 + len(tracks))
-        np.maximum.at(radius, group, np.linalg.norm(means, axis=1) + 3.5 * scales.max(1))
+        radius = np.zeros(1 + len(tracks))  # the world's is not needed: its frame does not move
+        act = np.nonzero(group > 0)[0]
+        np.maximum.at(radius, group[act], np.linalg.norm(means[act], axis=1) + 3.5 * scales[act].max(1))
         feats = c(features, np.float32) if features is not None else np.zeros((n, 0), np.float32)
         return SurfelGroups(rec, c(quats), c(scales, np.float32), feats, group, tuple(tracks), radius)
 
@@ -243,7 +244,8 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: 
     C, R, G = len(sensor), len(dirs), 1 + len(groups.tracks)
     world_from_group = np.tile(np.eye(4), (G, C, 1, 1))
     for g, (ts, poses) in enumerate(groups.tracks, start=1):
-        world_from_group[g] = interpolate_poses(ts, poses, times_us)
+        # a parked actor's track is one pose repeated: nothing to interpolate
+        world_from_group[g] = poses[0] if np.all(poses == poses[:1]) else interpolate_poses(ts, poses, times_us)
     group_from_world = np.ascontiguousarray(invert(world_from_group)[..., :3, :])
     origins = np.ascontiguousarray(sensor[column, :3, 3])
     dirs = np.ascontiguousarray(dirs, np.float64)

@@ -47,6 +47,7 @@ class TrainConfig:
     ssim_weight: float = 0.2
     lidar_weight: float = 0.1  # LiDAR points projected into the camera view: depth L1 + (1 - alpha)
     lidar_rays: int = 2048  # LiDAR rays rendered per step (0: no LiDAR ray losses, no intensity/ray-drop head)
+    lidar_every: int = 4  # steps between LiDAR ray batches (each bins every surfel: costly on a CPU)
     lidar_range_weight: float = 0.1  # ray range L1 (m) + (1 - alpha) on returns
     lidar_intensity_weight: float = 0.5  # MSE of the head's intensity on returns
     lidar_drop_weight: float = 0.05  # BCE of the head's ray drop where the scene has a surface
@@ -67,6 +68,11 @@ class TrainConfig:
     init: InitOptions = field(default_factory=InitOptions)
     densify: DensifyOptions = field(default_factory=DensifyOptions)
 
+    def __post_init__(self):
+        if self.lidar_every < 1 or self.lidar_rays < 0 or self.lidar_rays_per_sweep < 1:
+            raise ValueError(f"TrainConfig: need lidar_every >= 1, lidar_rays >= 0 and lidar_rays_per_sweep >= 1, got "
+                             f"{self.lidar_every}, {self.lidar_rays}, {self.lidar_rays_per_sweep}")
+
     def to_dict(self) -> dict:
         return {"schema_version": CONFIG_SCHEMA, **dataclasses.asdict(self)}
 
@@ -84,6 +90,7 @@ PRESETS = {
     # CUDA: gsplat, the 3DGS schedule
     # (gsplat's render_distort is another definition than 2DGS's distortion: off there)
     "cuda": TrainConfig(preset="cuda", backend="gsplat", iterations=30000, checkpoint_every=5000, distortion_weight=0.0,
+                        lidar_every=1,
                         init=InitOptions(sh_degree=3, voxel_m=0.05, max_surfels=1_000_000),
                         densify=DensifyOptions(start=500, stop=15000, max_surfels=3_000_000)),
 }
@@ -161,7 +168,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log):
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, rays)
     if frame.distortion is not None:
         loss = loss + cfg.distortion_weight * frame.distortion.mean()
-    if sweeps.get(view.frame):
+    if sweeps.get(view.frame) and run.step % cfg.lidar_every == 0:
         frame_sweeps = sweeps[view.frame]
         rays = frame_sweeps[int(run.rng.integers(len(frame_sweeps)))]
         rays = rays.subset(run.rng.choice(len(rays.range), min(cfg.lidar_rays, len(rays.range)), replace=False))

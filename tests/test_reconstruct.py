@@ -193,6 +193,8 @@ def test_bad_input(log_dir, tmp_path):
         reconstruct(log_dir, tmp_path / "none", resume=True, progress=False)
     with pytest.raises(ValueError, match="preset"):
         preset("gpu")
+    with pytest.raises(ValueError, match="lidar_every"):
+        preset("cpu", lidar_every=0)
     if gsim.render.BACKENDS["gsplat"].probe() is not None:
         with pytest.raises(RuntimeError, match="gsplat"):
             reconstruct(log_dir, tmp_path / "c", preset("cuda"), progress=False)
