@@ -70,4 +70,9 @@ def run_demo(out: Path, seed: int = 0, iterations: int = DEMO_ITERATIONS, shift_
     print(f"demo: synth {t1 - t0:.0f} s, reconstruct ({cfg.backend}, {cfg.iterations} it) {t2 - t1:.0f} s, "
           f"eval + video {t3 - t2:.0f} s")
     print(f"held-out PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.4f}{lidar} -> {out / 'eval'}; video {video}")
+    if "lidar_range_median_abs_m" in m:
+        print(f"held-out sweeps: range median |err| {m['lidar_range_median_abs_m']:.3f} m, Chamfer "
+              f"{m['lidar_chamfer_m']:.3f} m, ray-drop accuracy {m['lidar_ray_drop_accuracy']:.3f}"
+              + (f", intensity RMSE {m['lidar_intensity_rmse']:.3f}" if "lidar_intensity_rmse" in m else "")
+              + f"; bird's-eye views {out / 'eval' / 'lidar'}")
     return m

@@ -168,7 +168,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log):
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, rays)
     if frame.distortion is not None:
         loss = loss + cfg.distortion_weight * frame.distortion.mean()
-    if sweeps.get(view.frame) and run.step % cfg.lidar_every == 0:
+    lidar_step = bool(sweeps.get(view.frame)) and run.step % cfg.lidar_every == 0
+    if lidar_step:
         frame_sweeps = sweeps[view.frame]
         rays = frame_sweeps[int(run.rng.integers(len(frame_sweeps)))]
         rays = rays.subset(run.rng.choice(len(rays.range), min(cfg.lidar_rays, len(rays.range)), replace=False))
@@ -178,7 +179,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log):
     loss.backward()
     with torch.no_grad():
         grad = model.params["means"].grad
-        if grad is not None:
+        # densification reads the camera's screen-space gradient: a step with LiDAR rays mixes in theirs
+        if grad is not None and not lidar_step:
             cam = torch.as_tensor(view.T_world_camera[:3, 3], dtype=torch.float32)
             depth = (model.params["means"] - cam).norm(dim=-1)
             run.densifier.accumulate(grad, depth, float(view.camera.fx), view.camera.width)
