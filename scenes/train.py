@@ -47,7 +47,7 @@ class TrainConfig:
     ssim_weight: float = 0.2
     lidar_weight: float = 0.1  # LiDAR points projected into the camera view: depth L1 + (1 - alpha)
     lidar_rays: int = 2048  # LiDAR rays rendered per step (0: no LiDAR ray losses, no intensity/ray-drop head)
-    lidar_every: int = 4  # steps between LiDAR ray batches (each bins every surfel: costly on a CPU)
+    lidar_every: int = 8  # steps between LiDAR ray batches (each bins every surfel: costly on a CPU)
     lidar_range_weight: float = 0.1  # ray range L1 (m) + (1 - alpha) on returns
     lidar_intensity_weight: float = 0.5  # MSE of the head's intensity on returns
     lidar_drop_weight: float = 0.05  # BCE of the head's ray drop where the scene has a surface
