@@ -20,6 +20,7 @@ FEATURES = 8
 HIDDEN = 32
 RANGE_SCALE_M = 50.0
 INPUTS = FEATURES + 2
+WEIGHTS = ("w1", "b1", "w2", "b2")  # the fields of LidarHead, in order
 
 
 def head_inputs(acc: dict, dirs):
@@ -76,7 +77,7 @@ class LidarHead:
 
     def to_dict(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "features": FEATURES, "hidden": HIDDEN,
-                **{k: getattr(self, k).tolist() for k in ("w1", "b1", "w2", "b2")}}
+                **{k: getattr(self, k).tolist() for k in WEIGHTS}}
 
     @staticmethod
     def from_dict(d: dict, where: str = "LidarHead") -> "LidarHead":
@@ -86,7 +87,7 @@ class LidarHead:
             raise ValueError(f"{where}: this gsim reads heads with features={FEATURES}, hidden={HIDDEN}; got "
                              f"features={d.get('features')}, hidden={d.get('hidden')}")
         try:
-            return LidarHead(*(np.asarray(d[k], np.float32) for k in ("w1", "b1", "w2", "b2")))
+            return LidarHead(*(np.asarray(d[k], np.float32) for k in WEIGHTS))
         except KeyError as e:
             raise ValueError(f"{where}: missing field {e}") from None
         except (TypeError, ValueError) as e:

@@ -154,7 +154,8 @@ def _ray_lists(cell, n_cells):
 
 f32 = np.float32
 ONE, ZERO, M_HALF, EXP_FLOOR = f32(1), f32(0), f32(-0.5), f32(-5.6)
-MAX_A, A_MIN, T_END, F_INV_SQ, NEAR32 = f32(MAX_ALPHA), f32(ALPHA_THRESHOLD), f32(T_MIN), f32(FILTER_INV_SQUARE), f32(NEAR)
+MAX_A, A_MIN, T_END = f32(MAX_ALPHA), f32(ALPHA_THRESHOLD), f32(T_MIN)
+F_INV_SQ, NEAR32 = f32(FILTER_INV_SQUARE), f32(NEAR)
 # A cell's state, per chunk of LANES rays: planes of LANES (ray origin relative to the reference origin,
 # direction, transmittance, alpha, range sum, median, normal, this surfel's weight). The plane offsets
 # are uint64 constants, as in the camera compositor: no negative-index wraparound, and LLVM can prove
@@ -251,7 +252,8 @@ def _make_compositor(track: bool):
                     j = lst[k]
                     g = group[j]
                     geo = _geometry(rec, j)
-                    w0, w1, w2, u0, u1, u2, cos_rho = cap[j, 0], cap[j, 1], cap[j, 2], cap[j, 3], cap[j, 4], cap[j, 5], cap[j, 6]
+                    w0, w1, w2, cos_rho = cap[j, 0], cap[j, 1], cap[j, 2], cap[j, 6]
+                    u0, u1, u2 = cap[j, 3], cap[j, 4], cap[j, 5]
                     if g == 0:  # the world frame: LANES rays at once
                         nx, ny, nz = rec[j, 9], rec[j, 10], rec[j, 11]
                         for ch in range(chunks):

@@ -4,7 +4,8 @@ Rolling sweep: each column fires at its own time (the spec's timing model), and 
 and every actor's pose are taken at that time: from a sensor trajectory (timestamps, poses)
 interpolated like the logs' poses, and from the actors' tracks. The sweep is cut into bundles of
 consecutive columns over which the sensor and the actors move at most BUNDLE_SPREAD_M (fewer when the
-rays are few); each bundle is binned from its middle column's pose, with margins for the motion. ``rolling=False`` holds everything at the sweep start.
+rays are few); each bundle is binned from its middle column's pose, with margins for the motion.
+``rolling=False`` holds everything at the sweep start.
 Points are reported in the sensor frame of their own column (what a spinning LiDAR reports).
 
 Range: the median (where the accumulated alpha first reaches ``hit_alpha``, a first-return
@@ -120,13 +121,11 @@ def _cached_groups(scene_or_surfels) -> SurfelGroups:
         s = scene_or_surfels
         parts = [s.background.numpy()] + [a.surfels.numpy() for a in s.actors]
         tracks = [(a.track_timestamps_us, a.track_poses) for a in s.actors]
-    feats = [p.features for p in parts]
-    if len({f.shape[1] for f in feats if f is not None}) > 1 or (any(f is None for f in feats)
-                                                                 and any(f is not None for f in feats)):
+    if len({None if p.features is None else p.features.shape[1] for p in parts}) > 1:
         raise ValueError("render_lidar: the background and actors must all have features of one width, or none")
     cat = lambda k: np.concatenate([getattr(p, k) for p in parts])
     return SurfelGroups.build(cat("means"), cat("quats"), cat("scales"), cat("opacities"),
-                              None if feats[0] is None else cat("features"),
+                              None if parts[0].features is None else cat("features"),
                               np.concatenate([np.full(len(p), g) for g, p in enumerate(parts)]), tracks)
 
 
@@ -191,11 +190,32 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     L, C = lay.directions.shape[:2]
     dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
     out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name)
+    hit, intensity, drop = _returns(out, dirs, hit_alpha, spec.min_range_m, spec.max_range_m,
+                                    _head(scene_or_surfels, head, groups))
+    return _frame(lay, out, sensor, hit, intensity, drop)
+
+
+def _head(scene_or_surfels, head, groups: SurfelGroups):
+    """The head to decode with (the one given, else the scene's own, else None), checked against the surfels."""
+    from .heads import FEATURES
     head = head if head is not None else getattr(scene_or_surfels, "lidar_head", None)
-    if head is not None and groups.features.shape[1] != head.w1.shape[0] - 2:
-        raise ValueError(f"render_lidar: the LiDAR head decodes {head.w1.shape[0] - 2} features per surfel, the "
-                         f"surfels have {groups.features.shape[1]}")
-    return _frame(spec, lay, out, dirs, sensor, hit_alpha, head)
+    if head is not None and groups.features.shape[1] != FEATURES:
+        raise ValueError(f"render_lidar: the LiDAR head decodes {FEATURES} features per surfel, the surfels have "
+                         f"{groups.features.shape[1]}")
+    return head
+
+
+def _returns(out: dict, dirs: np.ndarray, hit_alpha: float, min_range_m: float, max_range_m: float, head):
+    """Which traced rays return (alpha reaches hit_alpha, the first-return range within the sensor's, and the
+    head, if any, does not drop them), with the head's intensity and drop probability (1 where nothing was
+    hit; both None without a head)."""
+    alpha, median = out["alpha"], out["median"]
+    hit = (alpha >= hit_alpha) & (median >= min_range_m) & (median <= max_range_m)
+    if head is None:
+        return hit, None, None
+    intensity, p = head(out, dirs)
+    drop = np.where(alpha >= hit_alpha, p, 1.0).astype(np.float32)
+    return hit & (drop < 0.5), intensity, drop
 
 
 def _backend(backend: str) -> str:
@@ -216,22 +236,25 @@ def render_rays(scene_or_surfels, T_world_lidar: np.ndarray, times_us: np.ndarra
     (R,) (the actors' poses), dirs (R,3) unit, sensor frame. Returns {"range": (R,) m, 0 = no return,
     "intensity": (R,) or None, "drop_probability": (R,) or None} (see `render_lidar`)."""
     groups = _groups(scene_or_surfels)
-    head = head if head is not None else getattr(scene_or_surfels, "lidar_head", None)
-    order = np.argsort(times_us, kind="stable")
-    poses = np.asarray(T_world_lidar, np.float64)[order]
-    world = np.einsum("rij,rj->ri", poses[:, :3, :3], np.asarray(dirs, np.float64)[order])
-    out = trace(groups, poses, np.asarray(times_us)[order], world, np.arange(len(order)), hit_alpha,
-                _backend(backend))
-    hit = (out["alpha"] >= hit_alpha) & (out["median"] >= min_range_m) & (out["median"] <= max_range_m)
-    intensity = drop = None
-    if head is not None and groups.features.shape[1]:
-        intensity, drop = head(out, world)
-        drop = np.where(out["alpha"] >= hit_alpha, drop, 1.0)
-        hit &= drop < 0.5
+    head = _head(scene_or_surfels, head, groups)
+    out, order, _, world = trace_rays(groups, T_world_lidar, times_us, dirs, hit_alpha, _backend(backend))
+    hit, intensity, drop = _returns(out, world, hit_alpha, min_range_m, max_range_m, head)
     back = np.argsort(order)
     pick = lambda x: None if x is None else x[back].astype(np.float32)
     return {"range": pick(np.where(hit, out["median"], 0.0)), "intensity": pick(intensity),
             "drop_probability": pick(drop)}
+
+
+def trace_rays(groups: SurfelGroups, T_world_lidar: np.ndarray, times_us: np.ndarray, dirs: np.ndarray,
+               hit_alpha: float, backend: str = "numba", candidates: int = 0):
+    """`trace` of rays each with its own sensor pose (R,4,4), time (R,) and sensor-frame direction (R,3), taken
+    in time order: (trace's output, the order, the poses and the world directions in that order)."""
+    order = np.argsort(times_us, kind="stable")
+    poses = np.asarray(T_world_lidar, np.float64)[order]
+    world = np.einsum("rij,rj->ri", poses[:, :3, :3], np.asarray(dirs, np.float64)[order])
+    out = trace(groups, poses, np.asarray(times_us)[order], world, np.arange(len(order)), hit_alpha, backend,
+                candidates)
+    return out, order, poses, world
 
 
 def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: np.ndarray, column: np.ndarray,
@@ -318,20 +341,16 @@ def _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, 
             out[key][r] = res[key].cpu().numpy()
 
 
-def _frame(spec, lay: _Layout, out: dict, dirs: np.ndarray, sensor: np.ndarray, hit_alpha: float,
-           head) -> LidarFrame:
+def _frame(lay: _Layout, out: dict, sensor: np.ndarray, hit: np.ndarray, intensity, drop) -> LidarFrame:
     L, C = lay.directions.shape[:2]
+    hit = hit.reshape(L, C)
     alpha = out["alpha"].reshape(L, C)
     median = out["median"].reshape(L, C)
     expected = np.where(alpha > 0, out["range_sum"].reshape(L, C) / np.where(alpha > 0, alpha, 1), 0.0)
-    hit = (alpha >= hit_alpha) & (median >= spec.min_range_m) & (median <= spec.max_range_m)
-    intensity = drop = None
-    if head is not None:
-        intensity, p = (x.reshape(L, C) for x in head(out, dirs))
-        drop = np.where(alpha >= hit_alpha, p, 1.0).astype(np.float32)
-        hit &= drop < 0.5
     ring, column = np.nonzero(hit)
     r = median[ring, column]
+    if intensity is not None:
+        intensity = intensity.reshape(L, C)[ring, column].astype(np.float32)
     n = out["normal"].reshape(L, C, 3)[ring, column]
     if np.all(sensor[:, :3, :3] == sensor[:1, :3, :3]):
         n = n @ sensor[0, :3, :3]  # R^T n for one sensor orientation
@@ -343,5 +362,5 @@ def _frame(spec, lay: _Layout, out: dict, dirs: np.ndarray, sensor: np.ndarray, 
                       time_offset_us=lay.time_offsets_us[ring, column], normals=n.astype(np.float32),
                       range_image=np.where(hit, median, 0.0).astype(np.float32),
                       expected_range_image=expected.astype(np.float32), alpha_image=alpha.astype(np.float32),
-                      intensity=None if intensity is None else intensity[ring, column].astype(np.float32),
-                      drop_probability_image=drop)
+                      intensity=intensity,
+                      drop_probability_image=None if drop is None else drop.reshape(L, C))

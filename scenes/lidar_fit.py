@@ -8,7 +8,7 @@ import torch
 
 from gsim.lidar.heads import head_inputs, mlp
 from gsim.lidar.reference import composite
-from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, trace
+from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, trace_rays
 
 from .lidar_rays import SweepRays
 from .log import DrivingLog
@@ -19,15 +19,13 @@ HIT_ALPHA = 0.5
 
 def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
     """Torch outputs per ray (in ``rays`` order): alpha, expected range, and the head's logits (R,2)."""
-    order = np.argsort(rays.times_us, kind="stable")
-    poses = rays.poses(log)[order]
-    dirs = np.einsum("rij,rj->ri", poses[:, :3, :3], rays.dirs[order])
     p = model.params
     with torch.no_grad():
         groups = SurfelGroups.build(p["means"].numpy(), torch.nn.functional.normalize(p["quats"], dim=-1).numpy(),
                                     p["log_scales"].exp().numpy(), torch.sigmoid(p["logit_opacities"]).numpy(), None,
                                     (model.owner + 1).numpy(), [(t.timestamps_us, t.poses) for t in model.tracks])
-    out = trace(groups, poses, rays.times_us[order], dirs, np.arange(len(order)), HIT_ALPHA, "numba", CANDIDATES)
+    out, order, poses, dirs = trace_rays(groups, rays.poses(log), rays.times_us, rays.dirs, HIT_ALPHA, "numba",
+                                         CANDIDATES)
     # recomposite with gradients, activating only the surfels some ray takes (a street has far more)
     found = out["candidates"] >= 0
     used, local = np.unique(out["candidates"][found], return_inverse=True)

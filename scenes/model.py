@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from gsim.appearance import IDENTITY_AFFINE, Sky
-from gsim.lidar.heads import FEATURES, LidarHead
+from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.scene import Actor, Scene
 from gsim.surfels import Surfels
 from gsim.transforms import rotmat_to_quat
@@ -21,7 +21,6 @@ from gsim.transforms import rotmat_to_quat
 from .log import ActorTrack
 
 PARAMS = ("means", "quats", "log_scales", "logit_opacities", "sh", "features")
-HEAD = ("w1", "b1", "w2", "b2")
 SKY_SHAPE = (32, 64)
 
 
@@ -60,7 +59,7 @@ class SceneModel:
         return SceneModel({k: torch.tensor(np.asarray(v), dtype=torch.float32) for k, v in raw.items()},
                           torch.as_tensor(owner, dtype=torch.int64), tracks, torch.from_numpy(sky),
                           {c: torch.tensor(IDENTITY_AFFINE, dtype=torch.float32) for c in cameras},
-                          {k: torch.from_numpy(getattr(LidarHead.initial(), k)) for k in HEAD})
+                          {k: torch.from_numpy(getattr(LidarHead.initial(), k)) for k in WEIGHTS})
 
     @staticmethod
     def from_state(state: dict, tracks: Sequence[ActorTrack]) -> "SceneModel":
@@ -115,7 +114,7 @@ class SceneModel:
                        for k, t in enumerate(self.tracks))
         return Scene(background=pick(own == -1), actors=actors, sky=Sky(self.sky.detach().clamp(0, 1).numpy().copy()),
                      appearance={c: a.detach().numpy().astype(np.float64) for c, a in self.affine.items()},
-                     lidar_head=LidarHead(*(self.head[k].detach().numpy() for k in HEAD)) if lidar else None)
+                     lidar_head=LidarHead(*(self.head[k].detach().numpy() for k in WEIGHTS)) if lidar else None)
 
     def state_dict(self) -> dict:
         return {"params": {k: v.detach().clone() for k, v in self.params.items()}, "owner": self.owner.clone(),

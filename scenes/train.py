@@ -175,7 +175,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log):
         rays = rays.subset(run.rng.choice(len(rays.range), min(cfg.lidar_rays, len(rays.range)), replace=False))
         out = render_rays(model, log, rays)
         rng_l, int_l, drop_l = losses.lidar_rays(out, torch.from_numpy(rays.range), torch.from_numpy(rays.intensity))
-        loss = loss + cfg.lidar_range_weight * rng_l + cfg.lidar_intensity_weight * int_l + cfg.lidar_drop_weight * drop_l
+        loss = (loss + cfg.lidar_range_weight * rng_l + cfg.lidar_intensity_weight * int_l
+                + cfg.lidar_drop_weight * drop_l)
     loss.backward()
     with torch.no_grad():
         grad = model.params["means"].grad
