@@ -42,6 +42,7 @@ from gsim.render.numba_backend import FASTMATH, _depth_keys, _exp_neg, _tile_lis
 NEAR = 0.01  # m: hits and centres closer along the ray are ignored
 RAYS_PER_CELL = 16
 MAX_CELL_RAD = math.radians(2.0)  # sparse rays (a training batch): small cells keep the surfel lists short
+CAP_SLACK = 2e-3  # rad: the float32 test d.u >= cos(rho) resolves small angles only to ~4e-4 rad
 SEAM_BINS = 720  # resolution of the search for an empty azimuth arc (0.5 degrees)
 N_REC = 13  # per surfel: centre (3), e_u / s_u (3), e_v / s_v (3), unit normal (3), opacity
 
@@ -95,7 +96,7 @@ def _caps(rec, scales, group, world_from_group, o_ref, R_ref, margin, tan_div, g
         rho = 0.0
         if not full:  # the filter's angle: tan_div sqrt(lg) >= its atan
             rho = max(math.asin(r3 / (dist - d)), tan_div * math.sqrt(lg)) + (math.asin(d / dist) if d > 0 else 0.0)
-            rho += 1e-6
+            rho += CAP_SLACK
             full = rho >= 0.5 * math.pi
         inv = 1.0 / max(dist, 1e-30)
         cap[i, 0], cap[i, 1], cap[i, 2] = w0, w1, w2
@@ -126,12 +127,13 @@ def _caps(rec, scales, group, world_from_group, o_ref, R_ref, margin, tan_div, g
                 x0, x1 = (xa + n_az, xb + n_az) if xa < 0 else (xa, xb)
                 if x1 - x0 >= n_az:
                     x0, x1 = 0, n_az
-            else:  # a partial grid: the cap, or its copy one turn back, may meet it
-                span = int(math.floor(2 * math.pi / az_step))
+            else:  # a partial grid: the cap, or its copy one turn either side, may meet it (the union's span)
                 x0, x1 = max(xa, 0), min(xb, n_az)
-                c0, c1 = max(xa - span - 1, 0), min(xb - span, n_az)
-                if c0 < c1:
-                    x0, x1 = (min(x0, c0), max(x1, c1)) if x0 < x1 else (c0, c1)
+                for turn in (2 * math.pi, -2 * math.pi):
+                    c0 = max(int(math.floor((a + turn - half) / az_step)), 0)
+                    c1 = min(int(math.floor((a + turn + half) / az_step)) + 1, n_az)
+                    if c0 < c1:
+                        x0, x1 = (min(x0, c0), max(x1, c1)) if x0 < x1 else (c0, c1)
         if x0 < x1:
             rect[i, 0], rect[i, 1], rect[i, 2], rect[i, 3] = x0, x1, y0, y1
 
@@ -215,6 +217,49 @@ def _update(st, i, al, rng, n0, n1, n2, hit_alpha):
     st[PT + i] = ZERO if stop else (nT if take else T)
 
 
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def _world_chunk(st, base, w0, w1, w2, u0, u1, u2, cos_rho, geo, nx, ny, nz, inv2, hit) -> bool:
+    """Composite a world-frame surfel (centre w relative to the reference origin, cap (u, cos_rho), unit
+    normal n) into the LANES rays of the chunk at ``base``. Most chunks have no live lane in the cap: that
+    cheap test comes first, and such a chunk only has its weights zeroed (False). The cap only culls: a ray's
+    alpha decides (the cap holds every ray that reaches the threshold, with CAP_SLACK for float32)."""
+    reach = 0
+    for lane in range(U_LANES):
+        i = base + lane
+        inside = st[DX + i] * u0 + st[DY + i] * u1 + st[DZ + i] * u2 >= cos_rho
+        reach += inside & (st[PT + i] > ZERO)
+    if reach == 0:
+        for lane in range(U_LANES):
+            st[PW + base + lane] = ZERO
+        return False
+    for lane in range(U_LANES):
+        i = base + lane
+        d0, d1, d2 = st[DX + i], st[DY + i], st[DZ + i]
+        al, rng, nd = _alpha_range(w0 - st[OX + i], w1 - st[OY + i], w2 - st[OZ + i], d0, d1, d2, geo, inv2)
+        s = -ONE if nd > ZERO else ONE
+        _update(st, i, al, rng, s * nx, s * ny, s * nz, hit)
+    return True
+
+
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def _actor_ray(st, i, A, g, c, o0, o1, o2, e0, e1, e2, rec, j, geo, inv2, hit) -> None:
+    """Composite actor surfel j into the ray at i (world origin o, direction e), taken into the actor's
+    frame by A[g, c] (3,4), its group_from_world at the ray's firing time (A comes whole: a slice per ray
+    would touch its reference count from every thread)."""
+    p0 = rec[j, 0] - (A[g, c, 0, 0] * o0 + A[g, c, 0, 1] * o1 + A[g, c, 0, 2] * o2 + A[g, c, 0, 3])
+    p1 = rec[j, 1] - (A[g, c, 1, 0] * o0 + A[g, c, 1, 1] * o1 + A[g, c, 1, 2] * o2 + A[g, c, 1, 3])
+    p2 = rec[j, 2] - (A[g, c, 2, 0] * o0 + A[g, c, 2, 1] * o1 + A[g, c, 2, 2] * o2 + A[g, c, 2, 3])
+    d0 = A[g, c, 0, 0] * e0 + A[g, c, 0, 1] * e1 + A[g, c, 0, 2] * e2
+    d1 = A[g, c, 1, 0] * e0 + A[g, c, 1, 1] * e1 + A[g, c, 1, 2] * e2
+    d2 = A[g, c, 2, 0] * e0 + A[g, c, 2, 1] * e1 + A[g, c, 2, 2] * e2
+    al, rng, nd = _alpha_range(f32(p0), f32(p1), f32(p2), f32(d0), f32(d1), f32(d2), geo, inv2)
+    s = -1.0 if nd > 0 else 1.0
+    nx, ny, nz = rec[j, 9], rec[j, 10], rec[j, 11]  # A^T n: the normal in the world
+    _update(st, i, al, rng, f32(s * (A[g, c, 0, 0] * nx + A[g, c, 1, 0] * ny + A[g, c, 2, 0] * nz)),
+            f32(s * (A[g, c, 0, 1] * nx + A[g, c, 1, 1] * ny + A[g, c, 2, 1] * nz)), f32(s * (A[g, c, 0, 2] * nx + A[g, c, 1, 2] * ny + A[g, c, 2, 2] * nz)),
+            hit)
+
+
 def _make_compositor(track: bool):
     """The cell compositor; ``track`` (a closure constant) also records each ray's first K contributors."""
 
@@ -257,24 +302,8 @@ def _make_compositor(track: bool):
                     if g == 0:  # the world frame: LANES rays at once
                         nx, ny, nz = rec[j, 9], rec[j, 10], rec[j, 11]
                         for ch in range(chunks):
-                            base = np.uint64(ch * CHUNK)
-                            reach = 0  # lanes in the cap and not done: most chunks have none (cheap test first)
-                            for lane in range(U_LANES):
-                                i = base + lane
-                                inside = st[DX + i] * u0 + st[DY + i] * u1 + st[DZ + i] * u2 >= cos_rho
-                                reach += inside & (st[PT + i] > ZERO)
-                            if reach == 0:
-                                for lane in range(U_LANES):
-                                    st[PW + base + lane] = ZERO
-                                continue
-                            for lane in range(U_LANES):
-                                i = base + lane
-                                d0, d1, d2 = st[DX + i], st[DY + i], st[DZ + i]
-                                al, rng, nd = _alpha_range(w0 - st[OX + i], w1 - st[OY + i], w2 - st[OZ + i], d0, d1,
-                                                           d2, geo, inv2)
-                                al = al if d0 * u0 + d1 * u1 + d2 * u2 >= cos_rho else ZERO
-                                s = -ONE if nd > ZERO else ONE
-                                _update(st, i, al, rng, s * nx, s * ny, s * nz, hit)
+                            _world_chunk(st, np.uint64(ch * CHUNK), w0, w1, w2, u0, u1, u2, cos_rho, geo, nx, ny, nz,
+                                         inv2, hit)
                     else:  # an actor: each ray taken into its frame at the ray's column
                         for q in range(n):
                             r = ray_order[r0 + q]
@@ -282,21 +311,8 @@ def _make_compositor(track: bool):
                             st[PW + i] = ZERO
                             if st[PT + i] == ZERO or (dirs[r, 0] * u0 + dirs[r, 1] * u1 + dirs[r, 2] * u2 < cos_rho):
                                 continue
-                            A = group_from_world[g, column[r]]
-                            o0, o1, o2 = origins[r, 0], origins[r, 1], origins[r, 2]
-                            e0, e1, e2 = dirs[r, 0], dirs[r, 1], dirs[r, 2]
-                            p0 = rec[j, 0] - (A[0, 0] * o0 + A[0, 1] * o1 + A[0, 2] * o2 + A[0, 3])
-                            p1 = rec[j, 1] - (A[1, 0] * o0 + A[1, 1] * o1 + A[1, 2] * o2 + A[1, 3])
-                            p2 = rec[j, 2] - (A[2, 0] * o0 + A[2, 1] * o1 + A[2, 2] * o2 + A[2, 3])
-                            d0 = A[0, 0] * e0 + A[0, 1] * e1 + A[0, 2] * e2
-                            d1 = A[1, 0] * e0 + A[1, 1] * e1 + A[1, 2] * e2
-                            d2 = A[2, 0] * e0 + A[2, 1] * e1 + A[2, 2] * e2
-                            al, rng, nd = _alpha_range(f32(p0), f32(p1), f32(p2), f32(d0), f32(d1), f32(d2), geo, inv2)
-                            s = -1.0 if nd > 0 else 1.0
-                            nx, ny, nz = rec[j, 9], rec[j, 10], rec[j, 11]  # A^T n: the normal in the world
-                            _update(st, i, al, rng, f32(s * (A[0, 0] * nx + A[1, 0] * ny + A[2, 0] * nz)),
-                                    f32(s * (A[0, 1] * nx + A[1, 1] * ny + A[2, 1] * nz)),
-                                    f32(s * (A[0, 2] * nx + A[1, 2] * ny + A[2, 2] * nz)), hit)
+                            _actor_ray(st, i, group_from_world, g, column[r], origins[r, 0], origins[r, 1],
+                                       origins[r, 2], dirs[r, 0], dirs[r, 1], dirs[r, 2], rec, j, geo, inv2, hit)
                     for f in range(F):
                         fj = feats[j, f]
                         for q in range(n):
@@ -351,14 +367,15 @@ def _grid(az: np.ndarray, el: np.ndarray):
 _WORK = threading.local()
 
 
-def _workspace(n: int):
-    """Per-surfel scratch arrays (rect, depth, cap), reused across calls: fresh pages of large arrays cost
-    more to fault in than the binning that fills them."""
-    w = getattr(_WORK, "arrays", None)
-    if w is None or len(w[1]) < n:
-        w = (np.empty((n, 4), np.int64), np.empty(n, np.float32), np.empty((n, 7), np.float32))
-        _WORK.arrays = w
-    return w[0][:n], w[1][:n], w[2][:n]
+def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
+    """A scratch array kept per thread and reused across calls: fresh pages of large arrays cost more to fault
+    in than the binning that fills them."""
+    n = int(np.prod(shape))
+    buf = getattr(_WORK, name, None)
+    if buf is None or buf.size < n or buf.dtype != dtype:
+        buf = np.empty(n, dtype)
+        setattr(_WORK, name, buf)
+    return buf[:n].reshape(shape)
 
 
 def render_bundle(rec, scales, feats, group, world_from_group, group_from_world, margin, origins, dirs, column,
@@ -371,7 +388,8 @@ def render_bundle(rec, scales, feats, group, world_from_group, group_from_world,
     az = np.arctan2(d_ref[:, 1], d_ref[:, 0])
     el = np.arcsin(np.clip(d_ref[:, 2], -1.0, 1.0))
     grid, cell = _grid(az, el)
-    rect, depth, cap = _workspace(rec.shape[0])
+    n = rec.shape[0]
+    rect, depth, cap = scratch("rect", (n, 4), np.int64), scratch("depth", (n,), np.float32), scratch("cap", (n, 7), np.float32)
     _caps(rec, scales, group, world_from_group, o_ref, R_ref, margin, math.tan(divergence), grid, rect, depth, cap)
     keys = _depth_keys(depth, rect)
     keys.sort()

@@ -61,14 +61,20 @@ class _Layout:
     directions: np.ndarray  # (L,C,3) sensor frame
     time_offsets_us: np.ndarray  # (L,C) int64
     column_us: np.ndarray  # (C,) int64: when a column fires (its first laser)
+    rows: Optional[tuple]  # a spinning sensor's lasers for lidar.sweep (render_strips' rows); None: a ray table
 
 
 @functools.lru_cache(maxsize=16)
 def _layout(spec) -> _Layout:
     d, t = spec.ray_directions(), spec.time_offsets_us()
     if isinstance(spec, RayTableSpec):
-        d, t = d[None], t[None]
-    return _Layout(d, t, t.min(0))
+        return _Layout(d[None], t[None], t[None].min(0), None)
+    el = np.radians(spec.elevations_deg)
+    row_of = np.argsort(el, kind="stable")
+    step = math.radians(spec.azimuth_resolution_deg) * (1 if spec.spin == "ccw" else -1)
+    row_az = np.radians(spec.start_azimuth_deg + np.asarray(spec.azimuth_offsets_deg, np.float64)
+                        + np.zeros(spec.lasers))
+    return _Layout(d, t, t.min(0), (np.sin(el[row_of]), row_of, row_az, step))
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,6 +88,7 @@ class SurfelGroups:
     scales: np.ndarray
     features: np.ndarray
     group: np.ndarray
+    disk: np.ndarray  # (N, sweep.N_DISK) float64: each surfel's cutoff disc (lidar.sweep)
     tracks: Tuple[Tuple[np.ndarray, np.ndarray], ...]  # per actor: (timestamps_us, T_world_actor)
     radius: np.ndarray
 
@@ -90,6 +97,7 @@ class SurfelGroups:
         """From numpy arrays (activated values; features (N,F) or None) with each surfel's group (N,) (0: the
         world, g: the frame of actor g - 1) and the actors' tracks."""
         from .kernel import N_REC, surfel_records
+        from .sweep import N_DISK, surfel_disks
         c = lambda x, dt=np.float64: np.ascontiguousarray(x, dt)
         n = len(means)
         rec = np.empty((n, N_REC), np.float32)
@@ -99,7 +107,9 @@ class SurfelGroups:
         act = np.nonzero(group > 0)[0]
         np.maximum.at(radius, group[act], np.linalg.norm(means[act], axis=1) + 3.5 * scales[act].max(1))
         feats = c(features, np.float32) if features is not None else np.zeros((n, 0), np.float32)
-        return SurfelGroups(rec, c(quats), c(scales, np.float32), feats, group, tuple(tracks), radius)
+        disk = np.empty((n, N_DISK))
+        surfel_disks(rec, c(scales), disk)
+        return SurfelGroups(rec, c(quats), c(scales, np.float32), feats, group, disk, tuple(tracks), radius)
 
 
 def _groups(scene_or_surfels) -> SurfelGroups:
@@ -153,11 +163,16 @@ def _bundles(origins: np.ndarray, actor_poses: np.ndarray, n_rays: int) -> List[
     least MIN_BUNDLE_RAYS rays per bundle (each bundle bins every surfel again: with few rays, as in a training
     batch, wider margins cost less than more binning)."""
     C = len(origins)
+    n = int(min(MAX_BUNDLES, C, max(1, n_rays // MIN_BUNDLE_RAYS), _spread_bundles(origins, actor_poses)))
+    return np.array_split(np.arange(C), n)
+
+
+def _spread_bundles(origins: np.ndarray, actor_poses: np.ndarray) -> int:
+    """How many bundles keep the sensor's and each actor's path within one under BUNDLE_SPREAD_M."""
     path = np.linalg.norm(np.diff(origins, axis=0), axis=1).sum()
     for P in actor_poses:
         path = max(path, np.linalg.norm(np.diff(P[:, :3, 3], axis=0), axis=1).sum())
-    n = int(min(MAX_BUNDLES, C, max(1, n_rays // MIN_BUNDLE_RAYS), max(1, math.ceil(path / BUNDLE_SPREAD_M))))
-    return np.array_split(np.arange(C), n)
+    return max(1, math.ceil(path / BUNDLE_SPREAD_M))
 
 
 def _rotation_angle(R: np.ndarray) -> np.ndarray:
@@ -189,7 +204,10 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     sensor = _sensor_poses(T_world_lidar, timestamp_us, times, rolling)
     L, C = lay.directions.shape[:2]
     dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
-    out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name)
+    if name == "numba" and lay.rows is not None:
+        out = trace_sweep(groups, lay, sensor, times, dirs, hit_alpha)
+    else:
+        out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name)
     hit, intensity, drop = _returns(out, dirs, hit_alpha, spec.min_range_m, spec.max_range_m,
                                     _head(scene_or_surfels, head, groups))
     return _frame(lay, out, sensor, hit, intensity, drop)
@@ -263,39 +281,82 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: 
     its time (the actors' poses), columns in time order; dirs (R,3) unit world directions, column (R,) each
     ray's column. Returns (R,) arrays (see lidar.kernel: alpha, range_sum, median, normal, features) plus
     group_from_world (G,C,3,4) and, with ``candidates`` K > 0 (numba), each ray's first K contributors."""
-    from gsim.transforms import interpolate_poses, invert
-    C, R, G = len(sensor), len(dirs), 1 + len(groups.tracks)
-    world_from_group = np.tile(np.eye(4), (G, C, 1, 1))
-    for g, (ts, poses) in enumerate(groups.tracks, start=1):
-        # a parked actor's track is one pose repeated: nothing to interpolate
-        world_from_group[g] = poses[0] if np.all(poses == poses[:1]) else interpolate_poses(ts, poses, times_us)
-    group_from_world = np.ascontiguousarray(invert(world_from_group)[..., :3, :])
+    C, R = len(sensor), len(dirs)
+    world_from_group, group_from_world = _group_poses(groups, times_us)
     origins = np.ascontiguousarray(sensor[column, :3, 3])
     dirs = np.ascontiguousarray(dirs, np.float64)
     by_column = np.argsort(column, kind="stable")
     bounds = np.searchsorted(column[by_column], np.arange(C + 1))
-    F = groups.features.shape[1]
-    out = {"alpha": np.zeros(R), "range_sum": np.zeros(R), "median": np.zeros(R), "normal": np.zeros((R, 3)),
-           "features": np.zeros((R, F)), "candidates": np.full((R, candidates), -1, np.int64)}
+    out = _outputs(R, groups.features.shape[1], candidates)
     for cols in _bundles(sensor[:, :3, 3], world_from_group[1:], R):
         rays = by_column[bounds[cols[0]]:bounds[cols[-1] + 1]]
         if len(rays) == 0:
             continue
-        mid = cols[len(cols) // 2]
-        o_ref, R_ref = sensor[mid, :3, 3].copy(), np.ascontiguousarray(sensor[mid, :3, :3])
-        margin = np.full(G, float(np.linalg.norm(sensor[cols, :3, 3] - o_ref, axis=1).max()))
-        for g in range(1, G):
-            P = world_from_group[g, cols]
-            move = np.linalg.norm(P[:, :3, 3] - world_from_group[g, mid, :3, 3], axis=1)
-            turn = _rotation_angle(P[:, :3, :3] @ world_from_group[g, mid, :3, :3].T)
-            margin[g] += 1.05 * float((move + turn * groups.radius[g]).max()) + 1e-3
-        ref = np.ascontiguousarray(world_from_group[:, mid, :3, :])
+        o_ref, R_ref, margin, ref = _bundle_frame(groups, sensor, world_from_group, cols)
         if backend == "numba":
             from .kernel import render_bundle
             render_bundle(groups.rec, groups.scales, groups.features, groups.group, ref, group_from_world, margin,
                           origins, dirs, column, o_ref, R_ref, BEAM_DIVERGENCE_RAD, hit_alpha, out, rays)
         else:
             _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, hit_alpha, out, rays)
+    out["group_from_world"] = group_from_world
+    return out
+
+
+def _outputs(R: int, F: int, candidates: int = 0) -> dict:
+    return {"alpha": np.zeros(R), "range_sum": np.zeros(R), "median": np.zeros(R), "normal": np.zeros((R, 3)),
+            "features": np.zeros((R, F)), "candidates": np.full((R, candidates), -1, np.int64)}
+
+
+def _group_poses(groups: SurfelGroups, times_us: np.ndarray):
+    """Each group's pose at each time: world_from_group (G,C,4,4) and group_from_world (G,C,3,4)."""
+    from gsim.transforms import interpolate_poses, invert
+    world_from_group = np.tile(np.eye(4), (1 + len(groups.tracks), len(times_us), 1, 1))
+    for g, (ts, poses) in enumerate(groups.tracks, start=1):
+        # a parked actor's track is one pose repeated: nothing to interpolate
+        world_from_group[g] = poses[0] if np.all(poses == poses[:1]) else interpolate_poses(ts, poses, times_us)
+    return world_from_group, np.ascontiguousarray(invert(world_from_group)[..., :3, :])
+
+
+def _bundle_frame(groups: SurfelGroups, sensor: np.ndarray, world_from_group: np.ndarray, cols: np.ndarray):
+    """The reference of columns ``cols``, their middle column's pose: its origin, rotation, each group's pose
+    (G,3,4), and each group's margin (G,): how far (m) the columns' origins and the group's surfels can be
+    from where the reference puts them."""
+    mid = cols[len(cols) // 2]
+    o_ref, R_ref = sensor[mid, :3, 3].copy(), np.ascontiguousarray(sensor[mid, :3, :3])
+    margin = np.full(len(world_from_group), float(np.linalg.norm(sensor[cols, :3, 3] - o_ref, axis=1).max()))
+    for g in range(1, len(margin)):
+        P = world_from_group[g, cols]
+        move = np.linalg.norm(P[:, :3, 3] - world_from_group[g, mid, :3, 3], axis=1)
+        turn = _rotation_angle(P[:, :3, :3] @ world_from_group[g, mid, :3, :3].T)
+        margin[g] += 1.05 * float((move + turn * groups.radius[g]).max()) + 1e-3
+    return o_ref, R_ref, margin, np.ascontiguousarray(world_from_group[:, mid, :3, :])
+
+
+def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_us: np.ndarray, dirs: np.ndarray,
+                hit_alpha: float) -> dict:
+    """`trace` of a whole spinning sweep by the numba strip kernel (lidar.sweep): sensor (C,4,4) and times_us
+    (C,) per column, dirs (L C,3) unit world directions, ray r = laser C + column."""
+    from .sweep import render_strips, strip_width
+    C = len(sensor)
+    world_from_group, group_from_world = _group_poses(groups, times_us)
+    still = bool(np.all(sensor == sensor[:1]) and np.all(world_from_group == world_from_group[:, :1]))
+    # rolling: each strip is sorted from its own reference, so it spans as little motion as trace's bundles
+    width = strip_width(lay.directions.shape[0], 1 if still else _spread_bundles(sensor[:, :3, 3], world_from_group[1:]),
+                        C)
+    spans = [np.arange(C)] + ([] if still else [np.arange(a, min(a + width, C)) for a in range(0, C, width)])
+    frames = []
+    for cols in spans:
+        o_ref, R_ref, margin, ref = _bundle_frame(groups, sensor, world_from_group, cols)
+        M = np.einsum("ji,gjk->gik", R_ref, ref)  # reference_from_group: R^T [A | t - o_ref]
+        M[:, :, 3] -= R_ref.T @ o_ref
+        turn = float(_rotation_angle(np.einsum("ji,cjk->cik", R_ref, sensor[cols, :3, :3])).max())
+        frames.append((M, o_ref, margin, [math.sin(turn), math.cos(turn)]))
+    M, o_ref, margin, turn = (np.ascontiguousarray(np.stack(x), np.float64) for x in zip(*frames))
+    out = _outputs(len(dirs), groups.features.shape[1])
+    render_strips(groups.disk, groups.rec, groups.features, groups.group, M, o_ref, margin, turn, group_from_world,
+                  lay.rows, width, np.ascontiguousarray(sensor[:, :3, 3]), np.ascontiguousarray(dirs, np.float64),
+                  BEAM_DIVERGENCE_RAD, hit_alpha, out)
     out["group_from_world"] = group_from_world
     return out
 

@@ -407,9 +407,10 @@ def _rasterize(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near,
 
 
 @contextlib.contextmanager
-def small_chunks():
-    """prange over tiles in chunks of 2: tiles differ widely in cost, and prange otherwise splits them evenly."""
-    previous = numba.set_parallel_chunksize(2)
+def small_chunks(size: int = 2):
+    """prange in chunks of ``size`` (default 2, for tiles): items differ widely in cost (tiles; surfels, which
+    come grouped by kind), and prange otherwise splits them evenly."""
+    previous = numba.set_parallel_chunksize(size)
     try:
         yield
     finally:
