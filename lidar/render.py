@@ -88,7 +88,7 @@ class SurfelGroups:
     scales: np.ndarray
     features: np.ndarray
     group: np.ndarray
-    disk: np.ndarray  # (N, sweep.N_DISK) float64: each surfel's cutoff disc (lidar.sweep)
+    disk: np.ndarray  # (N, sweep.N_DISK) float32: each surfel's cutoff disc (lidar.sweep)
     tracks: Tuple[Tuple[np.ndarray, np.ndarray], ...]  # per actor: (timestamps_us, T_world_actor)
     radius: np.ndarray
 
@@ -107,7 +107,7 @@ class SurfelGroups:
         act = np.nonzero(group > 0)[0]
         np.maximum.at(radius, group[act], np.linalg.norm(means[act], axis=1) + 3.5 * scales[act].max(1))
         feats = c(features, np.float32) if features is not None else np.zeros((n, 0), np.float32)
-        disk = np.empty((n, N_DISK))
+        disk = np.empty((n, N_DISK), np.float32)
         surfel_disks(rec, c(scales), disk)
         return SurfelGroups(rec, c(quats), c(scales, np.float32), feats, group, disk, tuple(tracks), radius)
 

@@ -284,7 +284,7 @@ def render_strips(disk, rec, feats, group, M, o_ref, margin, turn, group_from_wo
     n_cols = len(origins)
     n_strips = (n_cols + width - 1) // width
     tan_div = math.tan(divergence)
-    fp, rect = scratch("fp", (len(rec), 5), np.float64), scratch("rect", (len(rec), 4), np.int64)
+    fp, rect = scratch("fp", (len(rec), 5), np.float32), scratch("strip_rect", (len(rec), 4), np.int32)
     with small_chunks(SURFEL_CHUNK):
         _footprints(disk, group, M, margin[0], turn[0, 0], turn[0, 1], tan_div, fp)
         _strip_rects(fp, row_sin, row_of, row_az, step, n_cols, width, rect)
