@@ -218,11 +218,22 @@ def _update(st, i, al, rng, n0, n1, n2, hit_alpha):
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def _world_chunk(st, base, w0, w1, w2, u0, u1, u2, cos_rho, geo, nx, ny, nz, inv2, hit) -> bool:
-    """Composite a world-frame surfel (centre w relative to the reference origin, cap (u, cos_rho), unit
-    normal n) into the LANES rays of the chunk at ``base``. Most chunks have no live lane in the cap: that
-    cheap test comes first, and such a chunk only has its weights zeroed (False). The cap only culls: a ray's
-    alpha decides (the cap holds every ray that reaches the threshold, with CAP_SLACK for float32)."""
+def _world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit) -> None:
+    """Composite a world-frame surfel (centre w relative to the reference origin, unit normal n) into the
+    LANES rays of the chunk at ``base`` (vector code: rays it misses, or that are done, take nothing)."""
+    for lane in range(U_LANES):
+        i = base + lane
+        d0, d1, d2 = st[DX + i], st[DY + i], st[DZ + i]
+        al, rng, nd = _alpha_range(w0 - st[OX + i], w1 - st[OY + i], w2 - st[OZ + i], d0, d1, d2, geo, inv2)
+        s = -ONE if nd > ZERO else ONE
+        _update(st, i, al, rng, s * nx, s * ny, s * nz, hit)
+
+
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def _world_chunk(st, base, w0, w1, w2, u0, u1, u2, cos_rho, geo, nx, ny, nz, inv2, hit) -> None:
+    """_world_lanes for the chunk's rays when one that is not done lies in the surfel's cap (u, cos_rho): most
+    chunks of a cell have none, and then only have their weights zeroed. The cap only culls: a ray's alpha
+    decides (the cap holds every ray that reaches the threshold, with CAP_SLACK for float32)."""
     reach = 0
     for lane in range(U_LANES):
         i = base + lane
@@ -231,14 +242,8 @@ def _world_chunk(st, base, w0, w1, w2, u0, u1, u2, cos_rho, geo, nx, ny, nz, inv
     if reach == 0:
         for lane in range(U_LANES):
             st[PW + base + lane] = ZERO
-        return False
-    for lane in range(U_LANES):
-        i = base + lane
-        d0, d1, d2 = st[DX + i], st[DY + i], st[DZ + i]
-        al, rng, nd = _alpha_range(w0 - st[OX + i], w1 - st[OY + i], w2 - st[OZ + i], d0, d1, d2, geo, inv2)
-        s = -ONE if nd > ZERO else ONE
-        _update(st, i, al, rng, s * nx, s * ny, s * nz, hit)
-    return True
+    else:
+        _world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit)
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")

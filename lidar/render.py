@@ -88,7 +88,6 @@ class SurfelGroups:
     scales: np.ndarray
     features: np.ndarray
     group: np.ndarray
-    disk: np.ndarray  # (N, sweep.N_DISK) float32: each surfel's cutoff disc (lidar.sweep)
     tracks: Tuple[Tuple[np.ndarray, np.ndarray], ...]  # per actor: (timestamps_us, T_world_actor)
     radius: np.ndarray
 
@@ -97,7 +96,6 @@ class SurfelGroups:
         """From numpy arrays (activated values; features (N,F) or None) with each surfel's group (N,) (0: the
         world, g: the frame of actor g - 1) and the actors' tracks."""
         from .kernel import N_REC, surfel_records
-        from .sweep import N_DISK, surfel_disks
         c = lambda x, dt=np.float64: np.ascontiguousarray(x, dt)
         n = len(means)
         rec = np.empty((n, N_REC), np.float32)
@@ -107,9 +105,15 @@ class SurfelGroups:
         act = np.nonzero(group > 0)[0]
         np.maximum.at(radius, group[act], np.linalg.norm(means[act], axis=1) + 3.5 * scales[act].max(1))
         feats = c(features, np.float32) if features is not None else np.zeros((n, 0), np.float32)
-        disk = np.empty((n, N_DISK), np.float32)
-        surfel_disks(rec, c(scales), disk)
-        return SurfelGroups(rec, c(quats), c(scales, np.float32), feats, group, disk, tuple(tracks), radius)
+        return SurfelGroups(rec, c(quats), c(scales, np.float32), feats, group, tuple(tracks), radius)
+
+    @functools.cached_property
+    def disk(self) -> np.ndarray:
+        """(N, sweep.N_DISK) float32: each surfel's cutoff disc, for lidar.sweep (computed once per scene)."""
+        from .sweep import N_DISK, surfel_disks
+        disk = np.empty((len(self.rec), N_DISK), np.float32)
+        surfel_disks(self.rec, self.scales, disk)
+        return disk
 
 
 def _groups(scene_or_surfels) -> SurfelGroups:

@@ -26,8 +26,8 @@ from numba import njit, prange
 
 from gsim.render.numba_backend import FASTMATH, _depth_keys, _tile_lists, small_chunks
 
-from .kernel import (CHUNK, DX, DY, DZ, LANES, NEAR, ONE, OX, OY, OZ, PA, PMED, PNX, PNY, PNZ, PRS, PT, PW, ZERO,
-                     _actor_ray, _geometry, _world_chunk, f32, scratch)
+from .kernel import (CHUNK, DX, DY, DZ, LANES, NEAR, ONE, OX, OY, OZ, PA, PMED, PNX, PNY, PNZ, PRS, PT, PW,
+                     ZERO, _actor_ray, _geometry, _world_lanes, f32, scratch)
 
 N_DISK = 11  # per surfel (own frame): centre (3), cutoff disc axes U, V (3 + 3), their larger length, sqrt(ln 255 o)
 FULL = 4.0  # an azimuth half-width past pi: every column
@@ -116,15 +116,6 @@ def _footprint(disk, j, M, k, g, d, sin_t, cos_t, tan_div):
     return dist, s_lo - EPS, s_hi + EPS, math.atan2(q1, q0), min(half + EPS, FULL)
 
 
-@njit(parallel=True, cache=True)
-def _footprints(disk, group, M, margin, sin_t, cos_t, tan_div, fp):
-    """fp[j] = _footprint of every surfel from the reference M[0] (G,3,4), margin (G,)."""
-    for j in prange(disk.shape[0]):
-        g = group[j]
-        fp[j, 0], fp[j, 1], fp[j, 2], fp[j, 3], fp[j, 4] = _footprint(disk, j, M, 0, g, margin[g], sin_t, cos_t,
-                                                                      tan_div)
-
-
 @njit(cache=True, inline="always")
 def _centre_column(az_c, row_az, step, n_cols):
     """The (fractional) column in [0, n_cols) whose nominal azimuth in this row is az_c."""
@@ -133,27 +124,32 @@ def _centre_column(az_c, row_az, step, n_cols):
 
 
 @njit(parallel=True, cache=True)
-def _strip_rects(fp, row_sin, row_of, row_az, step, n_cols, width, rect):
-    """Each surfel's strips as rect[j] = x0, x1, 0, 1 (x1 may pass the strip count: wrapping), from its footprint
-    over the lasers whose elevation it spans (empty: x0 = x1)."""
+def _footprints(disk, group, M, margin, sin_t, cos_t, tan_div, row_sin, row_of, row_az, step, n_cols, width, fp,
+                rect):
+    """fp[j] = _footprint of every surfel from the reference M[0] (G,3,4), margin (G,), and its strips as
+    rect[j] = x0, x1, 0, 1 (x1 may pass the strip count: wrapping; empty: x0 = x1) from that footprint over the
+    lasers whose elevation it spans."""
     n_strips = (n_cols + width - 1) // width
     hw_full = n_cols - width - 1
-    for j in prange(fp.shape[0]):
+    for j in prange(disk.shape[0]):
+        g = group[j]
+        dist, s_lo, s_hi, az_c, half = _footprint(disk, j, M, 0, g, margin[g], sin_t, cos_t, tan_div)
+        fp[j, 0], fp[j, 1], fp[j, 2], fp[j, 3], fp[j, 4] = dist, s_lo, s_hi, az_c, half
         rect[j, 0], rect[j, 1], rect[j, 2], rect[j, 3] = 0, 0, 0, 1
-        if fp[j, 0] < 0:
+        if dist < 0:
             continue
-        k = np.searchsorted(row_sin, fp[j, 1])
-        if k == row_sin.shape[0] or row_sin[k] > fp[j, 2]:
+        k = np.searchsorted(row_sin, s_lo)
+        if k == row_sin.shape[0] or row_sin[k] > s_hi:
             continue
-        hw = fp[j, 4] / abs(step)
+        hw = half / abs(step)
         if 2 * hw >= hw_full:
             rect[j, 1] = n_strips
             continue
         l0 = row_of[k]
-        first = _centre_column(fp[j, 3], row_az[l0], step, n_cols)
+        first = _centre_column(az_c, row_az[l0], step, n_cols)
         lo = hi = first
         k += 1
-        while k < row_sin.shape[0] and row_sin[k] <= fp[j, 2]:  # the other lasers, unwrapped from the first's
+        while k < row_sin.shape[0] and row_sin[k] <= s_hi:  # the other lasers, unwrapped from the first's
             cm = first + (row_az[l0] - row_az[row_of[k]]) / step
             lo, hi = min(lo, cm), max(hi, cm)
             k += 1
@@ -177,18 +173,18 @@ def _strip_rects(fp, row_sin, row_of, row_az, step, n_cols, width, rect):
 def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, o_ref, margin, turn,
                       group_from_world, row_sin, row_of, row_az, step, width, origins, dirs, tan_div, inv_div2,
                       hit_alpha, alpha, range_sum, median, normal, feat_sum):
-    """Composite each strip's surfels (lst[strip_start[s]:strip_start[s + 1]]) into its rays. Strip s: columns
-    [s width, (s + 1) width), reference origin o_ref[s], M[s] (G,3,4) reference_from_group, margin[s] (G,),
-    turn[s] = (sin, cos) of how far the sensor turns from the reference. ``shared``: every strip has the
-    reference of fp (footprints) and the list's depth order; else each strip recomputes and sorts them.
-    Rays: r = laser n_cols + column, origins (n_cols,3) and dirs (R,3) in the world."""
+    """Composite each strip's surfels (lst[strip_start[s]:strip_start[s + 1]]) into its rays.
+    Strip s: columns [s width, (s + 1) width), reference origin o_ref[s], M[s] (G,3,4) reference_from_group,
+    margin[s] (G,), turn[s] = (sin, cos) of how far the sensor turns from the reference. ``shared``: every
+    strip has the reference of fp (footprints) and the list's depth order; else each strip recomputes and
+    sorts them. Rays: r = laser n_cols + column, origins (n_cols,3) and dirs (R,3) in the world."""
     n_cols, L, F = origins.shape[0], row_sin.shape[0], feats.shape[1]
     cpr = width // LANES  # chunks per laser row
     hit, inv2 = f32(hit_alpha), f32(inv_div2)
     inv_step = 1.0 / abs(step)
     full_row = n_cols - width - 1
     for s in prange(strip_start.shape[0] - 1):
-        k0, n = strip_start[s], strip_start[s + 1] - strip_start[s]
+        k0, k1 = strip_start[s], strip_start[s + 1]
         c0 = s * width
         c1 = min(c0 + width, n_cols)
         st = np.zeros(L * cpr * CHUNK, np.float32)
@@ -201,6 +197,7 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                                                       origins[c, 2] - o_ref[s, 2])
                 st[DX + i], st[DY + i], st[DZ + i] = dirs[r, 0], dirs[r, 1], dirs[r, 2]
                 st[PT + i] = ONE
+        n = k1 - k0
         loc = np.empty((n, 5))
         for q in range(n):
             j = lst[k0 + q]
@@ -213,10 +210,10 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                     disk, j, M, s, g, margin[s, g], turn[s, 0], turn[s, 1], tan_div)
         order = np.arange(n) if shared else np.argsort(loc[:, 0], kind="mergesort")
         for q in order:
-            j = lst[k0 + q]
             if loc[q, 0] < 0:
                 continue
             s_lo, s_hi, az_c, hw = loc[q, 1], loc[q, 2], loc[q, 3], loc[q, 4] * inv_step
+            j = lst[k0 + q]
             g = group[j]
             geo = _geometry(rec, j)
             w0, w1, w2 = f32(rec[j, 0] - o_ref[s, 0]), f32(rec[j, 1] - o_ref[s, 1]), f32(rec[j, 2] - o_ref[s, 2])
@@ -238,9 +235,7 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                     for ch in range((x0 - c0) // LANES, (x1 - 1 - c0) // LANES + 1):
                         base = np.uint64((l * cpr + ch) * CHUNK)
                         if g == 0:
-                            if not _world_chunk(st, base, w0, w1, w2, ZERO, ZERO, ZERO, f32(-2), geo, nx, ny, nz,
-                                                inv2, hit):
-                                continue
+                            _world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit)
                         else:  # an actor: each ray taken into its frame at its column
                             for lane in range(LANES):
                                 i = base + np.uint64(lane)
@@ -286,9 +281,9 @@ def render_strips(disk, rec, feats, group, M, o_ref, margin, turn, group_from_wo
     tan_div = math.tan(divergence)
     fp, rect = scratch("fp", (len(rec), 5), np.float32), scratch("strip_rect", (len(rec), 4), np.int32)
     with small_chunks(SURFEL_CHUNK):
-        _footprints(disk, group, M, margin[0], turn[0, 0], turn[0, 1], tan_div, fp)
-        _strip_rects(fp, row_sin, row_of, row_az, step, n_cols, width, rect)
-    keys = _depth_keys(fp[:, 0].astype(np.float32), rect)
+        _footprints(disk, group, M, margin[0], turn[0, 0], turn[0, 1], tan_div, row_sin, row_of, row_az, step, n_cols,
+                    width, fp, rect)
+    keys = _depth_keys(fp[:, 0].copy(), rect)
     shared = len(M) == 1
     if shared:
         keys.sort()  # one depth order for all strips
