@@ -389,7 +389,7 @@ def render_bundle(rec, scales, feats, group, world_from_group, group_from_world,
 
     world_from_group (G,3,4): each group's pose at the reference time; margin (G,): how far (m) a
     group's surfels and the bundle's ray origins can be from where the reference pose puts them."""
-    d_ref = dirs[rays] @ R_ref  # R_ref^T d
+    d_ref = np.einsum("ji,rj->ri", R_ref, dirs[rays])  # R_ref^T d (einsum: a BLAS call leaves its threads spinning)
     az = np.arctan2(d_ref[:, 1], d_ref[:, 0])
     el = np.arcsin(np.clip(d_ref[:, 2], -1.0, 1.0))
     grid, cell = _grid(az, el)
@@ -407,3 +407,35 @@ def render_bundle(rec, scales, feats, group, world_from_group, group_from_world,
         fn(cell_start, lst, ray_start, rays[order], rec, cap, feats, group, group_from_world, o_ref, origins, dirs,
            column, 1.0 / divergence ** 2, hit_alpha, out["alpha"], out["range_sum"], out["median"], out["normal"],
            out["features"], out["candidates"])
+
+
+@njit(parallel=True, cache=True)
+def fill_frame(hit, start, alpha, range_sum, median, normal, intensity, directions, time_offsets, rot, points,
+                ranges, ring, column, times, normals, intensity_out, range_image, expected, alpha_image):
+    """render_lidar's frame from a trace, laser by laser (laser l's returns from start[l]): points along the
+    sensor-frame directions, normals turned into the sensor frame of their column (rot (C,3,3), or (1,3,3)
+    for one orientation) and normalised."""
+    L, C = range_image.shape
+    for l in prange(L):
+        m = start[l]
+        for c in range(C):
+            r = l * C + c
+            a = alpha[r]
+            alpha_image[l, c] = a
+            expected[l, c] = range_sum[r] / a if a > 0 else 0.0
+            range_image[l, c] = median[r] if hit[r] else 0.0
+            if not hit[r]:
+                continue
+            d = median[r]
+            R = rot[c if rot.shape[0] > 1 else 0]
+            n0 = R[0, 0] * normal[r, 0] + R[1, 0] * normal[r, 1] + R[2, 0] * normal[r, 2]
+            n1 = R[0, 1] * normal[r, 0] + R[1, 1] * normal[r, 1] + R[2, 1] * normal[r, 2]
+            n2 = R[0, 2] * normal[r, 0] + R[1, 2] * normal[r, 1] + R[2, 2] * normal[r, 2]
+            inv = 1.0 / max(math.sqrt(n0 * n0 + n1 * n1 + n2 * n2), 1e-12)
+            for k in range(3):
+                points[m, k] = directions[r, k] * d
+            normals[m, 0], normals[m, 1], normals[m, 2] = n0 * inv, n1 * inv, n2 * inv
+            ranges[m], ring[m], column[m], times[m] = d, l, c, time_offsets[r]
+            if intensity_out.shape[0]:
+                intensity_out[m] = intensity[r]
+            m += 1

@@ -407,24 +407,22 @@ def _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, 
 
 
 def _frame(lay: _Layout, out: dict, sensor: np.ndarray, hit: np.ndarray, intensity, drop) -> LidarFrame:
+    from .kernel import fill_frame
     L, C = lay.directions.shape[:2]
-    idx = np.flatnonzero(hit)  # flat indices: one take per array (pairs of fancy indices cost several times more)
-    ring, column = np.divmod(idx, C)
-    alpha, median = out["alpha"], out["median"]
-    expected = np.where(alpha > 0, out["range_sum"] / np.where(alpha > 0, alpha, 1), 0.0)
-    r = median[idx]
-    if intensity is not None:
-        intensity = intensity[idx].astype(np.float32)
-    n = out["normal"][idx]
-    if np.all(sensor[:, :3, :3] == sensor[:1, :3, :3]):
-        n = n @ sensor[0, :3, :3]  # R^T n for one sensor orientation
-    else:
-        n = np.einsum("mji,mj->mi", sensor[column, :3, :3], n)
-    n /= np.maximum(np.sqrt(np.einsum("mi,mi->m", n, n)), 1e-12)[:, None]
-    return LidarFrame(points=(lay.directions.reshape(-1, 3)[idx] * r[:, None]).astype(np.float32),
-                      ranges=r.astype(np.float32), ring=ring, column=column,
-                      time_offset_us=lay.time_offsets_us.reshape(-1)[idx], normals=n.astype(np.float32),
-                      range_image=np.where(hit, median, 0.0).astype(np.float32).reshape(L, C),
-                      expected_range_image=expected.astype(np.float32).reshape(L, C),
-                      alpha_image=alpha.astype(np.float32).reshape(L, C), intensity=intensity,
+    start = np.zeros(L + 1, np.int64)
+    np.cumsum(hit.reshape(L, C).sum(1), out=start[1:])
+    M = int(start[-1])
+    f = {"points": np.empty((M, 3), np.float32), "ranges": np.empty(M, np.float32), "ring": np.empty(M, np.int64),
+         "column": np.empty(M, np.int64), "time_offset_us": np.empty(M, np.int64),
+         "normals": np.empty((M, 3), np.float32),
+         "intensity": np.empty(M if intensity is not None else 0, np.float32),
+         "range_image": np.empty((L, C), np.float32), "expected_range_image": np.empty((L, C), np.float32),
+         "alpha_image": np.empty((L, C), np.float32)}
+    rot = np.ascontiguousarray(sensor[:, :3, :3])
+    still = bool(np.all(rot == rot[:1]))
+    fill_frame(hit, start, out["alpha"], out["range_sum"], out["median"], out["normal"],
+                f["intensity"] if intensity is None else np.ascontiguousarray(intensity, np.float32),
+                lay.directions.reshape(-1, 3), lay.time_offsets_us.reshape(-1), rot[:1] if still else rot, *f.values())
+    return LidarFrame(**{**f, "intensity": None if intensity is None else f["intensity"]},
                       drop_probability_image=None if drop is None else drop.reshape(L, C))
+
