@@ -124,11 +124,11 @@ def _centre_column(az_c, row_az, step, n_cols):
 
 
 @njit(parallel=True, cache=True)
-def _footprints(disk, group, M, margin, sin_t, cos_t, tan_div, row_sin, row_of, row_az, step, n_cols, width, fp,
+def _footprints(disk, group, M, margin, sin_t, cos_t, tan_div, row_sin, az_min, az_max, step, n_cols, width, fp,
                 rect):
     """fp[j] = _footprint of every surfel from the reference M[0] (G,3,4), margin (G,), and its strips as
     rect[j] = x0, x1, 0, 1 (x1 may pass the strip count: wrapping; empty: x0 = x1) from that footprint over the
-    lasers whose elevation it spans."""
+    lasers whose elevation it spans (az_min / az_max: _range_tables of their column-0 azimuths, elevation order)."""
     n_strips = (n_cols + width - 1) // width
     hw_full = n_cols - width - 1
     for j in prange(disk.shape[0]):
@@ -138,21 +138,21 @@ def _footprints(disk, group, M, margin, sin_t, cos_t, tan_div, row_sin, row_of, 
         rect[j, 0], rect[j, 1], rect[j, 2], rect[j, 3] = 0, 0, 0, 1
         if dist < 0:
             continue
-        k = np.searchsorted(row_sin, s_lo)
-        if k == row_sin.shape[0] or row_sin[k] > s_hi:
+        k0, k1 = np.searchsorted(row_sin, s_lo), np.searchsorted(row_sin, s_hi, side="right")
+        if k0 >= k1:
             continue
         hw = half / abs(step)
         if 2 * hw >= hw_full:
             rect[j, 1] = n_strips
             continue
-        l0 = row_of[k]
-        first = _centre_column(az_c, row_az[l0], step, n_cols)
-        lo = hi = first
-        k += 1
-        while k < row_sin.shape[0] and row_sin[k] <= s_hi:  # the other lasers, unwrapped from the first's
-            cm = first + (row_az[l0] - row_az[row_of[k]]) / step
-            lo, hi = min(lo, cm), max(hi, cm)
-            k += 1
+        level = 0
+        while (2 << level) <= k1 - k0:
+            level += 1
+        a_lo = min(az_min[level, k0], az_min[level, k1 - (1 << level)])
+        a_hi = max(az_max[level, k0], az_max[level, k1 - (1 << level)])
+        first = _centre_column(az_c, a_lo, step, n_cols)  # the lasers' centre columns, unwrapped from this one
+        other = first + (a_lo - a_hi) / step
+        lo, hi = min(first, other), max(first, other)
         c_lo, c_hi = int(math.ceil(lo - hw)), int(math.floor(hi + hw))
         if c_hi - c_lo + 1 >= hw_full:
             rect[j, 1] = n_strips
@@ -262,6 +262,16 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                     feat_sum[r, f] = fst[((l * cpr + x // LANES) * F + f) * LANES + x % LANES]
 
 
+def _range_tables(v: np.ndarray):
+    """Sparse tables of v's minimum and maximum over [k, k + 2^level) (levels, len(v)): any range's in O(1)."""
+    lo, hi = [v], [v]
+    while 2 << (len(lo) - 1) <= len(v):
+        h = 1 << (len(lo) - 1)
+        lo.append(np.pad(np.minimum(lo[-1][:-h], lo[-1][h:]), (0, h), mode="edge"))
+        hi.append(np.pad(np.maximum(hi[-1][:-h], hi[-1][h:]), (0, h), mode="edge"))
+    return np.stack(lo), np.stack(hi)
+
+
 def strip_width(lasers: int, strips: int, columns: int) -> int:
     """Columns per strip, LANES-aligned: about RAYS_PER_STRIP rays (a strip's state stays in the core's cache),
     and at least ``strips`` strips."""
@@ -280,8 +290,9 @@ def render_strips(disk, rec, feats, group, M, o_ref, margin, turn, group_from_wo
     n_strips = (n_cols + width - 1) // width
     tan_div = math.tan(divergence)
     fp, rect = scratch("fp", (len(rec), 5), np.float32), scratch("strip_rect", (len(rec), 4), np.int32)
+    az_min, az_max = _range_tables(row_az[row_of])
     with small_chunks(SURFEL_CHUNK):
-        _footprints(disk, group, M, margin[0], turn[0, 0], turn[0, 1], tan_div, row_sin, row_of, row_az, step, n_cols,
+        _footprints(disk, group, M, margin[0], turn[0, 0], turn[0, 1], tan_div, row_sin, az_min, az_max, step, n_cols,
                     width, fp, rect)
     keys = _depth_keys(fp[:, 0].copy(), rect)
     shared = len(M) == 1
