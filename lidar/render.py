@@ -207,13 +207,14 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     times = t0 + lay.column_us if rolling else np.full(len(lay.column_us), t0)
     sensor = _sensor_poses(T_world_lidar, timestamp_us, times, rolling)
     L, C = lay.directions.shape[:2]
-    dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
-    if name == "numba" and lay.rows is not None:
-        out = trace_sweep(groups, lay, sensor, times, dirs, hit_alpha)
+    head = _head(scene_or_surfels, head, groups)
+    sweep = name == "numba" and lay.rows is not None  # the strip kernel turns the directions itself
+    dirs = None if sweep and head is None else np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
+    if sweep:
+        out = trace_sweep(groups, lay, sensor, times, hit_alpha)
     else:
         out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name)
-    hit, intensity, drop = _returns(out, dirs, hit_alpha, spec.min_range_m, spec.max_range_m,
-                                    _head(scene_or_surfels, head, groups))
+    hit, intensity, drop = _returns(out, dirs, hit_alpha, spec.min_range_m, spec.max_range_m, head)
     return _frame(lay, out, sensor, hit, intensity, drop)
 
 
@@ -337,14 +338,16 @@ def _bundle_frame(groups: SurfelGroups, sensor: np.ndarray, world_from_group: np
     return o_ref, R_ref, margin, np.ascontiguousarray(world_from_group[:, mid, :3, :])
 
 
-def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_us: np.ndarray, dirs: np.ndarray,
+def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_us: np.ndarray,
                 hit_alpha: float) -> dict:
     """`trace` of a whole spinning sweep by the numba strip kernel (lidar.sweep): sensor (C,4,4) and times_us
-    (C,) per column, dirs (L C,3) unit world directions, ray r = laser C + column."""
+    (C,) per column, ray r = laser C + column along the layout's directions."""
     from .sweep import render_strips, strip_width
     C = len(sensor)
     world_from_group, group_from_world = _group_poses(groups, times_us)
-    still = bool(np.all(sensor == sensor[:1]) and np.all(world_from_group == world_from_group[:, :1]))
+    rot = np.ascontiguousarray(sensor[:, :3, :3])
+    still_sensor = bool(np.all(sensor == sensor[:1]))
+    still = still_sensor and bool(np.all(world_from_group == world_from_group[:, :1]))
     # rolling: each strip is sorted from its own reference, so it spans as little motion as trace's bundles
     width = strip_width(lay.directions.shape[0], 1 if still else _spread_bundles(sensor[:, :3, 3], world_from_group[1:]),
                         C)
@@ -357,10 +360,10 @@ def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_
         turn = float(_rotation_angle(np.einsum("ji,cjk->cik", R_ref, sensor[cols, :3, :3])).max())
         frames.append((M, o_ref, margin, [math.sin(turn), math.cos(turn)]))
     M, o_ref, margin, turn = (np.ascontiguousarray(np.stack(x), np.float64) for x in zip(*frames))
-    out = _outputs(len(dirs), groups.features.shape[1])
+    out = _outputs(lay.directions.shape[0] * C, groups.features.shape[1])
     render_strips(groups.disk, groups.rec, groups.features, groups.group, M, o_ref, margin, turn, group_from_world,
-                  lay.rows, width, np.ascontiguousarray(sensor[:, :3, 3]), np.ascontiguousarray(dirs, np.float64),
-                  BEAM_DIVERGENCE_RAD, hit_alpha, out)
+                  lay.rows, width, np.ascontiguousarray(sensor[:, :3, 3]), rot[:1] if still_sensor else rot,
+                  lay.directions.reshape(-1, 3), BEAM_DIVERGENCE_RAD, hit_alpha, out)
     out["group_from_world"] = group_from_world
     return out
 

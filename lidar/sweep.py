@@ -169,15 +169,26 @@ def _footprints(disk, group, M, margin, sin_t, cos_t, tan_div, row_sin, az_min, 
         rect[j, 0], rect[j, 1] = x0, x1
 
 
+@njit(cache=True, inline="always")
+def _world_dir(rot, sdirs, r, c):
+    """Ray r's world direction: its sensor-frame one turned by its column's rotation (one for all: rot (1,3,3))."""
+    R = c if rot.shape[0] > 1 else 0
+    d0, d1, d2 = sdirs[r, 0], sdirs[r, 1], sdirs[r, 2]
+    return (rot[R, 0, 0] * d0 + rot[R, 0, 1] * d1 + rot[R, 0, 2] * d2,
+            rot[R, 1, 0] * d0 + rot[R, 1, 1] * d1 + rot[R, 1, 2] * d2,
+            rot[R, 2, 0] * d0 + rot[R, 2, 1] * d1 + rot[R, 2, 2] * d2)
+
+
 @njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
 def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, o_ref, margin, turn,
-                      group_from_world, row_sin, row_of, row_az, step, width, origins, dirs, tan_div, inv_div2,
-                      hit_alpha, alpha, range_sum, median, normal, feat_sum):
+                      group_from_world, row_sin, row_of, row_az, step, width, origins, rot, sdirs, tan_div,
+                      inv_div2, hit_alpha, alpha, range_sum, median, normal, feat_sum):
     """Composite each strip's surfels (lst[strip_start[s]:strip_start[s + 1]]) into its rays.
     Strip s: columns [s width, (s + 1) width), reference origin o_ref[s], M[s] (G,3,4) reference_from_group,
     margin[s] (G,), turn[s] = (sin, cos) of how far the sensor turns from the reference. ``shared``: every
     strip has the reference of fp (footprints) and the list's depth order; else each strip recomputes and
-    sorts them. Rays: r = laser n_cols + column, origins (n_cols,3) and dirs (R,3) in the world."""
+    sorts them. Rays: r = laser n_cols + column from origins (n_cols,3) (world) along sdirs (R,3) (sensor frame)
+    turned by rot (n_cols,3,3), or (1,3,3) for one sensor orientation."""
     n_cols, L, F = origins.shape[0], row_sin.shape[0], feats.shape[1]
     cpr = width // LANES  # chunks per laser row
     hit, inv2 = f32(hit_alpha), f32(inv_div2)
@@ -195,7 +206,7 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                 r = l * n_cols + c
                 st[OX + i], st[OY + i], st[OZ + i] = (origins[c, 0] - o_ref[s, 0], origins[c, 1] - o_ref[s, 1],
                                                       origins[c, 2] - o_ref[s, 2])
-                st[DX + i], st[DY + i], st[DZ + i] = dirs[r, 0], dirs[r, 1], dirs[r, 2]
+                st[DX + i], st[DY + i], st[DZ + i] = _world_dir(rot, sdirs, r, c)
                 st[PT + i] = ONE
         n = k1 - k0
         loc = np.empty((n, 5))
@@ -242,10 +253,9 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                                 st[PW + i] = ZERO
                                 c = c0 + ch * LANES + lane
                                 if c < c1 and st[PT + i] > ZERO:
-                                    r = l * n_cols + c
+                                    e0, e1, e2 = _world_dir(rot, sdirs, l * n_cols + c, c)
                                     _actor_ray(st, i, group_from_world, g, c, origins[c, 0], origins[c, 1],
-                                               origins[c, 2], dirs[r, 0], dirs[r, 1], dirs[r, 2], rec, j, geo, inv2,
-                                               hit)
+                                               origins[c, 2], e0, e1, e2, rec, j, geo, inv2, hit)
                         for f in range(F):
                             fj = feats[j, f]
                             fb = ((l * cpr + ch) * F + f) * LANES
@@ -278,13 +288,15 @@ def strip_width(lasers: int, strips: int, columns: int) -> int:
     return int(max(LANES, min(256, RAYS_PER_STRIP // lasers, columns // strips) // LANES * LANES))
 
 
-def render_strips(disk, rec, feats, group, M, o_ref, margin, turn, group_from_world, rows, width, origins, dirs,
+def render_strips(disk, rec, feats, group, M, o_ref, margin, turn, group_from_world, rows, width, origins, rot, sdirs,
                   divergence: float, hit_alpha: float, out: dict) -> None:
     """Composite a spinning sweep (see the module docstring) into the (R,) arrays of ``out``. Frames: M (K,G,3,4)
     reference_from_group, o_ref (K,3), margin (K,G), turn (K,2): K = 1, one reference for every strip (a still
     sweep), or 1 + the strip count: the whole sweep's (to pick each surfel's strips), then each strip's.
     rows = (row_sin (L,) sorted, row_of (L,) the laser of each, row_az (L,) each laser's azimuth in column 0,
-    step) (radians): laser l's ray in column c points at elevation asin(row_sin) and azimuth row_az[l] + c step."""
+    step) (radians): laser l's ray in column c points at elevation asin(row_sin) and azimuth row_az[l] + c step,
+    sdirs (L C,3) in the sensor frame; origins (C,3) and rot (C,3,3) (or (1,3,3): one orientation) the sensor's
+    pose per column."""
     row_sin, row_of, row_az, step = rows
     n_cols = len(origins)
     n_strips = (n_cols + width - 1) // width
@@ -304,6 +316,6 @@ def render_strips(disk, rec, feats, group, M, o_ref, margin, turn, group_from_wo
         (lambda x: np.ascontiguousarray(x[1:]))
     with small_chunks():
         _composite_strips(start, lst, fp, shared, disk, rec, feats, group, pick(M), pick(o_ref), pick(margin),
-                          pick(turn), group_from_world, row_sin, row_of, row_az, step, width, origins, dirs, tan_div,
-                          1.0 / divergence ** 2, hit_alpha, out["alpha"], out["range_sum"], out["median"],
+                          pick(turn), group_from_world, row_sin, row_of, row_az, step, width, origins, rot, sdirs,
+                          tan_div, 1.0 / divergence ** 2, hit_alpha, out["alpha"], out["range_sum"], out["median"],
                           out["normal"], out["features"])

@@ -228,7 +228,7 @@ def test_sweep_kernel_matches_the_ray_kernel(still):
     sensor = R._sensor_poses(pose, 0, t, True)
     dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
     groups = R._groups(scene)
-    a = R.trace_sweep(groups, lay, sensor, t, dirs, 0.5)
+    a = R.trace_sweep(groups, lay, sensor, t, 0.5)
     b = R.trace(groups, sensor, t, dirs, np.tile(np.arange(len(t)), lay.directions.shape[0]), 0.5)
     assert np.mean(a["alpha"] > 0.5) > 0.3
     differ = lambda k, tol: np.mean(np.abs(a[k] - b[k]) > tol)
