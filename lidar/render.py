@@ -341,7 +341,9 @@ def _bundle_frame(groups: SurfelGroups, sensor: np.ndarray, world_from_group: np
 def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_us: np.ndarray,
                 hit_alpha: float) -> dict:
     """`trace` of a whole spinning sweep by the numba strip kernel (lidar.sweep): sensor (C,4,4) and times_us
-    (C,) per column, ray r = laser C + column along the layout's directions."""
+    (C,) per column, ray r = laser C + column along the layout's directions. The returned arrays are buffers
+    that this thread's next sweep overwrites."""
+    from .kernel import scratch
     from .sweep import render_strips, strip_width
     C = len(sensor)
     world_from_group, group_from_world = _group_poses(groups, times_us)
@@ -360,7 +362,10 @@ def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_
         turn = float(_rotation_angle(np.einsum("ji,cjk->cik", R_ref, sensor[cols, :3, :3])).max())
         frames.append((M, o_ref, margin, [math.sin(turn), math.cos(turn)]))
     M, o_ref, margin, turn = (np.ascontiguousarray(np.stack(x), np.float64) for x in zip(*frames))
-    out = _outputs(lay.directions.shape[0] * C, groups.features.shape[1])
+    R, F = lay.directions.shape[0] * C, groups.features.shape[1]
+    # the strips write every ray's sums: buffers reused between sweeps (fresh pages cost more than the writes)
+    out = {k: scratch("sweep_" + k, (R,) + shape, np.float32) for k, shape in
+           (("alpha", ()), ("range_sum", ()), ("median", ()), ("normal", (3,)), ("features", (F,)))}
     render_strips(groups.disk, groups.rec, groups.features, groups.group, M, o_ref, margin, turn, group_from_world,
                   lay.rows, width, np.ascontiguousarray(sensor[:, :3, 3]), rot[:1] if still_sensor else rot,
                   lay.directions.reshape(-1, 3), BEAM_DIVERGENCE_RAD, hit_alpha, out)
