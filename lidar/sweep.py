@@ -144,10 +144,11 @@ def _count_below(v, x, inclusive):
 
 
 @njit(cache=True, inline="always")
-def _centre_column(az_c, row_az, step, n_cols):
-    """The (fractional) column in [0, n_cols) whose nominal azimuth in this row is az_c."""
-    cm = (az_c - row_az) / step
-    return cm - n_cols * math.floor(cm / n_cols)
+def _centre_column(az_c, row_az, inv_step, n_cols):
+    """The (fractional) column in [0, n_cols) whose nominal azimuth in this row is az_c (inv_step = 1 / step:
+    products, not divisions, in the per-laser loops)."""
+    cm = (az_c - row_az) * inv_step
+    return cm - n_cols * math.floor(cm * (1.0 / n_cols))
 
 
 @njit(parallel=True, cache=True)
@@ -177,7 +178,7 @@ def _footprints(disk, group, M, margin, sin_t, cos_t, tan_div, row_sin, az_min, 
             level += 1
         a_lo = min(az_min[level, k0], az_min[level, k1 - (1 << level)])
         a_hi = max(az_max[level, k0], az_max[level, k1 - (1 << level)])
-        first = _centre_column(az_c, a_lo, step, n_cols)  # the lasers' centre columns, unwrapped from this one
+        first = _centre_column(az_c, a_lo, 1.0 / step, n_cols)  # the lasers' centre columns, unwrapped from it
         other = first + (a_lo - a_hi) / step
         lo, hi = min(first, other), max(first, other)
         c_lo, c_hi = int(math.ceil(lo - hw)), int(math.floor(hi + hw))
@@ -219,7 +220,7 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
     n_cols, L, F = origins.shape[0], row_sin.shape[0], feats.shape[1]
     cpr = width // LANES  # chunks per laser row
     hit, inv2 = f32(hit_alpha), f32(inv_div2)
-    inv_step = 1.0 / abs(step)
+    inv_step, inv_sstep = 1.0 / abs(step), 1.0 / step
     full_row = n_cols - width - 1
     for s in prange(strip_start.shape[0] - 1):
         k0, k1 = strip_start[s], strip_start[s + 1]
@@ -263,7 +264,7 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                 if 2 * hw >= full_row:
                     a, b, shifts = c0, c1, 1  # the whole strip, once
                 else:
-                    cm = _centre_column(az_c, row_az[l], step, n_cols)
+                    cm = _centre_column(az_c, row_az[l], inv_sstep, n_cols)
                     a, b, shifts = int(math.ceil(cm - hw)) - n_cols, int(math.floor(cm + hw)) + 1 - n_cols, 3
                 for _ in range(shifts):  # the run, and its copies one turn either side (one meets the strip)
                     x0, x1 = max(a, c0), min(b, c1)
