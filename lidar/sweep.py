@@ -237,22 +237,22 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                 st[DX + i], st[DY + i], st[DZ + i] = _world_dir(rot, sdirs, r, c)
                 st[PT + i] = ONE
         n = k1 - k0
-        loc = np.empty((n, 5))
-        for q in range(n):
+        loc = np.empty((0 if shared else n, 5), np.float32)  # the strip's own footprints (rolling)
+        for q in range(loc.shape[0]):
             j = lst[k0 + q]
-            if shared:
-                for v in range(5):
-                    loc[q, v] = fp[j, v]
-            else:
-                g = group[j]
-                loc[q, 0], loc[q, 1], loc[q, 2], loc[q, 3], loc[q, 4] = _footprint(
-                    disk, j, M, s, g, margin[s, g], turn[s, 0], turn[s, 1], tan_div)
+            g = group[j]
+            loc[q, 0], loc[q, 1], loc[q, 2], loc[q, 3], loc[q, 4] = _footprint(
+                disk, j, M, s, g, margin[s, g], turn[s, 0], turn[s, 1], tan_div)
         order = np.arange(n) if shared else np.argsort(loc[:, 0], kind="mergesort")
         for q in order:
-            if loc[q, 0] < 0:
-                continue
-            s_lo, s_hi, az_c, hw = loc[q, 1], loc[q, 2], loc[q, 3], loc[q, 4] * inv_step
             j = lst[k0 + q]
+            if shared:  # (scalars: a row view per surfel would touch fp's reference count from every thread)
+                dist, s_lo, s_hi, az_c, half = fp[j, 0], fp[j, 1], fp[j, 2], fp[j, 3], fp[j, 4]
+            else:
+                dist, s_lo, s_hi, az_c, half = loc[q, 0], loc[q, 1], loc[q, 2], loc[q, 3], loc[q, 4]
+            if dist < 0:
+                continue
+            hw = half * inv_step
             g = group[j]
             geo = _geometry(rec, j)
             w0, w1, w2 = f32(rec[j, 0] - o_ref[s, 0]), f32(rec[j, 1] - o_ref[s, 1]), f32(rec[j, 2] - o_ref[s, 2])
