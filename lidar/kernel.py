@@ -261,8 +261,8 @@ def _actor_ray(st, i, A, g, c, o0, o1, o2, e0, e1, e2, rec, j, geo, inv2, hit) -
     s = -1.0 if nd > 0 else 1.0
     nx, ny, nz = rec[j, 9], rec[j, 10], rec[j, 11]  # A^T n: the normal in the world
     _update(st, i, al, rng, f32(s * (A[g, c, 0, 0] * nx + A[g, c, 1, 0] * ny + A[g, c, 2, 0] * nz)),
-            f32(s * (A[g, c, 0, 1] * nx + A[g, c, 1, 1] * ny + A[g, c, 2, 1] * nz)), f32(s * (A[g, c, 0, 2] * nx + A[g, c, 1, 2] * ny + A[g, c, 2, 2] * nz)),
-            hit)
+            f32(s * (A[g, c, 0, 1] * nx + A[g, c, 1, 1] * ny + A[g, c, 2, 1] * nz)),
+            f32(s * (A[g, c, 0, 2] * nx + A[g, c, 1, 2] * ny + A[g, c, 2, 2] * nz)), hit)
 
 
 def _make_compositor(track: bool):
@@ -394,7 +394,8 @@ def render_bundle(rec, scales, feats, group, world_from_group, group_from_world,
     el = np.arcsin(np.clip(d_ref[:, 2], -1.0, 1.0))
     grid, cell = _grid(az, el)
     n = rec.shape[0]
-    rect, depth, cap = scratch("rect", (n, 4), np.int64), scratch("depth", (n,), np.float32), scratch("cap", (n, 7), np.float32)
+    rect, depth = scratch("rect", (n, 4), np.int64), scratch("depth", (n,), np.float32)
+    cap = scratch("cap", (n, 7), np.float32)
     _caps(rec, scales, group, world_from_group, o_ref, R_ref, margin, math.tan(divergence), grid, rect, depth, cap)
     keys = _depth_keys(depth, rect)
     keys.sort()
@@ -411,7 +412,7 @@ def render_bundle(rec, scales, feats, group, world_from_group, group_from_world,
 
 @njit(parallel=True, cache=True)
 def fill_frame(hit, start, alpha, range_sum, median, normal, intensity, directions, time_offsets, rot, points,
-                ranges, ring, column, times, normals, intensity_out, range_image, expected, alpha_image):
+               ranges, ring, column, times, normals, intensity_out, range_image, expected, alpha_image):
     """render_lidar's frame from a trace, laser by laser (laser l's returns from start[l]): points along the
     sensor-frame directions, normals turned into the sensor frame of their column (rot (C,3,3), or (1,3,3)
     for one orientation) and normalised."""

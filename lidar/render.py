@@ -209,7 +209,8 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     L, C = lay.directions.shape[:2]
     head = _head(scene_or_surfels, head, groups)
     sweep = name == "numba" and lay.rows is not None  # the strip kernel turns the directions itself
-    dirs = None if sweep and head is None else np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
+    dirs = None if sweep and head is None else \
+        np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
     if sweep:
         out = trace_sweep(groups, lay, sensor, times, hit_alpha)
     else:
@@ -347,12 +348,10 @@ def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_
     from .sweep import render_strips, strip_width
     C = len(sensor)
     world_from_group, group_from_world = _group_poses(groups, times_us)
-    rot = np.ascontiguousarray(sensor[:, :3, :3])
-    still_sensor = bool(np.all(sensor == sensor[:1]))
-    still = still_sensor and bool(np.all(world_from_group == world_from_group[:, :1]))
+    still = bool(np.all(sensor == sensor[:1]) and np.all(world_from_group == world_from_group[:, :1]))
     # rolling: each strip is sorted from its own reference, so it spans as little motion as trace's bundles
-    width = strip_width(lay.directions.shape[0], 1 if still else _spread_bundles(sensor[:, :3, 3], world_from_group[1:]),
-                        C)
+    strips = 1 if still else _spread_bundles(sensor[:, :3, 3], world_from_group[1:])
+    width = strip_width(lay.directions.shape[0], strips, C)
     spans = [np.arange(C)] + ([] if still else [np.arange(a, min(a + width, C)) for a in range(0, C, width)])
     frames = []
     for cols in spans:
@@ -367,7 +366,7 @@ def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_
     out = {k: scratch("sweep_" + k, (R,) + shape, np.float32) for k, shape in
            (("alpha", ()), ("range_sum", ()), ("median", ()), ("normal", (3,)), ("features", (F,)))}
     render_strips(groups.disk, groups.rec, groups.features, groups.group, M, o_ref, margin, turn, group_from_world,
-                  lay.rows, width, np.ascontiguousarray(sensor[:, :3, 3]), rot[:1] if still_sensor else rot,
+                  lay.rows, width, np.ascontiguousarray(sensor[:, :3, 3]), _rotations(sensor),
                   lay.directions.reshape(-1, 3), BEAM_DIVERGENCE_RAD, hit_alpha, out)
     out["group_from_world"] = group_from_world
     return out
@@ -414,6 +413,12 @@ def _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, 
             out[key][r] = res[key].cpu().numpy()
 
 
+def _rotations(sensor: np.ndarray) -> np.ndarray:
+    """The sensor's rotation per column (C,3,3), or (1,3,3) when it does not turn (the kernels' convention)."""
+    rot = np.ascontiguousarray(sensor[:, :3, :3])
+    return rot[:1] if np.all(rot == rot[:1]) else rot
+
+
 def _frame(lay: _Layout, out: dict, sensor: np.ndarray, hit: np.ndarray, intensity, drop) -> LidarFrame:
     from .kernel import fill_frame
     L, C = lay.directions.shape[:2]
@@ -426,11 +431,9 @@ def _frame(lay: _Layout, out: dict, sensor: np.ndarray, hit: np.ndarray, intensi
          "intensity": np.empty(M if intensity is not None else 0, np.float32),
          "range_image": np.empty((L, C), np.float32), "expected_range_image": np.empty((L, C), np.float32),
          "alpha_image": np.empty((L, C), np.float32)}
-    rot = np.ascontiguousarray(sensor[:, :3, :3])
-    still = bool(np.all(rot == rot[:1]))
     fill_frame(hit, start, out["alpha"], out["range_sum"], out["median"], out["normal"],
-                f["intensity"] if intensity is None else np.ascontiguousarray(intensity, np.float32),
-                lay.directions.reshape(-1, 3), lay.time_offsets_us.reshape(-1), rot[:1] if still else rot, *f.values())
+               f["intensity"] if intensity is None else np.ascontiguousarray(intensity, np.float32),
+               lay.directions.reshape(-1, 3), lay.time_offsets_us.reshape(-1), _rotations(sensor), *f.values())
     return LidarFrame(**{**f, "intensity": None if intensity is None else f["intensity"]},
                       drop_probability_image=None if drop is None else drop.reshape(L, C))
 
