@@ -3,8 +3,10 @@ timestamps and poses. Errors name the source file and the field."""
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import re
 from pathlib import Path
+from typing import Tuple
 
 import numpy as np
 
@@ -75,3 +77,24 @@ def make_pose(R, t) -> np.ndarray:
     T[:3, :3] = R
     T[:3, 3] = t
     return T
+
+
+def nearest_rotation(R: np.ndarray) -> np.ndarray:
+    """The rotation matrix nearest to ``R`` (Frobenius norm): makes rounded calibration matrices
+    (R R^T - I ~ 1e-7) and sums of rotations (a chordal mean) rigid to float64 precision."""
+    U, _, Vt = np.linalg.svd(R)
+    return U @ np.diag([1.0, 1.0, np.linalg.det(U @ Vt)]) @ Vt
+
+
+def mean_pose(poses: np.ndarray) -> np.ndarray:
+    """(N,4,4) -> 4x4: mean translation and chordal mean rotation, for poses a few degrees apart at most."""
+    poses = np.asarray(poses, np.float64)
+    return make_pose(nearest_rotation(poses[:, :3, :3].sum(0)), poses[:, :3, 3].mean(0))
+
+
+def pose_difference(A: np.ndarray, B: np.ndarray) -> Tuple[float, float]:
+    """(metres, degrees): the translation length and rotation angle of ``inv(A) @ B``."""
+    D = np.linalg.solve(A, B)
+    R = D[:3, :3]
+    sin2 = np.linalg.norm([R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1]])  # 2 sin(angle)
+    return float(np.linalg.norm(D[:3, 3])), math.degrees(math.atan2(sin2, np.trace(R) - 1))  # exact near 0

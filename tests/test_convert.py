@@ -5,6 +5,7 @@ by depth) go to tmp_path and, for a human, to /tmp/gsim_overlays/."""
 import itertools
 import json
 import math
+import re
 import shutil
 import sys
 import time
@@ -230,26 +231,36 @@ def test_kitti_drive_layout_and_drive_choice(kitti_log, tmp_path):
     assert not list(tmp_path.glob(".out*"))  # no temporary folders left behind by the failed calls
 
 
-@needs_kitti
-def test_kitti_timestamps_and_oxts_poses(tmp_path):
-    """Drives with timestamps.txt and oxts: times from the files, poses from GPS/IMU (no kiss-icp)."""
-    from gsim.scenes.kitti_raw import EARTH_RADIUS_M, convert_kitti_raw
-    date, d = kitti_tree(tmp_path, drive="2011_09_26_drive_0001_sync")
-    n = 40
+OXTS_YAW = 0.3
+
+
+def kitti_oxts(d, n=40):
+    """timestamps.txt for image_02, velodyne_points and oxts in sensor folder parent ``d``, and oxts records of a
+    drive north-east along heading OXTS_YAW at 1 m per frame, written as lat/lon (inverse Mercator)."""
+    from gsim.scenes.kitti_raw import EARTH_RADIUS_M
     stamps = [f"2011-09-26 13:02:{25 + k // 10:02d}.{(k % 10) * 100_000 + 123:06d}417" for k in range(n)]
     for sensor in ("image_02", "velodyne_points", "oxts"):
         (d / sensor / "data").mkdir(parents=True, exist_ok=True)
         (d / sensor / "timestamps.txt").write_text("\n".join(stamps) + "\n")
-    # a drive north-east along heading 0.3 rad at 1 m per frame, written as lat/lon (inverse Mercator)
-    lat0, lon0, yaw = 49.0, 8.4, 0.3
+    lat0, lon0 = 49.0, 8.4
     s = math.cos(math.radians(lat0))
     e0 = s * EARTH_RADIUS_M * math.radians(lon0)
     n0 = s * EARTH_RADIUS_M * math.log(math.tan(math.radians(90 + lat0) / 2))
     for k in range(n):
-        e, nn = e0 + k * math.cos(yaw), n0 + k * math.sin(yaw)
+        e, nn = e0 + k * math.cos(OXTS_YAW), n0 + k * math.sin(OXTS_YAW)
         lat = math.degrees(2 * math.atan(math.exp(nn / (s * EARTH_RADIUS_M)))) - 90
         lon = math.degrees(e / (s * EARTH_RADIUS_M))
-        (d / "oxts" / "data" / f"{k:010d}.txt").write_text(f"{lat:.12f} {lon:.12f} 110.0 0.0 0.0 {yaw} " + "0 " * 24)
+        (d / "oxts" / "data" / f"{k:010d}.txt").write_text(
+            f"{lat:.12f} {lon:.12f} 110.0 0.0 0.0 {OXTS_YAW} " + "0 " * 24)
+
+
+@needs_kitti
+def test_kitti_timestamps_and_oxts_poses(tmp_path):
+    """Drives with timestamps.txt and oxts: times from the files, poses from GPS/IMU (no kiss-icp)."""
+    from gsim.scenes.kitti_raw import convert_kitti_raw
+    date, d = kitti_tree(tmp_path, drive="2011_09_26_drive_0001_sync")
+    kitti_oxts(d)
+    yaw = OXTS_YAW
     log = validate_log(convert_kitti_raw(date, tmp_path / "out", max_frames=4, progress=False))
     assert log.frames[1].timestamp_us == 1317042145_100123  # 2011-09-26 13:02:25.100123 UTC, in microseconds
     assert log.frames[3].cameras["image_02"].timestamp_us == 1317042145_300123
@@ -287,15 +298,11 @@ def test_kitti_bad_inputs(tmp_path, monkeypatch):
     with pytest.raises(LogFormatError, match=r"0000000002.bin: .* not a whole number .* 16 bytes"):
         convert_kitti_raw(date, tmp_path / "out", progress=False)
 
-    date = tree("counts")
-    (date / "velodyne_points/data/0000000039.bin").unlink()
-    with pytest.raises(LogFormatError, match=r"velodyne_points/data/0000000039.bin: missing \(image_02 has 40 images, "
-                                             r"velodyne_points has 39 sweeps"):
-        convert_kitti_raw(date, tmp_path / "out", progress=False)
-
-    date = tree("image")
-    (date / "image_02/data/0000000011.png").unlink()
-    with pytest.raises(LogFormatError, match=r"image_02/data/0000000011.png: missing"):
+    date = tree("counts")  # 5 of 40 sweeps gone: more than KITTI's sporadic losses (test_kitti_sporadic_frame_losses)
+    for k in range(35, 40):
+        (date / f"velodyne_points/data/00000000{k}.bin").unlink()
+    with pytest.raises(LogFormatError, match=r"velodyne_points/data/0000000035.bin: missing, as are 4 more of the "
+                                             r"drive's 40 frames \(more than 10%"):
         convert_kitti_raw(date, tmp_path / "out", progress=False)
 
     with pytest.raises(ValueError, match="not a directory"):
@@ -307,6 +314,108 @@ def test_kitti_bad_inputs(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r'pip install -e "\.\[lidar\]"'):
         convert_kitti_raw(date, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+@needs_kitti
+def test_kitti_sporadic_frame_losses(tmp_path):
+    """As in 2011_09_26_drive_0009_sync (no sweeps for frames 177-180, empty lines in velodyne_points/timestamps.txt):
+    frames a sensor lacks are left out and noted, the others keep their own files and times."""
+    from gsim.scenes.kitti_raw import convert_kitti_raw
+    date, d = kitti_tree(tmp_path, drive="2011_09_26_drive_0009_sync")
+    kitti_oxts(d)
+    (d / "velodyne_points/data/0000000002.bin").unlink()
+    (d / "image_02/data/0000000004.png").unlink()
+    stamps = (d / "velodyne_points/timestamps.txt").read_text().splitlines()
+    (d / "velodyne_points/timestamps.txt").write_text("\n".join(stamps[:2] + [""] + stamps[3:]) + "\n")
+    log = validate_log(convert_kitti_raw(date, tmp_path / "out", max_frames=4, progress=False))
+    kept = [0, 1, 3, 5]
+    assert [f.timestamp_us for f in log.frames] == [1317042145_000123 + 100_000 * k for k in kept]
+    for f, k in zip(log.frames, kept):
+        assert (log.root / f.cameras["image_02"].image).read_bytes() == \
+            (KITTI / f"image_02/data/{k:010d}.png").read_bytes()
+        raw = np.fromfile(KITTI / f"velodyne_points/data/{k:010d}.bin", np.float32).reshape(-1, 4)
+        assert np.array_equal(log.sweep(f.lidars["velodyne"]), raw)
+    assert "frames left out, velodyne_points has no file for them: 0000000002" in log.notes
+    assert "frames left out, image_02 has no file for them: 0000000004" in log.notes
+
+
+def tracklet_xml(objects):
+    """A tracklet_labels.xml in KITTI's boost serialisation layout; objects: (type, h, w, l, first_frame,
+    [(tx, ty, tz, rz), ...])."""
+    def pose(tx, ty, tz, rz):
+        extra = "".join(f"<{k}>{v}</{k}>" for k, v in (("state", 1), ("occlusion", 0), ("occlusion_kf", 0),
+                                                       ("truncation", 0), ("amt_occlusion", -1)))
+        return (f'<item class_id="3" tracking_level="0" version="2"><tx>{tx}</tx><ty>{ty}</ty><tz>{tz}</tz>'
+                f"<rx>0</rx><ry>0</ry><rz>{rz}</rz>{extra}</item>")
+    items = "".join(
+        f'<item class_id="1" tracking_level="0" version="1"><objectType>{kind}</objectType><h>{h}</h><w>{w}</w>'
+        f"<l>{l}</l><first_frame>{first}</first_frame>"
+        f'<poses class_id="2" tracking_level="0" version="0"><count>{len(poses)}</count><item_version>2</item_version>'
+        f"{''.join(pose(*p) for p in poses)}</poses><finished>1</finished></item>"
+        for kind, h, w, l, first, poses in objects)
+    return ('<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
+            '<boost_serialization signature="serialization::archive" version="9">\n'
+            f'<tracklets class_id="0" tracking_level="0" version="0"><count>{len(objects)}</count>'
+            f"<item_version>1</item_version>{items}</tracklets>\n</boost_serialization>\n")
+
+
+CAR_POSES = [(10.0 + j, -2.0 + 0.1 * j, -1.7, 0.1 * j) for j in range(6)]  # frames 1..6 of the tracklet below
+
+
+@needs_kitti
+@pytest.mark.parametrize("drive", [None, "2011_09_26_drive_0001_sync"])
+def test_kitti_tracklets(tmp_path, drive):
+    """tracklet_labels.xml beside the data (flattened layout) or in the drive folder (KITTI's): each tracklet is
+    an actor whose box centre is the tracklet's bottom centre lifted by h/2, through the log's own sweep pose."""
+    from gsim.scenes.kitti_raw import convert_kitti_raw
+    date, d = kitti_tree(tmp_path, drive=drive)
+    kitti_oxts(d)
+    (d / "tracklet_labels.xml").write_text(tracklet_xml([("Car", 1.5, 1.7, 4.2, 1, CAR_POSES),
+                                                         ("Pedestrian", 1.8, 0.6, 0.8, 30, [(5, 3, -1.7, 0)])]))
+    log = validate_log(convert_kitti_raw(date, tmp_path / "out", max_frames=4, progress=False))
+    (car,) = log.actors  # the pedestrian appears after the converted frames
+    assert (car.id, car.category, car.size) == ("tracklet_0", "car", (4.2, 1.7, 1.5))
+    assert list(car.timestamps_us) == [f.timestamp_us for f in log.frames[1:4]]
+    assert any("1 of the 2 tracklets" in n for n in log.notes)
+    for j, f in enumerate(log.frames[1:4]):
+        tx, ty, tz, rz = CAR_POSES[j]
+        T_world_velo = log.T_world_vehicle(f.timestamp_us) @ log.lidars["velodyne"].T_vehicle_lidar
+        assert np.allclose(T_world_velo, log.T_world_lidar(f.lidars["velodyne"]), atol=1e-12)
+        T = car.pose_at(f.timestamp_us)
+        assert np.allclose(T[:3, 3], (T_world_velo @ [tx, ty, tz + 1.5 / 2, 1])[:3], atol=1e-9)
+        box_x = T_world_velo[:3, :3].T @ T[:3, 0]  # heading in the Velodyne frame
+        assert np.allclose(box_x, [math.cos(rz), math.sin(rz), 0], atol=1e-12)
+        assert np.allclose(T[:3, 2], T_world_velo[:3, 2], atol=1e-12)
+        # the world heading adds the ego's (oxts) yaw
+        assert math.isclose(math.atan2(T[1, 0], T[0, 0]), OXTS_YAW + rz, abs_tol=0.03)
+
+
+@needs_kitti
+def test_kitti_bad_tracklets(tmp_path):
+    from gsim.scenes.kitti_raw import convert_kitti_raw, read_tracklets
+    good = tracklet_xml([("Car", 1.5, 1.7, 4.2, 0, CAR_POSES[:2])])
+    path = tmp_path / "tracklet_labels.xml"
+
+    def check(text, fragment):
+        path.write_text(text)
+        with pytest.raises(LogFormatError) as e:
+            read_tracklets(path)
+        assert str(path) in str(e.value) and fragment in str(e.value), str(e.value)
+
+    check(good[:-60], "not a readable XML file")
+    check(good.replace("<tz>-1.7</tz>", "", 1), "tracklets/item[0]/poses/item[0]/tz: missing")
+    check(good.replace("<h>1.5</h>", "<h>tall</h>"), "tracklets/item[0]/h: expected a number, got 'tall'")
+    check(good.replace("<first_frame>0</first_frame>", "<first_frame>0.5</first_frame>"),
+          "item[0]/first_frame: expected an integer")
+    check(good.replace("<count>2</count>", "<count>3</count>"), "tracklets/item[0]/poses/count: says '3', found 2")
+    check(good.replace("<w>1.7</w>", "<w>0</w>"), "tracklets/item[0]: l, w, h must be > 0")
+    check("<tracks/>", "no <tracklets> element")
+    # the converter reads the file before anything else (no kiss-icp run, no log left behind)
+    date, d = kitti_tree(tmp_path / "drive")
+    (d / "tracklet_labels.xml").write_text(good.replace("<objectType>Car</objectType>", ""))
+    with pytest.raises(LogFormatError, match=r"drive/2011_09_26/tracklet_labels.xml: tracklets/item\[0\]/objectType"):
+        convert_kitti_raw(date, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 # --------------------------------------------------------------------------- DGP (DDAD)
@@ -364,6 +473,12 @@ def test_dgp_log_contents(dgp_log):
         assert np.array_equal(log.sweep(f.lidars["LIDAR"]), z["data"].astype(np.float32))
     cam = log.cameras["CAMERA_01"].camera
     assert isinstance(cam, PinholeCamera) and (cam.width, cam.height) == (1936, 1216)
+    # the sample's cameras fire 212 ms after its LiDAR, so CAMERA_01 is the reference at their times; the
+    # sample's sensors agree to a micrometre
+    for name in ("CAMERA_05", "CAMERA_06"):
+        assert any(n.startswith(f"{name}: 3 datums at the times of reference datums (CAMERA_01)") for n in log.notes)
+        med_m, med_deg, max_m, max_deg, _, _ = note_numbers(log.notes, name)
+        assert max_m < 1e-6 and max_deg < 1e-4
 
 
 @needs_ddad
@@ -433,28 +548,33 @@ def test_dgp_actor_tracks(dgp_log):
     assert np.corrcoef(ours, theirs)[0, 1] > 0.95  # the sample's clouds are subsampled, so counts differ by a factor
 
 
+def dgp_tree(root, edit_scene=None, edit_calib=None):
+    """A copy of the DGP sample scene at ``root``: the scene JSON and calibration written (after the edits),
+    everything else symlinked (never modified)."""
+    scene_json = next((DDAD / "scene_01").glob("scene_*.json"))
+    root.mkdir()
+    for p in (DDAD / "scene_01").iterdir():
+        if p.name != scene_json.name and p.name != "calibration":
+            (root / p.name).symlink_to(p)
+    scene = json.loads(scene_json.read_text())
+    if edit_scene:
+        edit_scene(scene)
+    (root / scene_json.name).write_text(json.dumps(scene))
+    (root / "calibration").mkdir()
+    for c in (DDAD / "scene_01/calibration").iterdir():
+        calib = json.loads(c.read_text())
+        if edit_calib:
+            edit_calib(calib)
+        (root / "calibration" / c.name).write_text(json.dumps(calib))
+    return root
+
+
 @needs_ddad
 def test_dgp_bad_inputs(tmp_path):
     from gsim.scenes.dgp import convert_dgp
-    scene_json = next((DDAD / "scene_01").glob("scene_*.json"))
 
     def tree(name, edit_scene=None, edit_calib=None):
-        root = tmp_path / name
-        root.mkdir()
-        for p in (DDAD / "scene_01").iterdir():
-            if p.name != scene_json.name and p.name != "calibration":
-                (root / p.name).symlink_to(p)
-        scene = json.loads(scene_json.read_text())
-        if edit_scene:
-            edit_scene(scene)
-        (root / scene_json.name).write_text(json.dumps(scene))
-        (root / "calibration").mkdir()
-        for c in (DDAD / "scene_01/calibration").iterdir():
-            calib = json.loads(c.read_text())
-            if edit_calib:
-                edit_calib(calib)
-            (root / "calibration" / c.name).write_text(json.dumps(calib))
-        return root
+        return dgp_tree(tmp_path / name, edit_scene, edit_calib)
 
     root = tree("pose", edit_scene=lambda s: s["data"][1]["datum"]["image"].pop("pose"))
     with pytest.raises(LogFormatError, match=r"datum 78aa67ac70[0-9a-f]+\.datum\.image\.pose: missing"):
@@ -466,6 +586,141 @@ def test_dgp_bad_inputs(tmp_path):
     log = validate_log(convert_dgp(root, tmp_path / "out", progress=False)[0])
     assert log.cameras["CAMERA_01"].camera.k1 == -0.2 and isinstance(log.cameras["CAMERA_01"].camera, OpenCVCamera)
     assert not list(tmp_path.glob(".out*"))
+
+
+def small_motion(metres, degrees, direction=(0.6, 0.8, 0.0), axis=(1.0, 2.0, 3.0)):
+    """A rigid transform: ``metres`` along ``direction``, ``degrees`` about ``axis``."""
+    x, y, z = np.array(axis) / np.linalg.norm(axis)
+    half = math.radians(degrees) / 2
+    T = np.eye(4)
+    T[:3, :3] = quat_to_rotmat(np.array([math.cos(half), *(math.sin(half) * np.array([x, y, z]))]))
+    T[:3, 3] = metres * np.array(direction) / np.linalg.norm(direction)
+    return T
+
+
+def co_timed_cameras(perturb):
+    """A scene edit: each camera datum stamped with its sample's LiDAR time (as DDAD's own scenes are) and posed
+    so that the ego pose it implies is the LiDAR's @ perturb(camera name, sample index)."""
+    from gsim.transforms import rotmat_to_quat
+    calib = json.loads(next((DDAD / "scene_01/calibration").iterdir()).read_text())
+    ext = {n: dgp_pose(e) for n, e in zip(calib["names"], calib["extrinsics"])}
+
+    def edit(scene):
+        data = {d["key"]: d for d in scene["data"]}
+        for k, sample in enumerate(scene["samples"]):
+            datums = [data[key] for key in sample["datum_keys"]]
+            (lidar,) = [d for d in datums if "point_cloud" in d["datum"]]
+            ego = dgp_pose(lidar["datum"]["point_cloud"]["pose"]) @ invert(ext["LIDAR"])
+            for d in datums:
+                if "image" in d["datum"]:
+                    name = d["id"]["name"]
+                    T = ego @ perturb(name, k) @ ext[name]
+                    q = rotmat_to_quat(T[:3, :3])
+                    d["id"]["timestamp"] = lidar["id"]["timestamp"]
+                    d["datum"]["image"]["pose"] = {"rotation": dict(zip(("qw", "qx", "qy", "qz"), q.tolist())),
+                                                   "translation": dict(zip("xyz", T[:3, 3].tolist()))}
+    return edit
+
+
+def note_numbers(notes, sensor):
+    """(median m, median deg, max m, max deg, residual m, residual deg) from a DGP log's note on ``sensor``."""
+    (note,) = [n for n in notes if n.startswith(f"{sensor}: ")]
+    num = r"([0-9.e+-]+)"
+    m = re.search(rf"median {num} m / {num} deg, max {num} m / {num} deg.* within {num} m / {num} deg", note)
+    return tuple(float(x) for x in m.groups())
+
+
+@needs_ddad
+def test_dgp_sensors_disagreeing_by_a_centimetre(tmp_path):
+    """Real calibrations disagree by millimetres: the scene converts, the notes report the disagreement, the
+    LiDAR (the reference) keeps its recorded pose and each camera its own (the extrinsic absorbs a constant offset)."""
+    from gsim.scenes.dgp import convert_dgp
+
+    def perturb(name, k):  # 1 cm / 0.02 deg; CAMERA_05's translation varies 8, 10, 12 mm over the samples
+        return small_motion(0.008 + 0.002 * k if name == "CAMERA_05" else 0.01, 0.02)
+
+    root = dgp_tree(tmp_path / "scene", co_timed_cameras(perturb))
+    edited = json.loads(next(root.glob("scene_*.json")).read_text())
+    log = validate_log(convert_dgp(root, tmp_path / "out", progress=False)[0])
+    assert len(log.ego_timestamps_us) == 3  # one ego pose per sample now that the datums share its time
+    for name in ("CAMERA_01", "CAMERA_06"):
+        med_m, med_deg, max_m, max_deg, res_m, res_deg = note_numbers(log.notes, name)
+        assert math.isclose(med_m, 0.01, rel_tol=1e-3) and math.isclose(max_m, 0.01, rel_tol=1e-3)
+        assert math.isclose(med_deg, 0.02, rel_tol=1e-3) and math.isclose(max_deg, 0.02, rel_tol=1e-3)
+        assert res_m < 1e-9 and res_deg < 1e-6
+    med_m, _, max_m, _, res_m, _ = note_numbers(log.notes, "CAMERA_05")
+    assert math.isclose(med_m, 0.010, rel_tol=1e-3) and math.isclose(max_m, 0.012, rel_tol=1e-3)
+    assert math.isclose(res_m, 0.002, rel_tol=1e-2)
+    assert any("(LIDAR)" in n for n in log.notes) and any("['LIDAR', 'CAMERA_01'" in n for n in log.notes)
+
+    data = {d["key"]: d for d in edited["data"]}
+    for k, sample in enumerate(edited["samples"]):
+        for key in sample["datum_keys"]:
+            d = data[key]
+            name, field = d["id"]["name"], next(iter(d["datum"]))
+            recorded = dgp_pose(d["datum"][field]["pose"])
+            if field == "point_cloud":
+                assert np.abs(log.T_world_lidar(log.frames[k].lidars[name]) - recorded).max() < 1e-9
+            else:
+                ours = log.T_world_camera(log.frames[k].cameras[name])
+                assert np.abs(ours - recorded).max() < (3e-3 if name == "CAMERA_05" else 1e-9), name
+    # the extrinsic moved by the injected offset, from the calibration's
+    calib = json.loads(next((DDAD / "scene_01/calibration").iterdir()).read_text())
+    T = dgp_pose(calib["extrinsics"][calib["names"].index("CAMERA_01")])
+    assert np.allclose(log.cameras["CAMERA_01"].T_vehicle_camera, small_motion(0.01, 0.02) @ T, atol=1e-9)
+    assert not np.allclose(T, small_motion(0.01, 0.02) @ T, atol=1e-3)
+
+
+@needs_ddad
+@pytest.mark.parametrize("metres, degrees, numbers", [(3.0, 0.0, "3.000 m / 0.000 deg"),
+                                                      (0.0, 5.0, "0.000 m / 5.000 deg")])
+def test_dgp_sensors_disagreeing_by_metres_are_refused(tmp_path, metres, degrees, numbers):
+    from gsim.scenes.dgp import convert_dgp
+    root = dgp_tree(tmp_path / "scene", co_timed_cameras(lambda name, k: small_motion(metres, degrees)))
+    with pytest.raises(LogFormatError) as e:
+        convert_dgp(root, tmp_path / "out", progress=False)
+    msg = str(e.value)
+    for fragment in ("datum 78aa67ac70", ".datum.image.pose", "sensor 'CAMERA_01' at 15569195938203752 us", numbers,
+                     "'LIDAR''s datum", "datum cfdd9f92", "the bound is 0.5 m / 2.0 deg"):
+        assert fragment in msg, msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_reference_ego_synthetic():
+    """Reference choice, extrinsic correction, camera-only times and notes on hand-made datums."""
+    from gsim.scenes.dgp import _Datum, reference_ego
+
+    def ego(t):
+        return small_motion(2.0 * t, 10.0 * t, axis=(0, 0, 1)) @ small_motion(0.1, 0.0, direction=(0, 0, 1))
+
+    ext = {"LIDAR": small_motion(1.5, 0.0, (0, 0, 1)), "CAM_A": look_at([1.6, 0.3, 1.4], [10, 0, 1]),
+           "CAM_B": look_at([1.6, -0.3, 1.4], [10, -5, 1])}
+    P_A = small_motion(0.01, 0.02)  # CAM_A: a constant offset; CAM_B: a varying one
+    P_B = {0: small_motion(0.004, 0.01, axis=(0, 1, 0)), 1: small_motion(0.006, 0.01, axis=(0, 1, 0))}
+    datums = [_Datum("CAM_B", "camera", 0, {}, "b0", ego(0) @ P_B[0] @ ext["CAM_B"]),
+              _Datum("CAM_A", "camera", 0, {}, "a0", ego(0) @ P_A @ ext["CAM_A"]),
+              _Datum("LIDAR", "lidar", 0, {}, "l0", ego(0) @ ext["LIDAR"]),
+              _Datum("LIDAR", "lidar", 2, {}, "l2", ego(2) @ ext["LIDAR"]),
+              _Datum("CAM_A", "camera", 2, {}, "a2", ego(2) @ P_A @ ext["CAM_A"]),
+              _Datum("CAM_A", "camera", 1, {}, "a1", ego(1) @ P_A @ ext["CAM_A"]),  # a time without LiDAR
+              _Datum("CAM_B", "camera", 1, {}, "b1", ego(1) @ P_B[1] @ ext["CAM_B"])]
+    poses, used, notes = reference_ego(datums, ext)
+    assert sorted(poses) == [0, 1, 2]
+    for t in (0, 1, 2):  # CAM_A's corrected extrinsic gives the camera-only time the true ego pose too
+        assert np.allclose(poses[t], ego(t), atol=1e-9)
+    assert np.allclose(used["LIDAR"], ext["LIDAR"]) and np.allclose(used["CAM_A"], P_A @ ext["CAM_A"], atol=1e-12)
+    assert "['LIDAR', 'CAM_A', 'CAM_B']" in notes[0] and len(notes) == 3
+    assert notes[1].startswith("CAM_A: 2 datums at the times of reference datums (LIDAR)")
+    assert notes[2].startswith("CAM_B: 2 datums at the times of reference datums (CAM_A, LIDAR)")
+    assert "median 0.005 m / 0.01 deg, max 0.006 m / 0.01 deg" in notes[2]
+    # no LiDAR: the first camera by name is the reference
+    poses, used, notes = reference_ego([d for d in datums if d.sensor != "LIDAR"], ext)
+    assert np.allclose(poses[1], ego(1) @ P_A, atol=1e-9) and np.array_equal(used["CAM_A"], ext["CAM_A"])
+    assert "['CAM_A', 'CAM_B']" in notes[0]
+    far = [datums[2], _Datum("CAM_A", "camera", 0, {}, "a0", ego(0) @ small_motion(0.7, 0.0) @ ext["CAM_A"])]
+    with pytest.raises(LogFormatError, match=r"a0\.pose: sensor 'CAM_A' at 0 us implies an ego pose 0\.700 m / 0\.000 "
+                                             r"deg from the one of 'LIDAR''s datum at that time \(l0\); the bound"):
+        reference_ego(far, ext)
 
 
 # --------------------------------------------------------------------------- nerfstudio
