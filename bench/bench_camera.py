@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import gsim
-from gsim.demo import demo_camera, drive_trajectory, street_surfels
+from gsim.street import demo_camera, drive_trajectory, street_surfels
 
 
 def time_backend(surfels, camera, poses, backend: str) -> list:

@@ -1,4 +1,4 @@
-"""LiDAR rendering benchmark: sweeps of the demo street (`gsim.demo.street_surfels`) along its drive.
+"""LiDAR rendering benchmark: sweeps of the demo street (`gsim.street.street_surfels`) along its drive.
 
 Usage: python bench/bench_lidar.py [--surfels 200000] [--lasers 64] [--columns 2048] [--sweeps 10]
        [--backends numba,open3d] [--speed M_S]
@@ -29,7 +29,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from gsim.demo import drive_trajectory, street_surfels
+from gsim.street import drive_trajectory, street_surfels
 from gsim.lidar import LidarSpec, render_lidar
 from gsim.surfels import Surfels
 from gsim.transforms import quat_to_rotmat

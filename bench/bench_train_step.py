@@ -20,7 +20,7 @@ import time
 import torch
 
 import gsim
-from gsim.demo import demo_camera, drive_trajectory, street_surfels
+from gsim.street import demo_camera, drive_trajectory, street_surfels
 from gsim.render.common import RenderOptions
 
 PARAMS = ("means", "quats", "scales", "opacities", "colors")

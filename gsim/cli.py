@@ -4,7 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
+
+from .errors import GsimWarning
 
 
 def _render_sequence(scene, trajectory, out: Path, backend: str, fps: float, depth: bool, video: bool) -> dict:
@@ -90,7 +93,7 @@ def cmd_street(a) -> int:
     import numpy as np
 
     from . import Scene
-    from .demo import demo_camera, drive_trajectory, street_surfels
+    from .street import demo_camera, drive_trajectory, street_surfels
     from .trajectory import Trajectory
     out = Path(a.out)
     t0 = time.perf_counter()
@@ -164,7 +167,8 @@ def cmd_eval(a) -> int:
     m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend)
     lidar = (f", LiDAR depth |err| median {m['lidar_depth_median_abs_m']:.3f} m mean {m['lidar_depth_mean_abs_m']:.3f} m"
              if "lidar_depth_median_abs_m" in m else "")
-    print(f"held-out views: {len(m['views'])}; PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.4f}{lidar} -> {a.out}/metrics.json")
+    print(f"held-out views: {len(m['views'])} at downscale {m['downscale']}; PSNR {m['psnr']:.2f} dB, "
+          f"SSIM {m['ssim']:.4f}{lidar} -> {a.out}/metrics.json")
     return 0
 
 
@@ -179,12 +183,43 @@ def cmd_import_ply(a) -> int:
 def cmd_export_ply(a) -> int:
     from . import load_scene
     from .ply import save_ply
-    save_ply(load_scene(a.scene).at(a.timestamp_us), a.out, layout=a.layout)
+    scene = load_scene(a.scene)
+    if scene.actors and a.timestamp_us is None:  # checked here so that the error names the option
+        raise ValueError(f"{a.scene}: the scene has {len(scene.actors)} actors; give --timestamp-us "
+                         f"(integer microseconds) to place them")
+    save_ply(scene.at(a.timestamp_us), a.out, layout=a.layout)
     print(f"wrote {a.out}")
     return 0
 
 
+def cmd_trajectory(a) -> int:
+    from .scenes.log import load_log
+    from .scenes.render_path import camera_path, path_camera
+    log = load_log(a.log)
+    sensor = path_camera(log, a.camera)
+    traj = camera_path(log, sensor, a.shift_m, a.frames, a.every, a.holdout_every, a.downscale)
+    traj.save(a.out)
+    cam = traj.camera
+    print(f"wrote {a.out}: {len(traj.poses)} poses of camera {sensor} ({cam.model} {cam.width}x{cam.height}), "
+          f"shifted {a.shift_m:g} m left")
+    return 0
+
+
+def _int_at_least(low: int):
+    """An argparse type: an integer >= ``low`` (argparse's error names the option)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {v}")
+        return v
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .lidar.spec import preset_names  # numpy only
     p = argparse.ArgumentParser(prog="gsim", description="Autonomous-driving sensor simulation with 2D Gaussian splatting.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     backends = ["auto", "torch", "numba", "gsplat"]
@@ -207,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "evaluate held-out views, render a video along a shifted path")
     dm.add_argument("--out", default="out/demo")
     dm.add_argument("--seed", type=int, default=0)
-    dm.add_argument("--iterations", type=int, default=None,
+    dm.add_argument("--iterations", type=_int_at_least(1), default=None,
                     help="training iterations (default 1500; the cpu preset has 2000)")
     dm.add_argument("--shift-m", type=float, default=1.0, help="lateral shift of the novel-view path (metres, left)")
     dm.set_defaults(fn=cmd_demo)
@@ -237,9 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("log")
     rc.add_argument("out")
     rc.add_argument("--preset", default="cpu", choices=["cpu", "cuda"])
-    rc.add_argument("--iterations", type=int, default=None)
+    rc.add_argument("--iterations", type=_int_at_least(1), default=None)
     rc.add_argument("--seed", type=int, default=None)
-    rc.add_argument("--downscale", type=int, default=None, help="train on images box-averaged by this integer factor")
+    rc.add_argument("--downscale", type=_int_at_least(1), default=None,
+                    help="train on images box-averaged by this integer factor (recorded in the scene)")
     rc.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     rc.set_defaults(fn=cmd_reconstruct)
 
@@ -247,17 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("scene")
     ev.add_argument("log")
     ev.add_argument("--out", required=True)
-    ev.add_argument("--holdout-every", type=int, default=8)
-    ev.add_argument("--downscale", type=int, default=1, help="evaluate at the training downscale")
+    ev.add_argument("--holdout-every", type=_int_at_least(2), default=8)
+    ev.add_argument("--downscale", type=_int_at_least(1), default=None,
+                    help="box-average the images by this factor (default: the training downscale recorded in the "
+                         "scene, else 1; another one is allowed, with a warning)")
     ev.add_argument("--backend", default="auto", choices=backends)
     ev.set_defaults(fn=cmd_eval)
 
     d = sub.add_parser("street", help="build the procedural surfel street and render a drive through it")
     d.add_argument("--out", default="out/street")
-    d.add_argument("--frames", type=int, default=48)
-    d.add_argument("--surfels", type=int, default=100_000)
-    d.add_argument("--width", type=int, default=640)
-    d.add_argument("--height", type=int, default=360)
+    d.add_argument("--frames", type=_int_at_least(2), default=48)
+    d.add_argument("--surfels", type=_int_at_least(100), default=100_000)
+    d.add_argument("--width", type=_int_at_least(1), default=640)
+    d.add_argument("--height", type=_int_at_least(1), default=360)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--fps", type=float, default=10.0)
     d.add_argument("--backend", default="auto", choices=backends)
@@ -265,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rl = sub.add_parser("render-lidar", help="render LiDAR sweeps of a scene along a LiDAR trajectory")
     rl.add_argument("scene")
-    rl.add_argument("--spec", required=True, help="a LiDAR preset, e.g. velodyne-hdl64e, velodyne-vlp16, "
-                                                  "ouster-os1-64, hesai-pandar64")
+    rl.add_argument("--spec", required=True, choices=preset_names(), metavar="PRESET",
+                    help=f"a LiDAR preset: {', '.join(preset_names())}")
     rl.add_argument("--trajectory", required=True,
                     help='JSON {"schema_version": 1, "frames": [{"timestamp_us": ..., "T_world_lidar": 4x4}]}')
     rl.add_argument("--out", required=True)
@@ -286,13 +324,38 @@ def build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--layout", default="3dgs", choices=["3dgs", "2dgs"])
     ep.add_argument("--timestamp-us", type=int, default=None, help="time at which to place actors")
     ep.set_defaults(fn=cmd_export_ply)
+
+    tj = sub.add_parser("trajectory", help="write a render trajectory (for gsim render) along a log camera's path, "
+                                           "optionally shifted sideways")
+    tj.add_argument("log")
+    tj.add_argument("out", help="the trajectory JSON to write")
+    tj.add_argument("--camera", default=None, help="the log's camera (default: front, else the first by name)")
+    tj.add_argument("--shift-m", type=float, default=0.0,
+                    help="sideways shift in the vehicle frame at each pose (metres, positive = left)")
+    tj.add_argument("--frames", default="all", choices=["all", "train", "holdout"],
+                    help="the log's frames, or its training or held-out ones (see --holdout-every)")
+    tj.add_argument("--holdout-every", type=_int_at_least(2), default=8, help="held-out frames: index %% N == 0")
+    tj.add_argument("--every", type=_int_at_least(1), default=1, help="keep every N-th of those frames")
+    tj.add_argument("--downscale", type=_int_at_least(1), default=1,
+                    help="divide the camera's resolution (and intrinsics) by this factor")
+    tj.set_defaults(fn=cmd_trajectory)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    show = warnings.showwarning
+
+    def one_line(message, category, *rest, **kw):
+        if issubclass(category, GsimWarning):  # gsim's own warnings: one line, like its errors
+            print(f"gsim {args.command}: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, *rest, **kw)
+
     try:
-        return args.fn(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            return args.fn(args)
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError, NotImplementedError) as e:
         # bad input and unavailable backends: one clear line, no traceback
         print(f"gsim {args.command}: error: {e}", file=sys.stderr)

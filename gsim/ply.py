@@ -32,8 +32,8 @@ from typing import Union
 
 import numpy as np
 
+from .errors import SceneFormatError
 from .io import atomic_path
-from .scene import SceneFormatError
 from .surfels import Surfels
 from .transforms import quat_to_rotmat, rotmat_to_quat
 

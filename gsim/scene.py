@@ -9,7 +9,8 @@ one folder of ``.npy`` arrays per surfel set::
     sky.npy                      (optional) lat-long sky map, see gsim.appearance
     lidar_head.json              (optional) LiDAR intensity / ray-drop head, see gsim.lidar.heads
 
-The manifest's ``appearance`` maps camera sensor names to (3,4) colour affines.
+The manifest's ``appearance`` maps camera sensor names to (3,4) colour affines; ``train``
+(null or absent unless reconstructed) holds ``{"downscale": D}``, the training images' factor.
 The directory is written next to its destination and renamed into place, so a
 reader never sees a half-written scene. Schema 1 (no sky, no appearance) is still read.
 """
@@ -24,7 +25,9 @@ from typing import Dict, Optional
 import numpy as np
 
 from .appearance import Sky
+from .errors import SceneFormatError
 from .io import atomic_directory
+from .ply import load_ply
 from .surfels import Surfels
 from .transforms import check_pose, interpolate_pose
 
@@ -33,10 +36,6 @@ READABLE_SCHEMAS = (1, 2)
 FORMAT = "gsim-scene"
 SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
 ACTOR_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # also a safe folder name
-
-
-class SceneFormatError(ValueError):
-    """A scene directory or file that cannot be read; the message names the file and field."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,15 +73,22 @@ class Actor:
 @dataclass(frozen=True, eq=False)
 class Scene:
     """Background surfels (world frame) plus rigid actors, an optional sky and per-camera
-    appearance affines ({sensor name: (3,4)}, see gsim.appearance)."""
+    appearance affines ({sensor name: (3,4)}, see gsim.appearance).
+
+    ``train_downscale`` is the integer factor the training images were box-averaged by, for a
+    scene reconstructed from a log (evaluation renders at it by default); None when unknown."""
 
     background: Surfels
     actors: tuple = field(default_factory=tuple)
     sky: Optional[Sky] = None
     appearance: Dict[str, np.ndarray] = field(default_factory=dict)
     lidar_head: Optional[object] = None  # gsim.lidar.heads.LidarHead: decodes the surfels' features
+    train_downscale: Optional[int] = None
 
     def __post_init__(self):
+        d = self.train_downscale
+        if d is not None and (not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1):
+            raise ValueError(f"Scene.train_downscale: expected None or an integer >= 1, got {d!r}")
         app = {}
         for name, A in dict(self.appearance).items():
             A = np.asarray(A, dtype=np.float64)
@@ -163,7 +169,8 @@ def save_scene(scene: Scene, path) -> None:
         manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
                     "background": {"surfels": "background", "count": len(scene.background)},
                     "actors": actors, "sky": sky, "lidar_head": head,
-                    "appearance": {k: A.tolist() for k, A in scene.appearance.items()}}
+                    "appearance": {k: A.tolist() for k, A in scene.appearance.items()},
+                    "train": None if scene.train_downscale is None else {"downscale": int(scene.train_downscale)}}
         (tmp / "scene.json").write_text(json.dumps(manifest, indent=2))
 
 
@@ -171,7 +178,6 @@ def load_scene(path) -> Scene:
     """Open a gsim scene directory, or a 3DGS/2DGS ``.ply`` file as a background-only scene."""
     path = Path(path)
     if path.suffix.lower() == ".ply":
-        from .ply import load_ply
         return Scene(background=load_ply(path))
     mpath = path / "scene.json"
     if not mpath.is_file():
@@ -213,9 +219,15 @@ def load_scene(path) -> Scene:
         if m.get("lidar_head") is not None:
             from gsim.lidar.heads import LidarHead
             head = LidarHead.load(_inside(path, m["lidar_head"], "lidar_head"))
+        train = m.get("train")  # absent in scenes written before the training downscale was recorded
+        if train is not None and (not isinstance(train, dict) or type(train.get("downscale")) is not int
+                                  or train["downscale"] < 1):
+            raise SceneFormatError(f"{mpath}: field 'train' must be null or {{\"downscale\": integer >= 1}}, "
+                                   f"got {train!r}")
         try:
             appearance = {k: np.asarray(v, dtype=np.float64) for k, v in m.get("appearance", {}).items()}
-            return Scene(background=bg, actors=tuple(actors), sky=sky, appearance=appearance, lidar_head=head)
+            return Scene(background=bg, actors=tuple(actors), sky=sky, appearance=appearance, lidar_head=head,
+                         train_downscale=None if train is None else train["downscale"])
         except ValueError as e:
             raise SceneFormatError(f"{mpath}: {e}") from None
     except (KeyError, TypeError, AttributeError) as e:

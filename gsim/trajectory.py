@@ -5,6 +5,7 @@
      "frames": [{"timestamp_us": 0, "T_world_camera": [[...4 rows...]]}, ...]}
 
 T_world_camera maps OpenCV camera points (x right, y down, z forward) to world points.
+`gsim render` reads these files; `gsim street` writes one, `gsim trajectory` makes one from a log's camera.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True, eq=False)
 class Trajectory:
+    """One camera model rendered at timed poses (an actor-bearing scene is placed at each timestamp)."""
+
     camera: Camera
     timestamps_us: np.ndarray  # (n,) int64, non-decreasing
     poses: np.ndarray  # (n,4,4) float64 T_world_camera

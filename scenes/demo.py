@@ -11,13 +11,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
-
 from gsim.io import to_uint8, write_png, write_video
 from gsim.scene import load_scene
 
 from .evaluate import evaluate, render_image
 from .log import LogFormatError, load_log
+from .render_path import camera_path, path_camera
 from .synth import SynthOptions, made_by, synthesize
 from .train import preset, reconstruct
 
@@ -26,16 +25,12 @@ def render_shifted_path(scene_path, log_path, out, shift_m: float, fps: float = 
     """Frames of the log's front camera (or its first) moved ``shift_m`` to the vehicle's left."""
     from tqdm import tqdm
     scene, log = load_scene(scene_path), load_log(log_path)
-    sensor = "front" if "front" in log.cameras else sorted(log.cameras)[0]
-    cam = log.cameras[sensor]
+    sensor = path_camera(log)
+    traj = camera_path(log, sensor, shift_m)
     out = Path(out)
     frames = []
-    for i, f in enumerate(tqdm(log.frames, desc="novel path", unit="frame")):
-        t = f.cameras[sensor].timestamp_us if sensor in f.cameras else f.timestamp_us
-        shift = np.eye(4)
-        shift[1, 3] = shift_m
-        T = log.T_world_vehicle(t) @ shift @ cam.T_vehicle_camera
-        rgb = to_uint8(render_image(scene, cam.camera, T, t, sensor)[0])
+    for i, (t, T) in enumerate(tqdm(list(zip(traj.timestamps_us, traj.poses)), desc="novel path", unit="frame")):
+        rgb = to_uint8(render_image(scene, traj.camera, T, int(t), sensor)[0])
         write_png(out / "rgb" / f"{i:06d}.png", rgb)
         frames.append(rgb)
     write_video(out / "video.mp4", frames, fps)
@@ -63,7 +58,7 @@ def run_demo(out: Path, seed: int = 0, iterations: int = DEMO_ITERATIONS, shift_
     cfg = preset("cpu", seed=seed, iterations=iterations)
     scene = reconstruct(out / "log", out / "recon", cfg)
     t2 = time.perf_counter()
-    m = evaluate(scene, out / "log", out / "eval", downscale=cfg.downscale)
+    m = evaluate(scene, out / "log", out / "eval")  # at the training downscale, recorded in the scene
     video = render_shifted_path(scene, out / "log", out / "novel", shift_m)
     t3 = time.perf_counter()
     lidar = f", LiDAR depth median |err| {m['lidar_depth_median_abs_m']:.3f} m" if "lidar_depth_median_abs_m" in m else ""

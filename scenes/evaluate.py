@@ -1,7 +1,8 @@
 """`gsim eval SCENE LOG --out DIR`: held-out view metrics of a reconstructed scene.
 
 Held-out frames are every ``holdout_every``-th frame (index % n == 0), the ones the trainer
-never sees. Per view: PSNR, SSIM (Gaussian 11x11) and, for logs with LiDAR, the absolute
+never sees, box-averaged by the scene's training downscale unless told otherwise. Per view:
+PSNR, SSIM (Gaussian 11x11) and, for logs with LiDAR, the absolute
 error between the rendered depth and the LiDAR depth at the LiDAR points the camera sees
 (metres; a point where nothing was rendered counts with the rendered depth 0). Top-level
 numbers are means over the held-out views (LiDAR errors: mean over views of the per-view
@@ -16,12 +17,15 @@ DIR/lidar/*.png shows each sweep from above, rendered (left) beside the real one
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 
 from gsim.appearance import camera_ray_directions, compose
+from gsim.errors import GsimWarning
 from gsim.io import to_uint8, write_bytes, write_json, write_png
 from gsim.render import render_camera
 from gsim.scene import Scene, load_scene
@@ -82,12 +86,22 @@ def _lidar_sweeps(scene: Scene, log, held, out: Path, progress: bool, write_imag
     return results
 
 
-def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: int = 1, backend: str = "auto",
-             progress: bool = True, write_images: bool = True) -> dict:
+def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optional[int] = None,
+             backend: str = "auto", progress: bool = True, write_images: bool = True) -> dict:
+    """Held-out metrics of the scene at ``scene_path`` on the log at ``log_path``, written to ``out``.
+
+    Images are box-averaged by ``downscale``; None takes the scene's training downscale (1 when the
+    scene has none recorded). A different explicit factor is allowed (evaluating at another
+    resolution on purpose) but warned about: its metrics do not compare with the training's."""
     scene, log = load_scene(scene_path), load_log(log_path)
+    if downscale is None:
+        downscale = scene.train_downscale or 1
+    elif scene.train_downscale is not None and downscale != scene.train_downscale:
+        warnings.warn(f"{scene_path}: evaluating at downscale {downscale}, but the scene was trained at downscale "
+                      f"{scene.train_downscale}", GsimWarning, stacklevel=2)
     _, held = split_frames(log, holdout_every)
     if not held:
-        raise ValueError(f"{log_path}: no held-out frames with holdout_every={holdout_every}")
+        raise ValueError(f"{log_path}: no held-out frames (frame index % {holdout_every} == 0)")
     out = Path(out)
     views = make_views(log, held, downscale)
     it = views
@@ -111,6 +125,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: int =
             write_png(out / "views" / f"{name}.png",
                       np.concatenate([to_uint8(rgb), to_uint8(v.image), error_map(rgb, v.image)], 1))
     metrics = {"scene": str(scene_path), "log": str(log_path), "holdout_every": holdout_every, "downscale": downscale,
+               "train_downscale": scene.train_downscale,
                "held_out_frames": [f.index for f in held],
                "psnr": float(np.mean([m["psnr"] for m in per_view])),
                "ssim": float(np.mean([m["ssim"] for m in per_view]))}

@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit, prange
 
 from gsim.cameras import Camera, OpenCVCamera, PinholeCamera
-from gsim.demo import R_VEHICLE_CAMERA
+from gsim.street import R_VEHICLE_CAMERA
 
 from .log import ActorTrack, LidarBeams, LogWriter
 

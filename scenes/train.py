@@ -248,7 +248,7 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", psnr=f"{np.mean(psnrs):.2f}", surfels=len(run.model))
     bar.close()
-    run.model.to_scene(lidar=bool(sweeps)).save(out / "scene")
+    dataclasses.replace(run.model.to_scene(lidar=bool(sweeps)), train_downscale=cfg.downscale).save(out / "scene")
     write_json(out / "train.json", {"log": str(Path(log_path).resolve()), "config": cfg.to_dict(),
                                     "iterations": cfg.iterations, "surfels": len(run.model),
                                     "wall_s_this_session": round(time.perf_counter() - t0, 2),

@@ -196,7 +196,7 @@ def test_numba_matches_torch(cam, sh_degree):
 
 
 def test_numba_matches_torch_on_the_street():
-    from gsim.demo import demo_camera, drive_trajectory, street_surfels
+    from gsim.street import demo_camera, drive_trajectory, street_surfels
     s = street_surfels(20_000, seed=1)
     cam, T = demo_camera(160, 90), drive_trajectory(5)[2]
     a = gsim.render_camera(s, cam, T, backend="torch")

@@ -1,8 +1,8 @@
-"""The built-in demo: a procedural street of surfels and a drive through it.
+"""A hand-built street of surfels and a drive through it (`gsim street`, the benchmarks).
 
 A ground plane (asphalt, lane markings, sidewalks), two textured facades and
-scattered objects (parked cars, poles), tiled by overlapping surfels. It is the
-default scene of ``gsim demo`` and of the benchmarks, deterministic from a seed.
+scattered objects (parked cars, poles), tiled by overlapping surfels, deterministic
+from a seed. (`gsim demo`, the main job, is `gsim.scenes.demo`: a reconstructed log.)
 World frame: x along the street, y left, z up (metres).
 """
 from __future__ import annotations

@@ -1,0 +1,56 @@
+"""Render trajectories from a log's camera (`gsim trajectory`, and the demo's shifted-path video).
+
+A path follows one camera of the log, frame by frame, optionally shifted sideways in the vehicle
+frame (y left): T_world_camera' = T_world_vehicle @ Translate(0, shift_m, 0) @ T_vehicle_camera.
+At zero shift the poses are the log's own camera poses, so renders along the path are the
+views the log's images were taken from.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from gsim.trajectory import Trajectory
+
+from .log import DrivingLog
+from .views import split_frames
+
+FRAME_SETS = ("all", "train", "holdout")
+
+
+def path_camera(log: DrivingLog, sensor: Optional[str] = None) -> str:
+    """``sensor`` checked against the log's cameras; None picks "front" when the log has it, else the first."""
+    if not log.cameras:
+        raise ValueError(f"{log.root}: the log has no cameras")
+    if sensor is None:
+        sensor = "front" if "front" in log.cameras else sorted(log.cameras)[0]
+    if sensor not in log.cameras:
+        raise ValueError(f"{log.root}: no camera {sensor!r}; the log's cameras are {sorted(log.cameras)}")
+    return sensor
+
+
+def camera_path(log: DrivingLog, sensor: Optional[str] = None, shift_m: float = 0.0, frames: str = "all",
+                every: int = 1, holdout_every: int = 8, downscale: int = 1) -> Trajectory:
+    """The trajectory of the log camera ``sensor`` (see `path_camera`) moved ``shift_m`` metres to the
+    vehicle's left (negative: right), with the camera's own model (intrinsics divided by ``downscale``).
+
+    ``frames`` is "all", "train" or "holdout" (the split of `scenes.views.split_frames` with
+    ``holdout_every``), of which every ``every``-th is kept. A frame without an image of the camera
+    takes the frame's timestamp."""
+    sensor = path_camera(log, sensor)
+    if frames not in FRAME_SETS:
+        raise ValueError(f"camera_path: frames must be one of {FRAME_SETS}, got {frames!r}")
+    if every < 1:
+        raise ValueError(f"camera_path: every must be >= 1, got {every}")
+    chosen = log.frames if frames == "all" else split_frames(log, holdout_every)[frames == "holdout"]
+    chosen = chosen[::every]
+    if not chosen:
+        raise ValueError(f"{log.root}: no {frames} frames (held out: frame index % {holdout_every} == 0)")
+    cam = log.cameras[sensor]
+    shift = np.eye(4)
+    shift[1, 3] = shift_m
+    times = np.array([f.cameras[sensor].timestamp_us if sensor in f.cameras else f.timestamp_us for f in chosen],
+                     dtype=np.int64)
+    poses = np.stack([log.T_world_vehicle(int(t)) @ shift @ cam.T_vehicle_camera for t in times])
+    return Trajectory(cam.camera.downscaled(downscale), times, poses)
