@@ -32,12 +32,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--iterations", type=int)
     ap.add_argument("--downscale", type=int)
     ap.add_argument("--no-lidar-losses", action="store_true")
+    ap.add_argument("--no-movers", action="store_true", help="logs without tracks: no moving-object detection")
     args = ap.parse_args(argv)
     out = Path(args.out)
     log = Path(args.log) if args.log else synthesize(out / "log", seed=0)
     overrides = {k: v for k, v in (("iterations", args.iterations), ("downscale", args.downscale)) if v is not None}
     if args.no_lidar_losses:
         overrides.update(lidar_weight=0.0, lidar_rays=0)
+    if args.no_movers:
+        overrides["movers"] = False
     cfg = preset(args.preset, **overrides)
     t0 = time.perf_counter()
     reconstruct(log, out / "recon", cfg)

@@ -116,8 +116,8 @@ def cmd_demo(a) -> int:
 
 
 def cmd_synth(a) -> int:
-    from .scenes.synth import synthesize
-    print(f"wrote log {synthesize(a.out, seed=a.seed)}")
+    from .scenes.synth import SynthOptions, synthesize
+    print(f"wrote log {synthesize(a.out, seed=a.seed, options=SynthOptions(tracks=not a.no_tracks))}")
     return 0
 
 
@@ -157,6 +157,8 @@ def cmd_reconstruct(a) -> int:
     from .scenes.train import preset, reconstruct
     overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale))
                  if v is not None}
+    if a.no_movers:
+        overrides["movers"] = False
     scene = reconstruct(a.log, a.out, preset(a.preset, **overrides), resume=a.resume)
     print(f"wrote scene {scene}")
     return 0
@@ -250,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     sy = sub.add_parser("synth", help="write the synthetic street log (multi-camera + LiDAR, exact ground truth)")
     sy.add_argument("out")
     sy.add_argument("--seed", type=int, default=0)
+    sy.add_argument("--no-tracks", action="store_true",
+                    help="withhold the cars' actor tracks (an unannotated drive; the images and sweeps are the same)")
     sy.set_defaults(fn=cmd_synth)
 
     cv = sub.add_parser("convert", help="convert a dataset into a gsim driving log")
@@ -277,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--downscale", type=_int_at_least(1), default=None,
                     help="train on images box-averaged by this integer factor (recorded in the scene)")
     rc.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    rc.add_argument("--no-movers", action="store_true",
+                    help="a log without actor tracks: do not detect its moving objects (they stay in the background)")
     rc.set_defaults(fn=cmd_reconstruct)
 
     ev = sub.add_parser("eval", help="held-out metrics (PSNR, SSIM, LiDAR depth) and side-by-side images")

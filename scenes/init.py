@@ -19,7 +19,7 @@ from gsim.surfels import Surfels, rgb_to_sh
 from gsim.transforms import interpolate_poses, rotmat_to_quat
 
 from .log import DrivingLog, Frame
-from .views import sweep_world, visible_points
+from .views import Ignored, ignored_points, sweep_world, visible_points
 
 UNSEEN_GRAY = 0.5
 
@@ -28,6 +28,7 @@ UNSEEN_GRAY = 0.5
 class InitOptions:
     voxel_m: float = 0.1  # background voxel; actors use half of it (they are small and close)
     max_surfels: int = 300_000  # the voxel grows until the background fits
+    max_actor_surfels: int = 20_000  # and each actor's (a rigid actor piles up every frame's points)
     opacity: float = 0.5
     box_margin_m: float = 0.15  # points this far outside a box still belong to its actor
     scale_factor: float = 0.6  # surfel sigma = factor * voxel (neighbours overlap)
@@ -113,8 +114,10 @@ def _colour(seen: Sequence[_Seen], n: int) -> Tuple[np.ndarray, np.ndarray]:
     return rgb, was_seen
 
 
-def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, progress: bool = False):
-    """LiDAR points of ``frames``: background (world) and per actor (box frame), with colours."""
+def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, progress: bool = False,
+                   ignored: Ignored = {}):
+    """LiDAR points of ``frames``: background (world) and per actor (box frame), with colours; points in
+    ``ignored`` (transients) go nowhere."""
     bg = _Points([], [], [], [])
     actors: Dict[str, _Points] = {a.id: _Points([], [], [], []) for a in log.actors}
     it = frames
@@ -126,7 +129,7 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
             world, origin, _, t = sweep_world(log, obs)
             cams = _cameras_seeing(log, f, world)
             rgb, seen = _colour(cams, len(world))
-            free = np.ones(len(world), bool)
+            free = ~ignored_points(ignored, obs, len(world))
             times, inv = np.unique(t, return_inverse=True)
             for a in log.actors:
                 # each point with the actor's pose at the point's own time (a rolling sweep)
@@ -223,16 +226,21 @@ def surfels_from_points(p: _Points, voxel: float, opt: InitOptions) -> Surfels:
 
 
 def initial_surfels(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions = InitOptions(),
-                    progress: bool = False) -> Tuple[Surfels, Dict[str, Surfels]]:
-    """(background surfels in the world, {actor id: surfels in its box frame}) from the frames' LiDAR."""
+                    progress: bool = False, ignored: Ignored = {}) -> Tuple[Surfels, Dict[str, Surfels]]:
+    """(background surfels in the world, {actor id: surfels in its box frame}) from the frames' LiDAR,
+    leaving out the points in ``ignored``."""
     if not any(f.lidars for f in frames):
         raise ValueError(f"{log.root}: reconstruction needs LiDAR sweeps to initialise surfels; "
                          f"the training frames have none")
-    bg, actors = collect_points(log, frames, opt, progress)
-    voxel = opt.voxel_m
+    bg, actors = collect_points(log, frames, opt, progress, ignored)
+    return (_within(bg, opt.voxel_m, opt.max_surfels, opt),
+            {aid: _within(p, opt.voxel_m / 2, opt.max_actor_surfels, opt) for aid, p in actors.items()})
+
+
+def _within(p: _Points, voxel: float, budget: int, opt: InitOptions) -> Surfels:
+    """Surfels of ``p`` on the finest voxel from ``voxel`` up (x1.25 a step) that gives at most ``budget``."""
     while True:
-        background = surfels_from_points(bg, voxel, opt)
-        if len(background) <= opt.max_surfels:
-            break
+        s = surfels_from_points(p, voxel, opt)
+        if len(s) <= budget:
+            return s
         voxel *= 1.25
-    return background, {aid: surfels_from_points(p, opt.voxel_m / 2, opt) for aid, p in actors.items()}

@@ -44,21 +44,25 @@ class SweepRays:
         return interpolate_poses(log.ego_timestamps_us, log.ego_poses, self.times_us) @ self.T_vehicle_lidar
 
 
-def sweep_rays(log: DrivingLog, obs: LidarObs) -> SweepRays:
+def sweep_rays(log: DrivingLog, obs: LidarObs, ignore: Optional[np.ndarray] = None) -> SweepRays:
+    """The sweep's rays; points where ``ignore`` (N,) is True (transients) give no ray, and their grid cells
+    no drop label either (something was there)."""
     pts = log.sweep(obs)
     sensor = log.lidars[obs.sensor]
     xyz = pts[:, :3].astype(np.float64)
     rng = np.linalg.norm(xyz, axis=1)
     ok = rng > 1e-6
+    skip = np.zeros(len(pts), bool) if ignore is None else np.asarray(ignore, bool)[ok]
     xyz, rng, pts = xyz[ok], rng[ok], pts[ok]
     dirs = xyz / rng[:, None]
     times = obs.timestamp_us + (pts[:, 4].astype(np.int64) if pts.shape[1] == 5 else np.zeros(len(pts), np.int64))
     inten = pts[:, 3].astype(np.float32)
     beams = sensor.beams
     if beams is None:
-        minus = -np.ones(len(pts), np.int64)
-        return SweepRays(obs.sensor, obs.timestamp_us, dirs, times, rng.astype(np.float32), inten, minus, minus,
-                         None, sensor.T_vehicle_lidar)
+        keep = ~skip
+        minus = -np.ones(int(keep.sum()), np.int64)
+        return SweepRays(obs.sensor, obs.timestamp_us, dirs[keep], times[keep], rng[keep].astype(np.float32),
+                         inten[keep], minus, minus, None, sensor.T_vehicle_lidar)
     el_table = np.asarray(beams.elevations_deg)
     order = np.argsort(el_table)
     el = np.degrees(np.arcsin(np.clip(dirs[:, 2], -1, 1)))
@@ -74,6 +78,7 @@ def sweep_rays(log: DrivingLog, obs: LidarObs) -> SweepRays:
     first = np.lexsort((rng, cell))  # per cell, the nearest point is the one kept (a first return)
     keep = first[np.concatenate([[True], np.diff(cell[first]) != 0])]
     empty = np.setdiff1d(np.arange(L * C), cell[keep])
+    keep = keep[~skip[keep]]
     col_time = np.full(C, np.nan)
     np.fmin.at(col_time, col[keep], times[keep].astype(np.float64))
     has = np.isfinite(col_time)

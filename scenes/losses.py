@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -17,8 +18,9 @@ def _gauss_window(dtype, device) -> torch.Tensor:
     return (g[:, None] * g[None, :]).expand(3, 1, SSIM_WINDOW, SSIM_WINDOW)
 
 
-def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Mean SSIM of two (H,W,3) images (Gaussian 11x11 window, sigma 1.5, as Wang et al. 2004)."""
+def ssim(a: torch.Tensor, b: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean SSIM of two (H,W,3) images (Gaussian 11x11 window, sigma 1.5, as Wang et al. 2004); with a
+    (H,W) ``mask``, the mask-weighted mean over the windows' centres."""
     x, y = a.permute(2, 0, 1)[None], b.permute(2, 0, 1)[None]
     w = _gauss_window(a.dtype, a.device)
     conv = lambda t: F.conv2d(t, w, groups=3)
@@ -26,7 +28,11 @@ def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     sxx, syy, sxy = conv(x * x) - mx * mx, conv(y * y) - my * my, conv(x * y) - mx * my
     c1, c2 = 0.01 ** 2, 0.03 ** 2
     s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
-    return s.mean()
+    if mask is None:
+        return s.mean()
+    h = SSIM_WINDOW // 2
+    w = mask[h:mask.shape[0] - h, h:mask.shape[1] - h]
+    return (s[0].mean(0) * w).sum() / w.sum().clamp_min(1.0)
 
 
 def psnr(a, b) -> float:
@@ -35,9 +41,22 @@ def psnr(a, b) -> float:
     return 10 * math.log10(1.0 / max(mse, 1e-12))
 
 
-def photometric(rgb: torch.Tensor, target: torch.Tensor, ssim_weight: float) -> torch.Tensor:
-    """(1 - w) L1 + w D-SSIM, with D-SSIM = 1 - SSIM (the 3DGS loss)."""
-    return (1 - ssim_weight) * (rgb - target).abs().mean() + ssim_weight * (1 - ssim(rgb, target))
+def photometric(rgb: torch.Tensor, target: torch.Tensor, ssim_weight: float,
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(1 - w) L1 + w D-SSIM, with D-SSIM = 1 - SSIM (the 3DGS loss); with a (H,W) ``mask`` in [0,1], both
+    are mask-weighted means (pixels at 0 do not count)."""
+    l1 = (rgb - target).abs().mean(-1)
+    l1 = l1.mean() if mask is None else (l1 * mask).sum() / mask.sum().clamp_min(1.0)
+    return (1 - ssim_weight) * l1 + ssim_weight * (1 - ssim(rgb, target, mask))
+
+
+def robust_mask(rgb: torch.Tensor, target: torch.Tensor, k: float, floor: float, window: int = 7) -> torch.Tensor:
+    """(H,W) float mask, 0 where the residual is an outlier: transients that no actor explains (a
+    pedestrian, a car that crept). A pixel is an outlier where its ``window`` x ``window`` mean absolute
+    residual exceeds both ``k`` x the image's median and ``floor``: blobs of large error, not edges."""
+    r = (rgb.detach() - target).abs().mean(-1)[None, None]
+    r = F.avg_pool2d(r, window, stride=1, padding=window // 2, count_include_pad=False)[0, 0]
+    return (r <= torch.clamp(k * r.median(), min=floor)).to(rgb.dtype)
 
 
 def lidar_depth(depth: torch.Tensor, alpha: torch.Tensor, pix: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

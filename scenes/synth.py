@@ -91,6 +91,7 @@ class SynthOptions:
     lidar_beams: int = 32  # elevations evenly from -25 to +12 degrees
     lidar_azimuth_resolution_deg: float = 0.4  # must divide 360
     lidar_max_range_m: float = 80.0
+    tracks: bool = True  # False withholds the cars' actor tracks: the log of an unannotated drive
 
     def __post_init__(self):
         _int_option("n_frames", self.n_frames, 1, 100_000)
@@ -101,6 +102,8 @@ class SynthOptions:
             raise ValueError(f"SynthOptions.supersample: must be odd (the centre sample gives the depth map), "
                              f"got {self.supersample}")
         _int_option("lidar_beams", self.lidar_beams, 1, 1024)
+        if not isinstance(self.tracks, bool):
+            raise ValueError(f"SynthOptions.tracks: expected true or false, got {self.tracks!r}")
         res = self.lidar_azimuth_resolution_deg
         if not (isinstance(res, (int, float)) and not isinstance(res, bool) and 0.01 <= res <= 90 and abs(360 / res - round(360 / res)) < 1e-6):
             raise ValueError(f"SynthOptions.lidar_azimuth_resolution_deg: expected degrees in [0.01, 90] that "
@@ -807,7 +810,7 @@ def synthesize(out_dir, seed: int = 0, options: SynthOptions = SynthOptions(), p
             w.add_ego_pose(t, T)
         track_times = np.append(frame_times, end)
         track = street.car_poses(track_times)
-        for a, aid in enumerate(street.car_ids):
+        for a, aid in enumerate(street.car_ids if options.tracks else ()):
             size = tuple(_table(street.cars)[a, C_L:C_H + 1])
             w.add_actor(ActorTrack(aid, "car", size, track_times, track[:, a]))
         for i in tqdm(range(options.n_frames), desc="synth", unit="frame", disable=not progress):

@@ -29,8 +29,9 @@ from .lidar_fit import render_rays
 from .lidar_rays import SweepRays, sweep_rays
 from .log import load_log
 from .model import SceneModel
+from .movers import detect_movers, write_pictures
 from .optim import Adam, DensifyOptions, Densifier
-from .views import View, make_views, split_frames
+from .views import Ignored, View, ignored_points, make_views, split_frames
 
 CHECKPOINT = "checkpoint.pt"
 CONFIG_SCHEMA = 1
@@ -65,6 +66,10 @@ class TrainConfig:
     lr_features: float = 1e-2
     lr_head: float = 1e-3
     checkpoint_every: int = 500
+    movers: bool = True  # a log without actor tracks: find its moving objects in the LiDAR (scenes.movers)
+    robust_k: float = 5.0  # with found movers: pixels whose local residual exceeds k x the median ... (0: off)
+    robust_floor: float = 0.1  # ... and this (mean absolute RGB) leave the photometric loss (transients)
+    robust_from: int = 500  # iteration where the robust mask starts (the residuals mean something by then)
     init: InitOptions = field(default_factory=InitOptions)
     densify: DensifyOptions = field(default_factory=DensifyOptions)
 
@@ -91,7 +96,7 @@ PRESETS = {
     # (gsplat's render_distort is another definition than 2DGS's distortion: off there)
     "cuda": TrainConfig(preset="cuda", backend="gsplat", iterations=30000, checkpoint_every=5000, distortion_weight=0.0,
                         lidar_every=1,
-                        init=InitOptions(sh_degree=3, voxel_m=0.05, max_surfels=1_000_000),
+                        init=InitOptions(sh_degree=3, voxel_m=0.05, max_surfels=1_000_000, max_actor_surfels=100_000),
                         densify=DensifyOptions(start=500, stop=15000, max_surfels=3_000_000)),
 }
 
@@ -149,8 +154,9 @@ class _Run:
             torch.save(self.state(), tmp)
 
 
-def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log):
-    """One iteration on one view (and LiDAR rays of its frame's sweeps); returns (loss, psnr)."""
+def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, robust: bool = False):
+    """One iteration on one view (and LiDAR rays of its frame's sweeps); returns (loss, psnr). ``robust``:
+    outlier residuals leave the photometric loss (a log whose transients are not all known)."""
     cfg, model = run.cfg, run.model
     params = {**model.params, **model.extra_params()}
     surfels = model.surfels_at(view.timestamp_us)
@@ -159,7 +165,11 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log):
     frame = render_camera(surfels, view.camera, view.T_world_camera, backend=cfg.backend, options=options)
     rgb = compose(frame.rgb, frame.alpha, Sky(model.sky), torch.from_numpy(view.dirs_world), model.affine[view.sensor])
     target = torch.from_numpy(view.image)
-    loss = losses.photometric(rgb, target, cfg.ssim_weight)
+    mask = None if view.mask is None else torch.from_numpy(view.mask)
+    if robust and cfg.robust_k and run.step >= cfg.robust_from:
+        keep = losses.robust_mask(rgb, target, cfg.robust_k, cfg.robust_floor)
+        mask = keep if mask is None else mask * keep
+    loss = losses.photometric(rgb, target, cfg.ssim_weight, mask)
     if cfg.lidar_weight:
         loss = loss + cfg.lidar_weight * losses.lidar_depth(frame.depth, frame.alpha, torch.from_numpy(view.lidar_pix),
                                                             torch.from_numpy(view.lidar_depth))
@@ -190,16 +200,16 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log):
     return float(loss.detach()), losses.psnr(rgb.detach().clamp(0, 1), target)
 
 
-def lidar_sweeps(log, frames, cfg: TrainConfig) -> Dict[int, List[SweepRays]]:
-    """Per training frame, its sweeps as rays (a fixed random subset of each): empty without LiDAR or with
-    cfg.lidar_rays = 0."""
+def lidar_sweeps(log, frames, cfg: TrainConfig, ignored: Ignored = {}) -> Dict[int, List[SweepRays]]:
+    """Per training frame, its sweeps as rays (a fixed random subset of each; none for ``ignored`` points):
+    empty without LiDAR or with cfg.lidar_rays = 0."""
     if not cfg.lidar_rays:
         return {}
     rng = np.random.default_rng(cfg.seed + 1)
     out = {}
     for f in frames:
         for obs in f.lidars.values():
-            r = sweep_rays(log, obs)
+            r = sweep_rays(log, obs, ignored_points(ignored, obs, len(log.sweep(obs))) if ignored else None)
             keep = np.sort(rng.choice(len(r.range), min(cfg.lidar_rays_per_sweep, len(r.range)), replace=False))
             out.setdefault(f.index, []).append(r.subset(keep))
     return out
@@ -224,22 +234,29 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     torch.manual_seed(cfg.seed)
     log = load_log(log_path)
     train_frames, _ = split_frames(log, cfg.holdout_every)
-    views = make_views(log, train_frames, cfg.downscale, progress=progress)
-    sweeps = lidar_sweeps(log, train_frames, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    ignored, found = {}, cfg.movers and not log.actors and any(f.lidars for f in train_frames)
+    if found:
+        # the same frames give the same movers, so a resumed run finds the tracks its checkpoint names
+        movers = detect_movers(log, train_frames, progress=progress)
+        write_json(out / "movers.json", movers.summary())
+        write_pictures(log, train_frames, movers, out / "movers")
+        log, ignored = dataclasses.replace(log, actors=movers.tracks), movers.ignored
+    views = make_views(log, train_frames, cfg.downscale, progress=progress, ignored=ignored)
+    sweeps = lidar_sweeps(log, train_frames, cfg, ignored)
     if state is None:
-        bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress)
+        bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress, ignored=ignored)
         run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)),
                    scene_scale(views, bg.means))
     else:
         run = _Run(cfg, SceneModel.from_state(state["model"], log.actors), state["scale"])
         run.restore(state)
-    out.mkdir(parents=True, exist_ok=True)
     from tqdm import tqdm
     bar = tqdm(total=cfg.iterations, initial=run.step, desc="reconstruct", unit="it", disable=not progress)
     t0, psnrs = time.perf_counter(), []
     while run.step < cfg.iterations:
         view = views[int(run.rng.integers(len(views)))]
-        loss, p = train_step(run, view, sweeps, log)
+        loss, p = train_step(run, view, sweeps, log, robust=found)
         run.step += 1
         psnrs = (psnrs + [p])[-50:]
         run.densifier.step(run.model, run.adam, run.step, run.gen)
@@ -252,5 +269,6 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     write_json(out / "train.json", {"log": str(Path(log_path).resolve()), "config": cfg.to_dict(),
                                     "iterations": cfg.iterations, "surfels": len(run.model),
                                     "wall_s_this_session": round(time.perf_counter() - t0, 2),
-                                    "train_frames": [f.index for f in train_frames]})
+                                    "train_frames": [f.index for f in train_frames],
+                                    "movers_detected": bool(found)})
     return out / "scene"

@@ -9,7 +9,7 @@ never sees anything of a held-out frame, images or LiDAR.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -31,6 +31,20 @@ class View:
     dirs_world: np.ndarray  # (H,W,3) float32 unit ray directions
     lidar_pix: np.ndarray  # (M,) int64 flat pixel indices
     lidar_depth: np.ndarray  # (M,) float32 camera z, metres
+    mask: Optional[np.ndarray] = None  # (H,W) float32, 0 where transients (Ignored points) were seen; None: all 1
+
+
+Ignored = Mapping[str, np.ndarray]  # sweep file (LidarObs.points) -> (N,) bool: its points to leave out
+
+
+def ignored_points(ignored: Ignored, obs: LidarObs, n: int) -> np.ndarray:
+    """(n,) bool: the points of this sweep that the losses and the initialisation leave out."""
+    m = ignored.get(obs.points)
+    if m is None:
+        return np.zeros(n, bool)
+    if len(m) != n:
+        raise ValueError(f"{obs.points}: the ignore mask has {len(m)} entries for {n} points")
+    return m
 
 
 def split_frames(log: DrivingLog, holdout_every: int = 8) -> Tuple[List[Frame], List[Frame]]:
@@ -76,9 +90,31 @@ def visible_points(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray
     return idx[keep], (v * camera.width + u)[keep], z[keep].astype(np.float32)
 
 
-def make_views(log: DrivingLog, frames: Sequence[Frame], downscale: int = 1, progress: bool = False) -> List[View]:
+def transient_mask(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray,
+                   dilate_deg: float = 1.0) -> Optional[np.ndarray]:
+    """(H,W) float32 mask, 0 around the projections of ``world`` (transient points), 1 elsewhere; None when
+    none projects. The dots are dilated by ``dilate_deg`` of view (LiDAR rings are ~0.4 deg apart on an
+    HDL-64E, and a moving object's edges lie between its points)."""
+    if len(world) == 0:
+        return None
+    Tcw = np.linalg.inv(T_world_camera)
+    uv, ok = camera.project(world @ Tcw[:3, :3].T + Tcw[:3, 3])
+    ok &= (uv[:, 0] >= 0) & (uv[:, 0] < camera.width) & (uv[:, 1] >= 0) & (uv[:, 1] < camera.height)
+    if not ok.any():
+        return None
+    hit = np.zeros((camera.height, camera.width), bool)
+    hit[uv[ok, 1].astype(np.int64), uv[ok, 0].astype(np.int64)] = True
+    from scipy.ndimage import binary_dilation
+    r = max(1, int(np.ceil(camera.fx * np.radians(dilate_deg))))
+    yy, xx = np.mgrid[-r:r + 1, -r:r + 1]
+    return (~binary_dilation(hit, xx * xx + yy * yy <= r * r)).astype(np.float32)
+
+
+def make_views(log: DrivingLog, frames: Sequence[Frame], downscale: int = 1, progress: bool = False,
+               ignored: Ignored = {}) -> List[View]:
     """All camera views of ``frames`` (images box-averaged by ``downscale``) with LiDAR depth from
-    the same frames' sweeps."""
+    the same frames' sweeps. Points in ``ignored`` (transients) give no depth; where they project the
+    view's ``mask`` is 0."""
     items = [(f, obs) for f in frames for obs in f.cameras.values()]
     if progress:
         from tqdm import tqdm
@@ -88,10 +124,14 @@ def make_views(log: DrivingLog, frames: Sequence[Frame], downscale: int = 1, pro
     for f, obs in items:
         if f.index not in sweeps:
             parts = [sweep_world(log, o)[0] for o in f.lidars.values()]
-            sweeps = {f.index: np.concatenate(parts) if parts else np.zeros((0, 3))}
+            world = np.concatenate(parts) if parts else np.zeros((0, 3))
+            skip = np.concatenate([ignored_points(ignored, o, len(p)) for o, p in zip(f.lidars.values(), parts)]
+                                  ) if parts else np.zeros(0, bool)
+            sweeps = {f.index: (world[~skip], world[skip])}
+        static, transient = sweeps[f.index]
         cam = log.cameras[obs.sensor].camera.downscaled(downscale)
         T = log.T_world_camera(obs)
-        _, pix, z = visible_points(cam, T, sweeps[f.index])
+        _, pix, z = visible_points(cam, T, static)
         views.append(View(f.index, obs.sensor, obs.timestamp_us, cam, T, downscale_image(log.image(obs), downscale),
-                          camera_ray_directions(cam, T), pix, z))
+                          camera_ray_directions(cam, T), pix, z, transient_mask(cam, T, transient)))
     return views

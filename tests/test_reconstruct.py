@@ -139,10 +139,10 @@ def test_resume_after_a_kill_ends_with_the_same_scene(log_dir, tmp_path, monkeyp
     reconstruct(log_dir, tmp_path / "a", cfg, progress=False)
     real_step = train_mod.train_step
 
-    def killed_at_6(run, *args):
+    def killed_at_6(run, *args, **kw):
         if run.step == 6:
             raise KeyboardInterrupt  # as a killed process: the checkpoint of step 4 is the last good one
-        return real_step(run, *args)
+        return real_step(run, *args, **kw)
 
     monkeypatch.setattr(train_mod, "train_step", killed_at_6)
     with pytest.raises(KeyboardInterrupt):
