@@ -11,7 +11,7 @@ background smears them over the street. This module finds them from the sweeps t
    as free, so the test errs towards static.
 2. **Objects.** Points above the local ground (a per-cell low percentile of every sweep, eroded
    so that cells under trucks take the road around them) are clustered per sweep (linked within
-   ``cluster_m``); a cluster with enough dynamic points is a detection.
+   a distance that grows with the range); a cluster with enough dynamic points is a detection.
 3. **Tracks.** Detections are associated over time (constant-velocity prediction, Hungarian
    assignment with a gate); a track seen often enough that moves far enough is a mover. Its box
    heading follows its motion, its size is a robust maximum of its extents over the frames, and
@@ -52,7 +52,9 @@ class MoverOptions:
     free_margin_m: float = 0.5  # a ray passed through a point if it returned this much farther ...
     free_margin_rel: float = 0.03  # ... plus this fraction of the distance
     min_contradictions: int = 2  # sweeps that must see through a point to call it dynamic
-    cluster_m: float = 1.0  # points this close are one object (distant cars' rings are ~0.6 m apart)
+    cluster_m: float = 1.0  # points at most this close are one object (distant cars' rings are ~0.6 m apart) ...
+    cluster_min_m: float = 0.5  # ... at least this close (a cab and its trailer are one) ...
+    cluster_rings: float = 2.5  # ... and between: this many beam spacings at their range
     min_cluster_points: int = 20
     dynamic_fraction: float = 0.15  # of a cluster's points, for a detection
     min_dynamic_points: int = 10
@@ -61,7 +63,7 @@ class MoverOptions:
     extend_gate_m: float = 1.5  # a mover's track continues through any cluster this close to its prediction
     max_missed: int = 3  # frames a track may go unseen
     min_track_frames: int = 3
-    min_displacement_m: float = 1.0  # a mover's box travels at least this far
+    min_displacement_m: float = 0.5  # a mover's box travels at least this far
     slow_travel_m: float = 4.0  # a track travelling less than this takes its heading from its long side ...
     long_axis_ratio: float = 3.0  # ... where its points' spread along it is this many times that across
     long_axis_min_m: float = 3.0  # and this long (4 standard deviations)
@@ -234,20 +236,26 @@ def _ground(sweeps: Sequence[_Sweep], opt: MoverOptions):
     return height
 
 
-def _clusters(xyz: np.ndarray, link_m: float) -> np.ndarray:
-    """(N,) cluster label per point: connected components of points linked within ``link_m`` (on
-    voxel centroids of link_m / 2, so the cost follows the occupied volume, not the point count)."""
+def _clusters(xyz: np.ndarray, rng: np.ndarray, spacing_rad: float, opt: MoverOptions) -> np.ndarray:
+    """(N,) cluster label per point: connected components of points linked within a distance that grows
+    with their range from the sensor (``cluster_rings`` x the beams' vertical spacing there, between
+    ``cluster_min_m`` and ``cluster_m``): near cars in a jam stand half a metre apart, a far car's rings
+    a metre. Linked on voxel centroids, so the cost follows the occupied volume, not the point count."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
     from scipy.spatial import cKDTree
     if len(xyz) == 0:
         return np.zeros(0, np.int64)
-    vox = np.floor(xyz / (link_m / 2)).astype(np.int64)
-    _, first, inv = np.unique(vox, axis=0, return_index=True, return_inverse=True)
+    vox = np.floor(xyz / (opt.cluster_min_m / 2)).astype(np.int64)
+    _, inv = np.unique(vox, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     cnt = np.bincount(inv)
     centres = np.stack([np.bincount(inv, xyz[:, k]) for k in range(3)], 1) / cnt[:, None]
-    pairs = cKDTree(centres).query_pairs(link_m, output_type="ndarray")
+    r = np.bincount(inv, rng) / cnt
+    pairs = cKDTree(centres).query_pairs(opt.cluster_m, output_type="ndarray")
+    link = np.clip(opt.cluster_rings * spacing_rad * np.maximum(r[pairs[:, 0]], r[pairs[:, 1]]),
+                   opt.cluster_min_m, opt.cluster_m)
+    pairs = pairs[np.linalg.norm(centres[pairs[:, 0]] - centres[pairs[:, 1]], axis=1) <= link]
     n = len(centres)
     g = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(n, n))
     _, lab = connected_components(g, directed=False)
@@ -495,12 +503,14 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
         counts[i] += _seen_through(np.ascontiguousarray(sweeps[i].world[cand[i]]), v.R_mid, v.t_mid, v.R_col,
                                    v.t_col, v.free, el_rows, az_bin, opt.free_margin_m, opt.free_margin_rel,
                                    opt.min_range_m)
+    rows = [_grid(log, s.obs, opt)[0] for s in sweeps]
+    spacing = [np.radians(np.median(np.diff(r)) if len(r) > 1 else opt.elevation_bin_deg) for r in rows]
     clusters: List[List[_Detection]] = []  # every object-sized cluster of each sweep
     per_sweep: List[List[_Detection]] = []  # the dynamic ones
     for i, s in enumerate(sweeps):
         idx = cand[i]
         dyn = counts[i] >= opt.min_contradictions
-        lab = _clusters(s.world[idx], opt.cluster_m)
+        lab = _clusters(s.world[idx], np.linalg.norm(s.world[idx] - s.origin[idx], axis=1), spacing[i], opt)
         every, dets = [], []
         if len(lab):
             n = np.bincount(lab)
@@ -519,10 +529,12 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
     used = {id(d) for tr in tracks for d in tr.dets}
     movers = []
     claimed = [np.zeros(len(s.world), bool) for s in sweeps]
+    seen = []
     for tr in sorted(tracks, key=lambda tr: -len(tr.dets)):  # the best-seen objects claim clusters first
-        if len(tr.dets) < opt.min_track_frames:
-            continue
-        _extend(tr, [clusters[i] for i in order], pos, used, opt)
+        if len(tr.dets) >= opt.min_track_frames:
+            _extend(tr, [clusters[i] for i in order], pos, used, opt)
+            seen.append(tr)
+    for tr in seen:
         a = _box_track(tr, sweeps, ground, len(movers), opt)
         if a is not None:
             movers.append(a)
