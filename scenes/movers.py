@@ -38,6 +38,7 @@ from .views import sweep_world
 
 
 MAX_VEHICLE_WIDTH_M = 2.6
+MIN_CAR_LENGTH_M = 3.6
 
 
 @dataclass(frozen=True)
@@ -424,10 +425,13 @@ def _box_track(tr: _Track, sweeps: Sequence[_Sweep], ground, k: int, opt: MoverO
     span = ext[:, 1] - ext[:, 0]
     size = np.percentile(span, 90, axis=0)
     # a vehicle seen only from behind or ahead shows its width, not its length: take a car's proportions
-    # (length 2.4 x width); seen only from the side, the width is at least the length / 2.6 but no more
+    # (length 2.4 x width), and anything a car's width is at least a small car's length (its rear and roof
+    # alone look short); seen only from the side, the width is at least the length / 2.6 but no more
     # than a road vehicle's (2.6 m: a truck's side is long, not wide; wider means clusters that merged)
     if size[1] >= 1.4 and size[0] < size[1]:
         size[0] = 2.4 * size[1]
+    if size[1] >= 1.4:
+        size[0] = max(size[0], MIN_CAR_LENGTH_M)
     size[1] = max(size[1], size[0] / 2.6)
     if size[0] >= 2.5:
         size[1] = min(size[1], MAX_VEHICLE_WIDTH_M)
