@@ -11,7 +11,7 @@ background smears them over the street. This module finds them from the sweeps t
    as free, so the test errs towards static.
 2. **Objects.** Points above the local ground (a per-cell low percentile of every sweep, eroded
    so that cells under trucks take the road around them) are clustered per sweep (linked within
-   a distance that grows with the range); a cluster with enough dynamic points is a detection.
+   ``cluster_m``); a cluster with enough dynamic points is a detection.
 3. **Tracks.** Detections are associated over time (constant-velocity prediction, Hungarian
    assignment with a gate); a track seen often enough that moves far enough is a mover. Its box
    heading follows its motion, its size is a robust maximum of its extents over the frames, and
@@ -28,17 +28,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numba
 import numpy as np
 
+from gsim.transforms import interpolate_poses
+
 from .log import ActorTrack, DrivingLog, Frame, LidarObs
-from .views import sweep_world
+from .views import ignored_points, sweep_world
 
 
 MAX_VEHICLE_WIDTH_M = 2.6
-MIN_CAR_LENGTH_M = 3.6
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,8 @@ class MoverOptions:
     free_margin_m: float = 0.5  # a ray passed through a point if it returned this much farther ...
     free_margin_rel: float = 0.03  # ... plus this fraction of the distance
     min_contradictions: int = 2  # sweeps that must see through a point to call it dynamic
-    cluster_m: float = 1.0  # points at most this close are one object (distant cars' rings are ~0.6 m apart) ...
-    cluster_min_m: float = 0.5  # ... at least this close (a cab and its trailer are one) ...
-    cluster_rings: float = 2.5  # ... and between: this many beam spacings at their range
+    pair_window: int = 40  # sweeps before and after a sweep that look through its points
+    cluster_m: float = 1.0  # points this close are one object (distant cars' rings are ~0.6 m apart)
     min_cluster_points: int = 20
     dynamic_fraction: float = 0.15  # of a cluster's points, for a detection
     min_dynamic_points: int = 10
@@ -64,10 +64,7 @@ class MoverOptions:
     extend_gate_m: float = 1.5  # a mover's track continues through any cluster this close to its prediction
     max_missed: int = 3  # frames a track may go unseen
     min_track_frames: int = 3
-    min_displacement_m: float = 0.5  # a mover's box travels at least this far
-    slow_travel_m: float = 4.0  # a track travelling less than this takes its heading from its long side ...
-    long_axis_ratio: float = 3.0  # ... where its points' spread along it is this many times that across
-    long_axis_min_m: float = 3.0  # and this long (4 standard deviations)
+    min_displacement_m: float = 1.0  # a mover's box travels at least this far
     smooth_frames: int = 2  # box centres: local linear fit over +-this many detections
     extrapolate_us: int = 150_000  # tracks reach this far beyond their first and last detection
     elevation_bin_deg: float = 0.4  # range-image rows for LiDARs without a beam table
@@ -84,11 +81,6 @@ class Movers:
     ignored: Dict[str, np.ndarray] = field(default_factory=dict)
     detections: int = 0
     frames: int = 0
-
-    def ignored_mask(self, obs: LidarObs, n: int) -> np.ndarray:
-        """(n,) bool: the points of this sweep to leave out (all False when none)."""
-        m = self.ignored.get(obs.points)
-        return np.zeros(n, bool) if m is None else m
 
     def summary(self) -> dict:
         return {"tracks": [{"id": t.id, "category": t.category, "size": [round(float(s), 3) for s in t.size],
@@ -193,7 +185,6 @@ def _load(log: DrivingLog, obs: LidarObs, opt: MoverOptions) -> _Sweep:
         tc = np.interp(np.arange(n_cols), np.concatenate([x - n_cols, x, x + n_cols]), np.tile(tc[has], 3))
     else:
         tc[:] = obs.timestamp_us
-    from gsim.transforms import interpolate_poses
     T_vl = log.lidars[obs.sensor].T_vehicle_lidar
     T = interpolate_poses(log.ego_timestamps_us, log.ego_poses, np.round(tc).astype(np.int64)) @ T_vl
     Tinv = np.linalg.inv(T)
@@ -237,26 +228,20 @@ def _ground(sweeps: Sequence[_Sweep], opt: MoverOptions):
     return height
 
 
-def _clusters(xyz: np.ndarray, rng: np.ndarray, spacing_rad: float, opt: MoverOptions) -> np.ndarray:
-    """(N,) cluster label per point: connected components of points linked within a distance that grows
-    with their range from the sensor (``cluster_rings`` x the beams' vertical spacing there, between
-    ``cluster_min_m`` and ``cluster_m``): near cars in a jam stand half a metre apart, a far car's rings
-    a metre. Linked on voxel centroids, so the cost follows the occupied volume, not the point count."""
+def _clusters(xyz: np.ndarray, link_m: float) -> np.ndarray:
+    """(N,) cluster label per point: connected components of points linked within ``link_m`` (on
+    voxel centroids of link_m / 2, so the cost follows the occupied volume, not the point count)."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
     from scipy.spatial import cKDTree
     if len(xyz) == 0:
         return np.zeros(0, np.int64)
-    vox = np.floor(xyz / (opt.cluster_min_m / 2)).astype(np.int64)
+    vox = np.floor(xyz / (link_m / 2)).astype(np.int64)
     _, inv = np.unique(vox, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     cnt = np.bincount(inv)
     centres = np.stack([np.bincount(inv, xyz[:, k]) for k in range(3)], 1) / cnt[:, None]
-    r = np.bincount(inv, rng) / cnt
-    pairs = cKDTree(centres).query_pairs(opt.cluster_m, output_type="ndarray")
-    link = np.clip(opt.cluster_rings * spacing_rad * np.maximum(r[pairs[:, 0]], r[pairs[:, 1]]),
-                   opt.cluster_min_m, opt.cluster_m)
-    pairs = pairs[np.linalg.norm(centres[pairs[:, 0]] - centres[pairs[:, 1]], axis=1) <= link]
+    pairs = cKDTree(centres).query_pairs(link_m, output_type="ndarray")
     n = len(centres)
     g = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(n, n))
     _, lab = connected_components(g, directed=False)
@@ -379,37 +364,17 @@ def _category(size: np.ndarray) -> str:
     return "pedestrian" if h >= 1.2 and l < 1.2 else "unknown"
 
 
-def _long_axis(dets: Sequence[_Detection], sweeps: Sequence[_Sweep], opt: MoverOptions):
-    """The direction (radians, modulo pi) of the long side the detections' points show, or None: per
-    detection the principal axis of its xy points where they are elongated (a side seen along its
-    length), then the median over them (doubled angles, so that pi-ambiguity averages out)."""
-    angles = []
-    for d in dets:
-        xy = sweeps[d.sweep].world[d.idx, :2]
-        ev, vec = np.linalg.eigh(np.cov((xy - xy.mean(0)).T))
-        if ev[1] > opt.long_axis_ratio ** 2 * max(ev[0], 1e-6) and 4 * np.sqrt(ev[1]) >= opt.long_axis_min_m:
-            angles.append(2 * np.arctan2(vec[1, 1], vec[0, 1]))
-    if len(angles) < max(3, len(dets) // 2):
-        return None
-    a = np.asarray(angles)
-    return 0.5 * np.arctan2(np.median(np.sin(a)), np.median(np.cos(a)))
-
-
 def _box_track(tr: _Track, sweeps: Sequence[_Sweep], ground, k: int, opt: MoverOptions):
     """The track's rigid box over time: (ActorTrack or None when it does not move enough)."""
     times = np.array([d.time_us for d in tr.dets])
     centres = np.stack([d.centre for d in tr.dets])
-    # heading: the direction of travel, locally where the object moved, else overall; a slow mover's
-    # centroid wanders with what is visible, so its long side (when the points show one) sets the axis
+    # heading: the direction of travel, locally where the object moved, else overall
     travel = centres[-1] - centres[0]
     yaw = np.empty(len(times))
     for i in range(len(times)):
         lo, hi = max(0, i - 3), min(len(times) - 1, i + 3)
         d = centres[hi] - centres[lo]
         yaw[i] = np.arctan2(*(d if np.linalg.norm(d) > 0.5 else travel)[::-1])
-    axis = _long_axis(tr.dets, sweeps, opt)
-    if axis is not None and np.linalg.norm(travel) < opt.slow_travel_m:
-        yaw[:] = axis if np.cos(axis - np.arctan2(travel[1], travel[0])) >= 0 else axis + np.pi
     ext, near, tops = [], [], []
     for d, a in zip(tr.dets, yaw):
         s = sweeps[d.sweep]
@@ -425,13 +390,10 @@ def _box_track(tr: _Track, sweeps: Sequence[_Sweep], ground, k: int, opt: MoverO
     span = ext[:, 1] - ext[:, 0]
     size = np.percentile(span, 90, axis=0)
     # a vehicle seen only from behind or ahead shows its width, not its length: take a car's proportions
-    # (length 2.4 x width), and anything a car's width is at least a small car's length (its rear and roof
-    # alone look short); seen only from the side, the width is at least the length / 2.6 but no more
+    # (length 2.4 x width); seen only from the side, the width is at least the length / 2.6 but no more
     # than a road vehicle's (2.6 m: a truck's side is long, not wide; wider means clusters that merged)
     if size[1] >= 1.4 and size[0] < size[1]:
         size[0] = 2.4 * size[1]
-    if size[1] >= 1.4:
-        size[0] = max(size[0], MIN_CAR_LENGTH_M)
     size[1] = max(size[1], size[0] / 2.6)
     if size[0] >= 2.5:
         size[1] = min(size[1], MAX_VEHICLE_WIDTH_M)
@@ -495,26 +457,28 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
         r = np.linalg.norm(s.world - s.origin, axis=1)
         cand.append(np.nonzero((hgt > opt.ground_clearance_m) & (hgt < opt.max_height_m)
                                & (r >= opt.min_range_m) & (r <= opt.max_range_m))[0])
-    pairs = [(i, j) for i in range(len(sweeps)) for j in range(len(sweeps)) if i != j]
+    # each sweep against the sweeps up to pair_window before and after it (the cost stays linear in the log)
+    order = np.argsort([s.obs.timestamp_us for s in sweeps], kind="stable")
+    rank = np.argsort(order)
+    pairs = [(i, j) for i in range(len(sweeps)) for j in range(len(sweeps))
+             if i != j and abs(int(rank[i]) - int(rank[j])) <= opt.pair_window]
     counts = [np.zeros(len(c), np.int32) for c in cand]
+    grids = [_grid(log, s.obs, opt) for s in sweeps]
     it = pairs
     if progress:
         from tqdm import tqdm
         it = tqdm(pairs, desc="movers: free space", unit="pair")
     for i, j in it:
         v = sweeps[j]
-        el_rows, az_bin = _grid(log, v.obs, opt)
         counts[i] += _seen_through(np.ascontiguousarray(sweeps[i].world[cand[i]]), v.R_mid, v.t_mid, v.R_col,
-                                   v.t_col, v.free, el_rows, az_bin, opt.free_margin_m, opt.free_margin_rel,
+                                   v.t_col, v.free, *grids[j], opt.free_margin_m, opt.free_margin_rel,
                                    opt.min_range_m)
-    rows = [_grid(log, s.obs, opt)[0] for s in sweeps]
-    spacing = [np.radians(np.median(np.diff(r)) if len(r) > 1 else opt.elevation_bin_deg) for r in rows]
     clusters: List[List[_Detection]] = []  # every object-sized cluster of each sweep
     per_sweep: List[List[_Detection]] = []  # the dynamic ones
     for i, s in enumerate(sweeps):
         idx = cand[i]
         dyn = counts[i] >= opt.min_contradictions
-        lab = _clusters(s.world[idx], np.linalg.norm(s.world[idx] - s.origin[idx], axis=1), spacing[i], opt)
+        lab = _clusters(s.world[idx], opt.cluster_m)
         every, dets = [], []
         if len(lab):
             n = np.bincount(lab)
@@ -527,18 +491,15 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
                     dets.append(d)
         clusters.append(every)
         per_sweep.append(dets)
-    order = np.argsort([s.obs.timestamp_us for s in sweeps], kind="stable")
     tracks = _associate([per_sweep[i] for i in order], opt)
     pos = {int(i): k for k, i in enumerate(order)}
     used = {id(d) for tr in tracks for d in tr.dets}
     movers = []
     claimed = [np.zeros(len(s.world), bool) for s in sweeps]
-    seen = []
     for tr in sorted(tracks, key=lambda tr: -len(tr.dets)):  # the best-seen objects claim clusters first
-        if len(tr.dets) >= opt.min_track_frames:
-            _extend(tr, [clusters[i] for i in order], pos, used, opt)
-            seen.append(tr)
-    for tr in seen:
+        if len(tr.dets) < opt.min_track_frames:
+            continue
+        _extend(tr, [clusters[i] for i in order], pos, used, opt)
         a = _box_track(tr, sweeps, ground, len(movers), opt)
         if a is not None:
             movers.append(a)
@@ -600,8 +561,8 @@ def box_iou(pose_a: np.ndarray, size_a, pose_b: np.ndarray, size_b) -> float:
     return float(v / union) if union > 0 else 0.0
 
 
-def birds_eye_boxes(log: DrivingLog, obs: LidarObs, boxes, ignored: np.ndarray = None, extent_m: float = 40.0,
-                    pixels: int = 400) -> np.ndarray:
+def birds_eye_boxes(log: DrivingLog, obs: LidarObs, boxes, ignored: Optional[np.ndarray] = None,
+                    extent_m: float = 40.0, pixels: int = 400) -> np.ndarray:
     """(pixels, pixels, 3) uint8 top view of a sweep around its sensor (x up the image, as
     `gsim.lidar.metrics.birds_eye`): static points grey, ``ignored`` ones (N,) red, and ``boxes``, a list of
     (T_world_box, size, rgb, label) at the sweep's time, drawn as footprints."""
@@ -634,6 +595,5 @@ def write_pictures(log: DrivingLog, frames: Sequence[Frame], movers: Movers, out
         for obs in f.lidars.values():
             boxes = [(t.pose_at(obs.timestamp_us), t.size, (80, 255, 80), t.id[-3:]) for t in movers.tracks
                      if t.timestamps_us[0] <= obs.timestamp_us <= t.timestamps_us[-1]]
-            n = len(log.sweep(obs))
             write_png(Path(out) / f"{f.index:06d}_{obs.sensor}.png",
-                      birds_eye_boxes(log, obs, boxes, movers.ignored_mask(obs, n)))
+                      birds_eye_boxes(log, obs, boxes, ignored_points(movers.ignored, obs, len(log.sweep(obs)))))

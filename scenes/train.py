@@ -86,6 +86,7 @@ class TrainConfig:
         d = dict(d)
         if d.pop("schema_version", None) != CONFIG_SCHEMA:
             raise ValueError(f"train config: schema_version must be {CONFIG_SCHEMA}")
+        d.setdefault("movers", False)  # a checkpoint from before movers were found trained without them
         return TrainConfig(**{**d, "init": InitOptions(**d["init"]), "densify": DensifyOptions(**d["densify"])})
 
 
