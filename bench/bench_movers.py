@@ -21,7 +21,7 @@ from gsim.io import write_json, write_png
 from gsim.scenes.log import load_log
 from gsim.scenes.movers import birds_eye_boxes, box_iou, detect_movers
 from gsim.scenes.synth import SynthOptions, synthesize
-from gsim.scenes.views import ignored_points, split_frames
+from gsim.scenes.views import split_frames
 
 
 def main(argv=None) -> dict:
@@ -52,7 +52,7 @@ def main(argv=None) -> dict:
                 rows.append({"frame": f.index, "car": a.id, "distance_m": round(dist, 2), "iou": round(iou, 4),
                              "held_out": f not in train})
         write_png(out / "bev" / f"{f.index:06d}.png",
-                  birds_eye_boxes(bare, obs, boxes, ignored_points(found.ignored, obs, len(bare.sweep(obs)))))
+                  birds_eye_boxes(bare, obs, boxes, found.ignored))
     ious = np.array([r["iou"] for r in rows])
     result = {"frames_scored": len(rows), "iou_at_least_0.5": float(np.mean(ious >= 0.5)) if len(rows) else None,
               "median_iou": float(np.median(ious)) if len(rows) else None, "detect_s": round(detect_s, 2),

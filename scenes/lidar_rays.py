@@ -52,6 +52,8 @@ def sweep_rays(log: DrivingLog, obs: LidarObs, ignore: Optional[np.ndarray] = No
     xyz = pts[:, :3].astype(np.float64)
     rng = np.linalg.norm(xyz, axis=1)
     ok = rng > 1e-6
+    if ignore is not None and len(ignore) != len(pts):
+        raise ValueError(f"{obs.points}: the ignore mask has {len(ignore)} entries for {len(pts)} points")
     skip = np.zeros(len(pts), bool) if ignore is None else np.asarray(ignore, bool)[ok]
     xyz, rng, pts = xyz[ok], rng[ok], pts[ok]
     dirs = xyz / rng[:, None]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numba
 import numpy as np
@@ -36,7 +36,7 @@ import numpy as np
 from gsim.transforms import interpolate_poses
 
 from .log import ActorTrack, DrivingLog, Frame, LidarObs
-from .views import ignored_points, sweep_world
+from .views import Ignored, ignored_points, sweep_world
 
 
 MAX_VEHICLE_WIDTH_M = 2.6
@@ -312,11 +312,12 @@ def _associate(per_sweep: List[List[_Detection]], opt: MoverOptions) -> List[_Tr
     return done + live
 
 
-def _extend(tr: _Track, clusters: List[List[_Detection]], pos: Dict[int, int], used: set,
+def _extend(tr: _Track, clusters: List[List[_Detection]], pos: np.ndarray, used: set,
             opt: MoverOptions) -> None:
     """Continue a mover's track through the sweeps before its first and after its last detection with any
     cluster near its constant-velocity prediction: the last places of a car driving away (and the first of
-    one coming) are never seen through by other sweeps, but they are still the car."""
+    one coming) are never seen through by other sweeps, but they are still the car. ``pos``: each sweep's
+    place in time order; ``clusters`` are in that order."""
     for step in (1, -1):
         k, missed = pos[(tr.dets[-1] if step == 1 else tr.dets[0]).sweep] + step, 0
         while 0 <= k < len(clusters) and missed <= opt.max_missed:
@@ -492,14 +493,13 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
         clusters.append(every)
         per_sweep.append(dets)
     tracks = _associate([per_sweep[i] for i in order], opt)
-    pos = {int(i): k for k, i in enumerate(order)}
     used = {id(d) for tr in tracks for d in tr.dets}
     movers = []
     claimed = [np.zeros(len(s.world), bool) for s in sweeps]
     for tr in sorted(tracks, key=lambda tr: -len(tr.dets)):  # the best-seen objects claim clusters first
         if len(tr.dets) < opt.min_track_frames:
             continue
-        _extend(tr, [clusters[i] for i in order], pos, used, opt)
+        _extend(tr, [clusters[i] for i in order], rank, used, opt)
         a = _box_track(tr, sweeps, ground, len(movers), opt)
         if a is not None:
             movers.append(a)
@@ -561,10 +561,10 @@ def box_iou(pose_a: np.ndarray, size_a, pose_b: np.ndarray, size_b) -> float:
     return float(v / union) if union > 0 else 0.0
 
 
-def birds_eye_boxes(log: DrivingLog, obs: LidarObs, boxes, ignored: Optional[np.ndarray] = None,
-                    extent_m: float = 40.0, pixels: int = 400) -> np.ndarray:
+def birds_eye_boxes(log: DrivingLog, obs: LidarObs, boxes, ignored: Ignored = {}, extent_m: float = 40.0,
+                    pixels: int = 400) -> np.ndarray:
     """(pixels, pixels, 3) uint8 top view of a sweep around its sensor (x up the image, as
-    `gsim.lidar.metrics.birds_eye`): static points grey, ``ignored`` ones (N,) red, and ``boxes``, a list of
+    `gsim.lidar.metrics.birds_eye`): static points grey, ``ignored`` ones red, and ``boxes``, a list of
     (T_world_box, size, rgb, label) at the sweep's time, drawn as footprints."""
     from PIL import Image, ImageDraw
 
@@ -572,7 +572,7 @@ def birds_eye_boxes(log: DrivingLog, obs: LidarObs, boxes, ignored: Optional[np.
     world = sweep_world(log, obs)[0]
     T_lw = np.linalg.inv(log.T_world_vehicle(obs.timestamp_us) @ log.lidars[obs.sensor].T_vehicle_lidar)
     local = world @ T_lw[:3, :3].T + T_lw[:3, 3]
-    skip = np.zeros(len(local), bool) if ignored is None else ignored
+    skip = ignored_points(ignored, obs, len(local))
     img = np.maximum(birds_eye(local[~skip], extent_m, pixels, (200, 200, 200)),
                      birds_eye(local[skip], extent_m, pixels, (255, 60, 60)))
     pil = Image.fromarray(img)
@@ -596,4 +596,4 @@ def write_pictures(log: DrivingLog, frames: Sequence[Frame], movers: Movers, out
             boxes = [(t.pose_at(obs.timestamp_us), t.size, (80, 255, 80), t.id[-3:]) for t in movers.tracks
                      if t.timestamps_us[0] <= obs.timestamp_us <= t.timestamps_us[-1]]
             write_png(Path(out) / f"{f.index:06d}_{obs.sensor}.png",
-                      birds_eye_boxes(log, obs, boxes, ignored_points(movers.ignored, obs, len(log.sweep(obs)))))
+                      birds_eye_boxes(log, obs, boxes, movers.ignored))

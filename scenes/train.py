@@ -31,7 +31,7 @@ from .log import load_log
 from .model import SceneModel
 from .movers import detect_movers, write_pictures
 from .optim import Adam, DensifyOptions, Densifier
-from .views import Ignored, View, ignored_points, make_views, split_frames
+from .views import Ignored, View, make_views, split_frames
 
 CHECKPOINT = "checkpoint.pt"
 CONFIG_SCHEMA = 1
@@ -210,7 +210,7 @@ def lidar_sweeps(log, frames, cfg: TrainConfig, ignored: Ignored = {}) -> Dict[i
     out = {}
     for f in frames:
         for obs in f.lidars.values():
-            r = sweep_rays(log, obs, ignored_points(ignored, obs, len(log.sweep(obs))) if ignored else None)
+            r = sweep_rays(log, obs, ignored.get(obs.points))
             keep = np.sort(rng.choice(len(r.range), min(cfg.lidar_rays_per_sweep, len(r.range)), replace=False))
             out.setdefault(f.index, []).append(r.subset(keep))
     return out

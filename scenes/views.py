@@ -70,6 +70,15 @@ def sweep_world(log: DrivingLog, obs: LidarObs) -> Tuple[np.ndarray, np.ndarray,
     return world, T[:, :3, 3], pts[:, 3], times[inv]
 
 
+def _in_image(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray):
+    """(uv (N,2) pixels, (N,) bool: projects inside the image, (N,3) camera-frame points)."""
+    Tcw = np.linalg.inv(T_world_camera)
+    pc = world @ Tcw[:3, :3].T + Tcw[:3, 3]
+    uv, ok = camera.project(pc)
+    ok &= (uv[:, 0] >= 0) & (uv[:, 0] < camera.width) & (uv[:, 1] >= 0) & (uv[:, 1] < camera.height)
+    return uv, ok, pc
+
+
 def visible_points(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray, block: int = 4,
                    tolerance: float = 0.05):
     """Points of ``world`` that the camera sees: (indices, flat pixel, camera z).
@@ -77,10 +86,7 @@ def visible_points(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray
     A point is kept when it projects into the image and lies within ``tolerance`` (relative)
     of the nearest point in its ``block``-pixel cell: LiDAR points hidden from the camera by
     parallax (behind a nearer surface) are dropped."""
-    Tcw = np.linalg.inv(T_world_camera)
-    pc = world @ Tcw[:3, :3].T + Tcw[:3, 3]
-    uv, ok = camera.project(pc)
-    ok &= (uv[:, 0] >= 0) & (uv[:, 0] < camera.width) & (uv[:, 1] >= 0) & (uv[:, 1] < camera.height)
+    uv, ok, pc = _in_image(camera, T_world_camera, world)
     idx = np.nonzero(ok)[0]
     u, v, z = uv[idx, 0].astype(np.int64), uv[idx, 1].astype(np.int64), pc[idx, 2]
     cell = (v // block) * (camera.width // block + 1) + u // block
@@ -97,9 +103,7 @@ def transient_mask(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray
     HDL-64E, and a moving object's edges lie between its points)."""
     if len(world) == 0:
         return None
-    Tcw = np.linalg.inv(T_world_camera)
-    uv, ok = camera.project(world @ Tcw[:3, :3].T + Tcw[:3, 3])
-    ok &= (uv[:, 0] >= 0) & (uv[:, 0] < camera.width) & (uv[:, 1] >= 0) & (uv[:, 1] < camera.height)
+    uv, ok, _ = _in_image(camera, T_world_camera, world)
     if not ok.any():
         return None
     hit = np.zeros((camera.height, camera.width), bool)
