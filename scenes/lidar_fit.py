@@ -23,7 +23,7 @@ def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
     with torch.no_grad():
         groups = SurfelGroups.build(p["means"].numpy(), torch.nn.functional.normalize(p["quats"], dim=-1).numpy(),
                                     p["log_scales"].exp().numpy(), torch.sigmoid(p["logit_opacities"]).numpy(), None,
-                                    (model.owner + 1).numpy(), [(t.timestamps_us, t.poses) for t in model.tracks])
+                                    (model.owner + 1).numpy(), model.track_poses())
     out, order, poses, dirs = trace_rays(groups, rays.poses(log), rays.times_us, rays.dirs, HIT_ALPHA, "numba",
                                          CANDIDATES)
     # recomposite with gradients, activating only the surfels some ray takes (a street has far more)

@@ -11,10 +11,12 @@ background smears them over the street. This module finds them from the sweeps t
    as free, so the test errs towards static.
 2. **Objects.** Points above the local ground (a per-cell low percentile of every sweep, eroded
    so that cells under trucks take the road around them) are clustered per sweep (linked within
-   ``cluster_m``); a cluster with enough dynamic points is a detection.
+   ``cluster_m`` where both are dynamic, else ``static_link_m``); a cluster with enough dynamic points
+   is a detection.
 3. **Tracks.** Detections are associated over time (constant-velocity prediction, Hungarian
    assignment with a gate); a track seen often enough that moves far enough is a mover. Its box
-   heading follows its motion, its size is a robust maximum of its extents over the frames, and
+   heading follows its motion, its size is a robust maximum of its extents over the frames (with
+   ``clipped_height``, a class's usual height where the top beam never passed over it), and
    each frame's box is anchored on the faces the sensor sees (a LiDAR sees an L-shape), then
    smoothed over time. Movers become `ActorTrack`s, like annotated ones.
 4. **Transients.** Dynamic clusters that no mover explains (a pedestrian seen twice, a car
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numba
 import numpy as np
@@ -40,6 +42,8 @@ from .views import Ignored, ignored_points, sweep_world
 
 
 MAX_VEHICLE_WIDTH_M = 2.6
+# a box whose top the LiDAR never saw takes its class's usual height: EU trucks are up to 4 m tall
+_CLIPPED_HEIGHT_M = {"truck": 3.8, "car": 1.7}
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,10 @@ class MoverOptions:
     free_margin_rel: float = 0.03  # ... plus this fraction of the distance
     min_contradictions: int = 2  # sweeps that must see through a point to call it dynamic
     pair_window: int = 40  # sweeps before and after a sweep that look through its points
-    cluster_m: float = 1.0  # points this close are one object (distant cars' rings are ~0.6 m apart)
+    cluster_m: float = 1.0  # dynamic points this close are one object (distant cars' rings are ~0.6 m apart)
+    static_link_m: float = 0.5  # other points: cars queueing side by side stay apart
+    clipped_height: bool = False  # a box whose top the top beam never passed takes its class's height (off:
+    # on KITTI it put the image points seeded above the LiDAR, sky and bridge, into a tanker's box)
     min_cluster_points: int = 20
     dynamic_fraction: float = 0.15  # of a cluster's points, for a detection
     min_dynamic_points: int = 10
@@ -102,6 +109,7 @@ class _Sweep:
     t_col: np.ndarray  # (cols,3)
     R_mid: np.ndarray  # (3,3) at the sweep's mean time
     t_mid: np.ndarray
+    top_tan: Optional[float]  # tangent of the highest beam's elevation (None: the LiDAR's beams are unknown)
 
 
 def _grid(log: DrivingLog, obs: LidarObs, opt: MoverOptions) -> Tuple[np.ndarray, float]:
@@ -189,8 +197,10 @@ def _load(log: DrivingLog, obs: LidarObs, opt: MoverOptions) -> _Sweep:
     T = interpolate_poses(log.ego_timestamps_us, log.ego_poses, np.round(tc).astype(np.int64)) @ T_vl
     Tinv = np.linalg.inv(T)
     Tm = np.linalg.inv(log.T_world_vehicle(int(round(time.mean())) if len(time) else obs.timestamp_us) @ T_vl)
+    beams = log.lidars[obs.sensor].beams
+    top_tan = None if beams is None else float(np.tan(np.radians(max(beams.elevations_deg))))
     return _Sweep(obs, world, origin, time, free, np.ascontiguousarray(Tinv[:, :3, :3]),
-                  np.ascontiguousarray(Tinv[:, :3, 3]), Tm[:3, :3].copy(), Tm[:3, 3].copy())
+                  np.ascontiguousarray(Tinv[:, :3, 3]), Tm[:3, :3].copy(), Tm[:3, 3].copy(), top_tan)
 
 
 def _ground(sweeps: Sequence[_Sweep], opt: MoverOptions):
@@ -228,20 +238,25 @@ def _ground(sweeps: Sequence[_Sweep], opt: MoverOptions):
     return height
 
 
-def _clusters(xyz: np.ndarray, link_m: float) -> np.ndarray:
-    """(N,) cluster label per point: connected components of points linked within ``link_m`` (on
-    voxel centroids of link_m / 2, so the cost follows the occupied volume, not the point count)."""
+def _clusters(xyz: np.ndarray, dynamic: np.ndarray, link_m: float, static_link_m: float) -> np.ndarray:
+    """(N,) cluster label per point: connected components of points linked within ``static_link_m``, or
+    within ``link_m`` where both are dynamic (a car creeping in a jam is one object, not one with the
+    parked car half a metre beside it). Links join voxel centroids (voxels of static_link_m / 2, dynamic
+    where most of their points are), so the cost follows the occupied volume, not the point count."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
     from scipy.spatial import cKDTree
     if len(xyz) == 0:
         return np.zeros(0, np.int64)
-    vox = np.floor(xyz / (link_m / 2)).astype(np.int64)
+    vox = np.floor(xyz / (static_link_m / 2)).astype(np.int64)
     _, inv = np.unique(vox, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     cnt = np.bincount(inv)
     centres = np.stack([np.bincount(inv, xyz[:, k]) for k in range(3)], 1) / cnt[:, None]
-    pairs = cKDTree(centres).query_pairs(link_m, output_type="ndarray")
+    dyn = np.nonzero(np.bincount(inv, dynamic) >= 0.5 * cnt)[0]
+    pairs = cKDTree(centres).query_pairs(static_link_m, output_type="ndarray")
+    if len(dyn) > 1:
+        pairs = np.concatenate([pairs, dyn[cKDTree(centres[dyn]).query_pairs(link_m, output_type="ndarray")]])
     n = len(centres)
     g = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(n, n))
     _, lab = connected_components(g, directed=False)
@@ -376,7 +391,7 @@ def _box_track(tr: _Track, sweeps: Sequence[_Sweep], ground, k: int, opt: MoverO
         lo, hi = max(0, i - 3), min(len(times) - 1, i + 3)
         d = centres[hi] - centres[lo]
         yaw[i] = np.arctan2(*(d if np.linalg.norm(d) > 0.5 else travel)[::-1])
-    ext, near, tops = [], [], []
+    ext, near, tops, clipped = [], [], [], []
     for d, a in zip(tr.dets, yaw):
         s = sweeps[d.sweep]
         p = s.world[d.idx]
@@ -387,6 +402,10 @@ def _box_track(tr: _Track, sweeps: Sequence[_Sweep], ground, k: int, opt: MoverO
         ext.append(np.stack([q.min(0), q.max(0)]))
         near.append(o)
         tops.append(np.percentile(p[:, 2], 98) - ground(d.centre[None])[0])
+        # the top beam's height at each point's horizontal range: a top within 0.3 m of it may be cut off
+        rho = np.linalg.norm(p[:, :2] - s.origin[d.idx, :2], axis=1)
+        clipped.append(s.top_tan is not None
+                       and np.percentile(p[:, 2] - (s.origin[d.idx, 2] + rho * s.top_tan), 98) > -0.3)
     ext = np.stack(ext)  # (T, 2 [min,max], 2 [along, across])
     span = ext[:, 1] - ext[:, 0]
     size = np.percentile(span, 90, axis=0)
@@ -398,7 +417,11 @@ def _box_track(tr: _Track, sweeps: Sequence[_Sweep], ground, k: int, opt: MoverO
     size[1] = max(size[1], size[0] / 2.6)
     if size[0] >= 2.5:
         size[1] = min(size[1], MAX_VEHICLE_WIDTH_M)
-    h = float(np.percentile(tops, 90))
+    tops, clipped = np.array(tops), np.array(clipped)
+    if opt.clipped_height and clipped.all():  # never seen whole (a truck beside the ego is taller than the top beam passes)
+        h = max(float(np.percentile(tops, 90)), _CLIPPED_HEIGHT_M.get(_category((*size, 0.0)), 0.0))
+    else:
+        h = float(np.percentile(tops[~clipped], 90))
     # each frame's centre: the observed middle where the whole extent was seen, else the seen face + half
     local = np.empty((len(times), 2))
     for i in range(len(times)):
@@ -479,7 +502,7 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
     for i, s in enumerate(sweeps):
         idx = cand[i]
         dyn = counts[i] >= opt.min_contradictions
-        lab = _clusters(s.world[idx], opt.cluster_m)
+        lab = _clusters(s.world[idx], dyn, opt.cluster_m, opt.static_link_m)
         every, dets = [], []
         if len(lab):
             n = np.bincount(lab)

@@ -65,6 +65,7 @@ class TrainConfig:
     lr_affine: float = 1e-3
     lr_features: float = 1e-2
     lr_head: float = 1e-3
+    lr_actor_pose: float = 2e-3  # the tracks' pose offsets (m and rad per step, decays as the means'; 0: boxes as given)
     checkpoint_every: int = 500
     movers: bool = True  # a log without actor tracks: find its moving objects in the LiDAR (scenes.movers)
     robust_k: float = 5.0  # with found movers: pixels whose local residual exceeds k x the median ... (0: off)
@@ -87,6 +88,7 @@ class TrainConfig:
         if d.pop("schema_version", None) != CONFIG_SCHEMA:
             raise ValueError(f"train config: schema_version must be {CONFIG_SCHEMA}")
         d.setdefault("movers", False)  # a checkpoint from before movers were found trained without them
+        d.setdefault("lr_actor_pose", 0.0)  # nor refined their poses
         return TrainConfig(**{**d, "init": InitOptions(**d["init"]), "densify": DensifyOptions(**d["densify"])})
 
 
@@ -131,7 +133,8 @@ class _Run:
         lrs = {"means": cfg.lr_means * scale, "quats": cfg.lr_quats, "log_scales": cfg.lr_scales,
                "logit_opacities": cfg.lr_opacities, "sh": cfg.lr_sh, "sky": cfg.lr_sky,
                **{f"affine/{c}": cfg.lr_affine for c in model.affine}, "features": cfg.lr_features,
-               **{f"head/{k}": cfg.lr_head for k in model.head}}
+               **{f"head/{k}": cfg.lr_head for k in model.head},
+               **{f"pose/{i}": cfg.lr_actor_pose for i in model.pose_offsets}}
         self.adam = Adam(lrs)
         self.densifier = Densifier(cfg.densify, scale)
         self.rng = np.random.default_rng(cfg.seed)
@@ -197,7 +200,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
             depth = (model.params["means"] - cam).norm(dim=-1)
             run.densifier.accumulate(grad, depth, float(view.camera.fx), view.camera.width)
     decay = 0.01 ** (run.step / max(cfg.iterations, 1))
-    run.adam.step(params, {"means": decay})
+    run.adam.step(params, {"means": decay, **{f"pose/{i}": decay for i in model.pose_offsets}})
     return float(loss.detach()), losses.psnr(rgb.detach().clamp(0, 1), target)
 
 

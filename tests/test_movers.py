@@ -2,6 +2,7 @@
 known, the transients' masks, and reconstruction of a log without tracks."""
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from gsim.scenes import losses
 from gsim.scenes.init import InitOptions
 from gsim.scenes.lidar_rays import sweep_rays
 from gsim.scenes.log import load_log
-from gsim.scenes.movers import box_iou, detect_movers
+from gsim.scenes.movers import MoverOptions, _box_track, _clusters, _Detection, _Track, box_iou, detect_movers
 from gsim.scenes.synth import SynthOptions, synthesize
 from gsim.scenes.train import preset, reconstruct
 from gsim.scenes.views import make_views, split_frames, sweep_world, transient_mask
@@ -73,6 +74,36 @@ def test_box_iou_analytic():
     b[2, 3] = 1.0  # and lifted by half its height
     b[0, 3] = 0.0
     assert box_iou(a, (4, 2, 2), b, (4, 2, 2)) == pytest.approx(1 / 3)
+
+
+def test_creeping_cars_side_by_side_are_separate_objects():
+    rng = np.random.default_rng(0)
+    box = lambda x0, y0, length: rng.uniform([x0, y0, 0.5], [x0 + length, y0 + 1.8, 1.5], (400, 3))
+    # a moving car 0.8 m beside a parked one; a moving car whose halves an occluder parts by 0.8 m
+    xyz = np.concatenate([box(0, 0, 4.5), box(0, 2.6, 4.5), box(10, 0, 2.0), box(12.8, 0, 2.0)])
+    dyn = np.r_[np.ones(400), np.zeros(400), np.ones(800)].astype(bool)
+    lab = _clusters(xyz, dyn, 1.0, 0.5)
+    assert len(set(lab[:400])) == 1 and len(set(lab[400:800])) == 1 and lab[0] != lab[400]
+    assert len(set(lab[800:])) == 1  # dynamic points link over 1 m
+    assert len(set(_clusters(xyz, np.zeros(len(xyz), bool), 1.0, 0.5)[800:])) == 2  # static points: the gap parts
+
+
+def test_a_truck_taller_than_the_lidar_sees_gets_a_truck_height():
+    # the side of a 12 m truck 3 m beside the sensor (1.7 m up), seen up to where the top beam (+2 deg) passes
+    top_tan = np.tan(np.radians(2.0))
+    sweeps, dets = [], []
+    for k in range(6):
+        x0 = 5.0 + 1.0 * k
+        p = np.stack(np.meshgrid(np.linspace(x0, x0 + 12, 60), [3.0], np.linspace(0.3, 3.8, 30)), -1).reshape(-1, 3)
+        p = p[p[:, 2] <= 1.7 + np.hypot(p[:, 0], p[:, 1]) * top_tan]
+        sweeps.append(SimpleNamespace(world=p, origin=np.tile([0.0, 0.0, 1.7], (len(p), 1)), top_tan=top_tan))
+        dets.append(_Detection(k, np.arange(len(p)), p[:, :2].mean(0), 100_000.0 * k))
+    ground = lambda xy: np.zeros(len(xy))
+    box = _box_track(_Track(dets), sweeps, ground, 0, MoverOptions(clipped_height=True))
+    assert box.category == "truck" and box.size[2] == pytest.approx(3.8)
+    for s in sweeps:  # the same truck under a LiDAR whose beams are unknown keeps the height it showed
+        s.top_tan = None
+    assert _box_track(_Track(dets), sweeps, ground, 0, MoverOptions(clipped_height=True)).size[2] < 2.5
 
 
 def test_ignored_points_give_no_rays_no_depth_and_a_mask(street):

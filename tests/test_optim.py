@@ -57,3 +57,39 @@ def test_densifier_clones_splits_prunes_and_remaps_adam():
     assert (model.owner == -1).all() and model.params["means"].requires_grad
     # off-schedule iterations change nothing
     assert d.step(model, adam, 20, torch.Generator()) == {}
+
+
+def test_actor_pose_offsets_move_the_actor_and_are_saved():
+    from gsim.scenes.log import ActorTrack
+    from gsim.transforms import quat_to_rotmat
+    rng = np.random.default_rng(1)
+    n = 4
+    local = Surfels(rng.normal(size=(n, 3)).astype(np.float32), np.tile([1.0, 0, 0, 0], (n, 1)).astype(np.float32),
+                    np.full((n, 2), 0.05, np.float32), np.full(n, 0.5, np.float32), np.full((n, 3), 0.5, np.float32))
+    poses = np.tile(np.eye(4), (3, 1, 1))
+    poses[:, 0, 3] = [0.0, 1.0, 2.0]
+    poses[1, :2, :2] = [[0.0, -1.0], [1.0, 0.0]]  # the middle pose turned 90 deg
+    track = ActorTrack("car", "car", (4.0, 2.0, 1.5), np.array([0, 100_000, 200_000]), poses)
+    bg = Surfels(*(x[:2] for x in (local.means, local.quats, local.scales, local.opacities, local.colors)))
+    model = SceneModel.from_surfels(bg, {"car": local}, [track], ["front"])
+    world = model.surfels_at(100_000)
+    np.testing.assert_allclose(world.means[2:].detach().numpy(), local.means @ poses[1, :3, :3].T + poses[1, :3, 3],
+                               atol=1e-5)  # zero offsets: the track as given
+    with torch.no_grad():
+        model.pose_offsets["car"][1] = torch.tensor([0.5, 0.0, 0.1, np.pi / 2])  # forward 0.5 m in the box, up, turn
+    T = model.track_poses()[0][1][1]
+    world = model.surfels_at(100_000)
+    np.testing.assert_allclose(T[:3, 3], [1.0, 0.5, 0.1], atol=1e-6)  # the box's x is the world's y there
+    np.testing.assert_allclose(T[:2, :2], [[-1.0, 0.0], [0.0, -1.0]], atol=1e-6)
+    np.testing.assert_allclose(world.means[2:].detach().numpy(), local.means @ T[:3, :3].T + T[:3, 3], atol=1e-5)
+    R = quat_to_rotmat(torch.nn.functional.normalize(world.quats[2:], dim=-1).detach().numpy().astype(np.float64))
+    np.testing.assert_allclose(R, np.broadcast_to(T[:3, :3], R.shape), atol=1e-5)
+    # halfway to the next pose the offset is interpolated, and photometric gradients reach it
+    model.surfels_at(150_000).means.sum().backward()
+    g = model.pose_offsets["car"].grad
+    assert g[1].abs().sum() > 0 and g[2].abs().sum() > 0 and g[0].abs().sum() == 0
+    # the saved scene carries the refined poses; a checkpoint restores the offsets
+    scene = model.to_scene()
+    np.testing.assert_allclose(scene.actors[0].track_poses[1], T, atol=1e-6)
+    again = SceneModel.from_state(model.state_dict(), [track])
+    assert torch.equal(again.pose_offsets["car"], model.pose_offsets["car"])
