@@ -418,7 +418,9 @@ def _box_track(tr: _Track, sweeps: Sequence[_Sweep], ground, k: int, opt: MoverO
     if size[0] >= 2.5:
         size[1] = min(size[1], MAX_VEHICLE_WIDTH_M)
     tops, clipped = np.array(tops), np.array(clipped)
-    if opt.clipped_height and clipped.all():  # never seen whole (a truck beside the ego is taller than the top beam passes)
+    if not opt.clipped_height:
+        h = float(np.percentile(tops, 90))
+    elif clipped.all():  # never seen whole (a truck beside the ego is taller than the top beam passes)
         h = max(float(np.percentile(tops, 90)), _CLIPPED_HEIGHT_M.get(_category((*size, 0.0)), 0.0))
     else:
         h = float(np.percentile(tops[~clipped], 90))

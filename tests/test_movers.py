@@ -101,6 +101,7 @@ def test_a_truck_taller_than_the_lidar_sees_gets_a_truck_height():
     ground = lambda xy: np.zeros(len(xy))
     box = _box_track(_Track(dets), sweeps, ground, 0, MoverOptions(clipped_height=True))
     assert box.category == "truck" and box.size[2] == pytest.approx(3.8)
+    assert _box_track(_Track(dets), sweeps, ground, 0, MoverOptions()).size[2] < 2.5  # the default: as seen
     for s in sweeps:  # the same truck under a LiDAR whose beams are unknown keeps the height it showed
         s.top_tan = None
     assert _box_track(_Track(dets), sweeps, ground, 0, MoverOptions(clipped_height=True)).size[2] < 2.5
