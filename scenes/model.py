@@ -5,9 +5,11 @@ SH colours, LiDAR features) with an ``owner`` per surfel: -1 for the background 
 actor k (its box frame, placed by its track at render time). One set keeps densification
 and the optimiser state in one place. `surfels_at(t)` gives differentiable world surfels.
 
-Each track's poses are refined (as Street Gaussians do): per pose a learnt offset in the box frame
-(dx, dy, dz metres, yaw radians), interpolated linearly in time. Boxes fitted to LiDAR (or annotated)
-are off by centimetres, which at 10 m blurs an actor over several pixels.
+Each track's poses are refined (as Street Gaussians do): a learnt offset in the box frame (dx, dy, dz
+metres, yaw radians) at knot times, interpolated linearly between them. Boxes fitted to LiDAR (or
+annotated) are off by centimetres, which at 10 m blurs an actor over several pixels. The knots are the
+training views' times, so a held-out time between two training frames takes their offsets' blend (a
+knot per track pose would leave the held-out poses at zero while their neighbours moved).
 """
 from __future__ import annotations
 
@@ -56,11 +58,13 @@ class SceneModel:
 
     def __init__(self, params: Dict[str, torch.Tensor], owner: torch.Tensor, tracks: Sequence[ActorTrack],
                  sky: torch.Tensor, affine: Dict[str, torch.Tensor], head: Dict[str, torch.Tensor],
-                 pose_offsets: Optional[Dict[str, torch.Tensor]] = None):
+                 pose_offsets: Optional[Dict[str, torch.Tensor]] = None,
+                 pose_knots: Optional[Dict[str, np.ndarray]] = None):
         self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+        # per track: knot times (default: its own pose times) and an offset (dx, dy, dz, dyaw) at each
+        self.pose_knots = {t.id: np.asarray((pose_knots or {}).get(t.id, t.timestamps_us), np.int64) for t in tracks}
         offsets = pose_offsets or {}
-        # per track pose: (dx, dy, dz, dyaw) in the box frame
-        self.pose_offsets = {t.id: (offsets[t.id] if t.id in offsets else torch.zeros(len(t.timestamps_us), 4))
+        self.pose_offsets = {t.id: (offsets[t.id] if t.id in offsets else torch.zeros(len(self.pose_knots[t.id]), 4))
                              .detach().clone().requires_grad_(True) for t in tracks}
         self.head = {k: v.detach().clone().requires_grad_(True) for k, v in head.items()}
         self.owner = owner.clone()
@@ -70,9 +74,15 @@ class SceneModel:
 
     @staticmethod
     def from_surfels(background: Surfels, actors: Dict[str, Surfels], tracks: Sequence[ActorTrack],
-                     cameras: Sequence[str], sky_rgb=(0.6, 0.7, 0.85)) -> "SceneModel":
-        """Background (world) and actor (box frame) surfels; actors without surfels are dropped."""
+                     cameras: Sequence[str], knots_us: Optional[Sequence[int]] = None,
+                     sky_rgb=(0.6, 0.7, 0.85)) -> "SceneModel":
+        """Background (world) and actor (box frame) surfels; actors without surfels are dropped.
+        ``knots_us``: the times the pose offsets are learnt at (the training views'; default: each
+        track's pose times), clamped to each track's span."""
         tracks = [t for t in tracks if len(actors.get(t.id, ())) > 0]
+        knots = None if knots_us is None else {
+            t.id: np.unique(np.clip(np.asarray(knots_us, np.int64), t.timestamps_us[0], t.timestamps_us[-1]))
+            for t in tracks}
         parts = [background] + [actors[t.id] for t in tracks]
         owner = np.concatenate([np.full(len(p), k - 1) for k, p in enumerate(parts)])
         s = Surfels.concatenate([p.numpy() for p in parts])
@@ -84,7 +94,7 @@ class SceneModel:
         return SceneModel({k: torch.tensor(np.asarray(v), dtype=torch.float32) for k, v in raw.items()},
                           torch.as_tensor(owner, dtype=torch.int64), tracks, torch.from_numpy(sky),
                           {c: torch.tensor(IDENTITY_AFFINE, dtype=torch.float32) for c in cameras},
-                          {k: torch.from_numpy(getattr(LidarHead.initial(), k)) for k in WEIGHTS})
+                          {k: torch.from_numpy(getattr(LidarHead.initial(), k)) for k in WEIGHTS}, pose_knots=knots)
 
     @staticmethod
     def from_state(state: dict, tracks: Sequence[ActorTrack]) -> "SceneModel":
@@ -94,7 +104,7 @@ class SceneModel:
         if missing:
             raise ValueError(f"checkpoint: actors {missing} are not tracked in this log")
         return SceneModel(state["params"], state["owner"], [by_id[i] for i in state["track_ids"]], state["sky"],
-                          state["affine"], state["head"], state.get("pose_offsets"))
+                          state["affine"], state["head"], state.get("pose_offsets"), state.get("pose_knots"))
 
     def __len__(self) -> int:
         return len(self.owner)
@@ -130,9 +140,7 @@ class SceneModel:
         Rs, ts, qs = [], [], []
         for tr in self.tracks:
             P = tr.pose_at(timestamp_us)
-            i, a = _bracket(tr.timestamps_us, timestamp_us)
-            d = self.pose_offsets[tr.id]
-            d = (1 - a) * d[i - 1] + a * d[i]
+            d = self._offset_at(tr.id, timestamp_us)
             R = torch.as_tensor(P[:3, :3], dtype=dtype)
             Rs.append(R @ _yaw(d[3]))
             ts.append(torch.as_tensor(P[:3, 3], dtype=dtype) + R @ d[:3])
@@ -140,12 +148,18 @@ class SceneModel:
             qs.append(_quat_mul(torch.as_tensor(rotmat_to_quat(P[:3, :3]), dtype=dtype), q_yaw))
         return torch.stack(Rs), torch.stack(ts), torch.stack(qs)
 
+    def _offset_at(self, track_id: str, timestamp_us: int) -> torch.Tensor:
+        """A track's (dx, dy, dz, dyaw) at a time: linear between its knots, constant beyond them."""
+        i, a = _bracket(self.pose_knots[track_id], timestamp_us)
+        d = self.pose_offsets[track_id]
+        return (1 - a) * d[i - 1] + a * d[i]
+
     def track_poses(self) -> List[Tuple[np.ndarray, np.ndarray]]:
         """Each track's (timestamps, refined poses (T,4,4)), numpy."""
         out = []
         with torch.no_grad():
             for tr in self.tracks:
-                d = self.pose_offsets[tr.id].double()
+                d = torch.stack([self._offset_at(tr.id, int(t)) for t in tr.timestamps_us]).double()
                 D = torch.eye(4, dtype=torch.float64).repeat(len(d), 1, 1)
                 D[:, :3, :3] = _yaw(d[:, 3])
                 D[:, :3, 3] = d[:, :3]
@@ -172,7 +186,8 @@ class SceneModel:
                 "track_ids": [t.id for t in self.tracks], "sky": self.sky.detach().clone(),
                 "affine": {c: a.detach().clone() for c, a in self.affine.items()},
                 "head": {k: v.detach().clone() for k, v in self.head.items()},
-                "pose_offsets": {i: v.detach().clone() for i, v in self.pose_offsets.items()}}
+                "pose_offsets": {i: v.detach().clone() for i, v in self.pose_offsets.items()},
+                "pose_knots": {i: k.copy() for i, k in self.pose_knots.items()}}
 
     def replace(self, keep: torch.Tensor, new: Dict[str, torch.Tensor], new_owner: torch.Tensor) -> None:
         """Keep surfels ``keep`` (bool mask) and append ``new`` raw parameters (densification)."""

@@ -7,7 +7,7 @@ and checkpoints save them as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Iterable
 
 import torch
 
@@ -15,8 +15,13 @@ BETAS, EPS = (0.9, 0.999), 1e-15
 
 
 class Adam:
-    def __init__(self, lrs: Dict[str, float]):
+    """``sparse``: names whose rows without gradient this step keep their values and moments (the
+    poses of a track, one of which a view sees: dense Adam would carry a row on its momentum for
+    some 30 steps after each visit, a random walk of centimetres)."""
+
+    def __init__(self, lrs: Dict[str, float], sparse: Iterable[str] = ()):
         self.lrs = dict(lrs)
+        self.sparse = set(sparse)
         self.m: Dict[str, torch.Tensor] = {}
         self.v: Dict[str, torch.Tensor] = {}
         self.step_count = 0
@@ -31,10 +36,18 @@ class Adam:
                 continue
             m = self.m.setdefault(k, torch.zeros_like(p))
             v = self.v.setdefault(k, torch.zeros_like(p))
-            m.mul_(b1).add_(p.grad, alpha=1 - b1)
-            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
             lr = self.lrs[k] * (lr_scale or {}).get(k, 1.0)
-            p.addcdiv_(m / c1, (v / c2).sqrt_().add_(EPS), value=-lr)
+            if k in self.sparse:
+                rows = torch.nonzero(p.grad.reshape(len(p), -1).any(1))[:, 0]
+                g, mr, vr = p.grad[rows], m[rows], v[rows]
+                mr.mul_(b1).add_(g, alpha=1 - b1)
+                vr.mul_(b2).addcmul_(g, g, value=1 - b2)
+                m[rows], v[rows] = mr, vr
+                p[rows] -= lr * (mr / c1) / ((vr / c2).sqrt_().add_(EPS))
+            else:
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                p.addcdiv_(m / c1, (v / c2).sqrt_().add_(EPS), value=-lr)
             p.grad = None
 
     def remap(self, names, keep: torch.Tensor, source: torch.Tensor) -> None:

@@ -135,7 +135,7 @@ class _Run:
                **{f"affine/{c}": cfg.lr_affine for c in model.affine}, "features": cfg.lr_features,
                **{f"head/{k}": cfg.lr_head for k in model.head},
                **{f"pose/{i}": cfg.lr_actor_pose for i in model.pose_offsets}}
-        self.adam = Adam(lrs)
+        self.adam = Adam(lrs, sparse=[f"pose/{i}" for i in model.pose_offsets])
         self.densifier = Densifier(cfg.densify, scale)
         self.rng = np.random.default_rng(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
@@ -250,8 +250,8 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     sweeps = lidar_sweeps(log, train_frames, cfg, ignored)
     if state is None:
         bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress, ignored=ignored)
-        run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)),
-                   scene_scale(views, bg.means))
+        run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras),
+                                                [v.timestamp_us for v in views]), scene_scale(views, bg.means))
     else:
         run = _Run(cfg, SceneModel.from_state(state["model"], log.actors), state["scale"])
         run.restore(state)

@@ -23,6 +23,24 @@ def test_adam_matches_torch_adam():
     assert ours["x"].grad is None  # step clears gradients
 
 
+def test_sparse_adam_leaves_rows_without_gradient_alone():
+    torch.manual_seed(0)
+    target = torch.randn(3, 4)
+    ours = {"x": torch.zeros(3, 4, requires_grad=True)}
+    adam = Adam({"x": 0.05}, sparse=["x"])
+    for i in range(40):
+        row = 2 if i == 0 else i % 2  # row 2 is seen once, rows 0 and 1 every other step
+        ((ours["x"][row] - target[row]) ** 2).sum().backward()
+        adam.step(ours)
+    after_visit = ours["x"][2].detach().clone()
+    assert torch.allclose(after_visit, 0.05 * torch.sign(target[2]), atol=1e-4)  # one Adam step of lr, towards it
+    for _ in range(20):  # dense Adam would keep moving row 2 on its momentum
+        ((ours["x"][0] - target[0]) ** 2).sum().backward()
+        adam.step(ours)
+    assert torch.equal(ours["x"][2], after_visit)
+    assert not torch.equal(ours["x"][0], torch.zeros(4)) and ours["x"].grad is None
+
+
 def _model(n=6):
     rng = np.random.default_rng(0)
     s = Surfels(rng.normal(size=(n, 3)).astype(np.float32), np.tile([1.0, 0, 0, 0], (n, 1)).astype(np.float32),
@@ -93,3 +111,23 @@ def test_actor_pose_offsets_move_the_actor_and_are_saved():
     np.testing.assert_allclose(scene.actors[0].track_poses[1], T, atol=1e-6)
     again = SceneModel.from_state(model.state_dict(), [track])
     assert torch.equal(again.pose_offsets["car"], model.pose_offsets["car"])
+    assert np.array_equal(again.pose_knots["car"], model.pose_knots["car"])
+
+
+def test_pose_offsets_learnt_at_training_times_blend_between_them():
+    """Knots at the training views' times: the track pose at a held-out time between two of them
+    takes their offsets' blend, not zero; knots are clamped to the track's span."""
+    from gsim.scenes.log import ActorTrack
+    poses = np.tile(np.eye(4), (5, 1, 1))
+    poses[:, 0, 3] = np.arange(5.0)
+    track = ActorTrack("car", "car", (4.0, 2.0, 1.5), np.arange(5) * 100_000 + 100_000, poses)
+    local = Surfels(np.zeros((1, 3), np.float32), np.array([[1.0, 0, 0, 0]], np.float32), np.full((1, 2), 0.05, np.float32),
+                    np.full(1, 0.5, np.float32), np.full((1, 3), 0.5, np.float32))
+    model = SceneModel.from_surfels(local, {"car": local}, [track], ["front"], knots_us=[0, 200_000, 400_000, 900_000])
+    assert model.pose_knots["car"].tolist() == [100_000, 200_000, 400_000, 500_000]
+    with torch.no_grad():
+        model.pose_offsets["car"][1] = torch.tensor([0.2, 0.0, 0.0, 0.0])
+        model.pose_offsets["car"][2] = torch.tensor([0.4, 0.0, 0.0, 0.0])
+    T = model.track_poses()[0][1]
+    np.testing.assert_allclose(T[:, 0, 3] - poses[:, 0, 3], [0.0, 0.2, 0.3, 0.4, 0.0], atol=1e-6)
+    np.testing.assert_allclose(model.surfels_at(300_000).means[1].detach().numpy(), [2.3, 0, 0], atol=1e-6)
