@@ -72,7 +72,9 @@ def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarra
     column blocks of ``above_stride`` pixels, the pixels above the block's highest visible LiDAR
     point, back-projected at that point's camera depth (exact for a vertical surface seen by a
     level camera). Only where that point is background (``background`` mask) and at most 1 m
-    below the camera (a wall, not the ground or a car roof). Returns (xyz, origin, rgb), world frame."""
+    below the camera (a wall, not the ground or a car roof). A block whose highest point is not
+    background (an actor, a transient) hides what is above it: it takes the wall depth interpolated
+    from the blocks on either side (a bridge over the car ahead). Returns (xyz, origin, rgb), world frame."""
     xyz, origin, rgb = [], [], []
     for c in seen:
         cam, T, idx, pix, z = c.camera, c.T_world_camera, c.idx, c.pix, c.z
@@ -81,12 +83,16 @@ def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarra
         top = np.full(W // s + 1, cam.height, np.int64)
         np.minimum.at(top, block, v)
         at_top = v == top[block]
-        wall = (background[idx] & (world[idx, 2] > T[2, 3] - 1.0) & (z <= opt.above_max_depth_m))[at_top]
+        ours = background[idx][at_top]
+        wall = ours & ((world[idx, 2] > T[2, 3] - 1.0) & (z <= opt.above_max_depth_m))[at_top]
         depth = np.zeros(len(top))
         depth[block[at_top][wall]] = z[at_top][wall]
-        blocks = np.nonzero(depth > 0)[0]
-        if len(blocks) == 0:
+        walls = np.nonzero(depth > 0)[0]
+        if len(walls) == 0:
             continue
+        hidden = np.setdiff1d(block[at_top][~ours], walls)
+        depth[hidden] = np.interp(hidden, walls, depth[walls])
+        blocks = np.nonzero(depth > 0)[0]
         bb, vv = np.meshgrid(blocks, np.arange(s // 2, cam.height, s))
         sel = vv < top[bb]
         bb, vv = bb[sel], vv[sel]

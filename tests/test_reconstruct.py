@@ -87,6 +87,33 @@ def test_points_seeded_above_the_lidar_lie_on_the_facades(log_dir):
     assert np.median(np.abs(ratios - 1)) < 0.02 and np.mean(np.abs(ratios - 1) < 0.05) > 0.6
 
 
+def test_points_seeded_above_an_actor_take_the_walls_beside_it(log_dir):
+    """Columns whose highest LiDAR point belongs to an actor get seeds at the depth of the walls on
+    either side (what is above the actor is behind it), and those lie on the facade."""
+    from gsim.scenes.init import _above_lidar, _cameras_seeing
+    from gsim.scenes.synth import BUILDING, build_street
+    log, street = load_log(log_dir), build_street(3, TINY)
+    f = log.frames[4]
+    world, _, _, _ = sweep_world(log, f.lidars["top"])
+    seen = _cameras_seeing(log, f, world)
+    left = next(c for c in seen if np.allclose(c.T_world_camera, log.T_world_camera(f.cameras["front_left"])))
+    W = left.camera.width
+    lo, hi = int(0.4 * W), int(0.56 * W)  # columns that look at one facade (a step in depth is unknowable)
+    band = (left.pix % W >= lo) & (left.pix % W < hi)
+    background = np.ones(len(world), bool)
+    background[left.idx[band]] = False  # an actor covers these columns up to the top beam
+    xyz, origin, _ = _above_lidar(seen, world, background, InitOptions(above_stride=2))
+    o = left.T_world_camera[:3, 3]
+    mine = xyz[np.all(np.isclose(origin, o), axis=1)]
+    Tcw = np.linalg.inv(left.T_world_camera)
+    uv, _ = left.camera.project(mine @ Tcw[:3, :3].T + Tcw[:3, 3])
+    above_actor = mine[(uv[:, 0] >= lo + 2) & (uv[:, 0] < hi - 2)]
+    assert len(above_actor) > 10  # none before: the columns above an actor were left empty
+    hits = street.raycast(o, above_actor - o, f.timestamp_us)
+    ratios = hits.t[hits.material == BUILDING]
+    assert len(ratios) > 5 and np.median(np.abs(ratios - 1)) < 0.05
+
+
 def test_training_improves_training_views_and_scene_has_actors(log_dir, trained):
     log = load_log(log_dir)
     train, _ = split_frames(log)
