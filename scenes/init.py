@@ -10,7 +10,7 @@ from projecting the points into the same frames' images (occluded points get non
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from gsim.surfels import Surfels, rgb_to_sh
 from gsim.transforms import interpolate_poses, rotmat_to_quat
 
 from .log import DrivingLog, Frame
-from .views import Ignored, ignored_points, sweep_world, visible_points
+from .views import CLIP_M, Ignored, above_top_beam, ignored_points, sweep_world, top_beam_tan, visible_points
 
 UNSEEN_GRAY = 0.5
 
@@ -67,14 +67,17 @@ def _cameras_seeing(log: DrivingLog, frame: Frame, world: np.ndarray) -> List[_S
     return out
 
 
-def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarray, opt: InitOptions):
+def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarray, opt: InitOptions,
+                 clipped: Optional[np.ndarray] = None):
     """Points for what the cameras see above the LiDAR's top beam (upper facades, tree crowns): in
     column blocks of ``above_stride`` pixels, the pixels above the block's highest visible LiDAR
     point, back-projected at that point's camera depth (exact for a vertical surface seen by a
     level camera). Only where that point is background (``background`` mask) and at most 1 m
     below the camera (a wall, not the ground or a car roof). A block whose highest point is not
-    background (an actor, a transient) hides what is above it: it takes the wall depth interpolated
-    from the blocks on either side (a bridge over the car ahead). Returns (xyz, origin, rgb), world frame."""
+    background (an actor, a transient) and not ``clipped`` (near the top beam: the object may go on
+    above it, as a truck beside the ego does) hides what is above it: it takes the wall depth
+    interpolated from the blocks on either side (a bridge over the car ahead). Without ``clipped``
+    (the beams unknown) such blocks get none. Returns (xyz, origin, rgb), world frame."""
     xyz, origin, rgb = [], [], []
     for c in seen:
         cam, T, idx, pix, z = c.camera, c.T_world_camera, c.idx, c.pix, c.z
@@ -90,7 +93,8 @@ def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarra
         walls = np.nonzero(depth > 0)[0]
         if len(walls) == 0:
             continue
-        hidden = np.setdiff1d(block[at_top][~ours], walls)
+        hidden = np.zeros(0, np.int64) if clipped is None else \
+            np.setdiff1d(block[at_top][~ours & ~clipped[idx][at_top]], walls)
         depth[hidden] = np.interp(hidden, walls, depth[walls])
         blocks = np.nonzero(depth > 0)[0]
         bb, vv = np.meshgrid(blocks, np.arange(s // 2, cam.height, s))
@@ -155,7 +159,9 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
             bg.rgb.append(rgb[free])
             bg.seen.append(seen[free])
             if opt.above_stride:
-                up = _above_lidar(cams, world, free, opt)
+                tan = top_beam_tan(log, obs)
+                clipped = None if tan is None else above_top_beam(tan, world, origin) > -CLIP_M
+                up = _above_lidar(cams, world, free, opt, clipped)
                 for part, x in zip((bg.xyz, bg.origin, bg.rgb), up):
                     part.append(x)
                 bg.seen.append(np.ones(len(up[0]), bool))

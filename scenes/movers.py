@@ -38,7 +38,7 @@ import numpy as np
 from gsim.transforms import interpolate_poses
 
 from .log import ActorTrack, DrivingLog, Frame, LidarObs
-from .views import Ignored, ignored_points, sweep_world
+from .views import CLIP_M, Ignored, above_top_beam, ignored_points, sweep_world, top_beam_tan
 
 
 MAX_VEHICLE_WIDTH_M = 2.6
@@ -197,10 +197,8 @@ def _load(log: DrivingLog, obs: LidarObs, opt: MoverOptions) -> _Sweep:
     T = interpolate_poses(log.ego_timestamps_us, log.ego_poses, np.round(tc).astype(np.int64)) @ T_vl
     Tinv = np.linalg.inv(T)
     Tm = np.linalg.inv(log.T_world_vehicle(int(round(time.mean())) if len(time) else obs.timestamp_us) @ T_vl)
-    beams = log.lidars[obs.sensor].beams
-    top_tan = None if beams is None else float(np.tan(np.radians(max(beams.elevations_deg))))
     return _Sweep(obs, world, origin, time, free, np.ascontiguousarray(Tinv[:, :3, :3]),
-                  np.ascontiguousarray(Tinv[:, :3, 3]), Tm[:3, :3].copy(), Tm[:3, 3].copy(), top_tan)
+                  np.ascontiguousarray(Tinv[:, :3, 3]), Tm[:3, :3].copy(), Tm[:3, 3].copy(), top_beam_tan(log, obs))
 
 
 def _ground(sweeps: Sequence[_Sweep], opt: MoverOptions):
@@ -402,10 +400,9 @@ def _box_track(tr: _Track, sweeps: Sequence[_Sweep], ground, k: int, opt: MoverO
         ext.append(np.stack([q.min(0), q.max(0)]))
         near.append(o)
         tops.append(np.percentile(p[:, 2], 98) - ground(d.centre[None])[0])
-        # the top beam's height at each point's horizontal range: a top within 0.3 m of it may be cut off
-        rho = np.linalg.norm(p[:, :2] - s.origin[d.idx, :2], axis=1)
+        # a top within CLIP_M of the top beam may be cut off
         clipped.append(s.top_tan is not None
-                       and np.percentile(p[:, 2] - (s.origin[d.idx, 2] + rho * s.top_tan), 98) > -0.3)
+                       and np.percentile(above_top_beam(s.top_tan, p, s.origin[d.idx]), 98) > -CLIP_M)
     ext = np.stack(ext)  # (T, 2 [min,max], 2 [along, across])
     span = ext[:, 1] - ext[:, 0]
     size = np.percentile(span, 90, axis=0)

@@ -70,6 +70,22 @@ def sweep_world(log: DrivingLog, obs: LidarObs) -> Tuple[np.ndarray, np.ndarray,
     return world, T[:, :3, 3], pts[:, 3], times[inv]
 
 
+CLIP_M = 0.3  # a surface whose highest point is within this of the top beam may reach above it
+
+
+def top_beam_tan(log: DrivingLog, obs: LidarObs) -> Optional[float]:
+    """The tangent of the sweep's highest beam elevation, or None when the LiDAR's beams are unknown."""
+    beams = log.lidars[obs.sensor].beams
+    return None if beams is None else float(np.tan(np.radians(max(beams.elevations_deg))))
+
+
+def above_top_beam(top_tan: float, points: np.ndarray, origins: np.ndarray) -> np.ndarray:
+    """Height (m) of world points above the highest beam at their horizontal range from their sensor
+    origins (a level LiDAR). Near zero: a surface whose top the LiDAR may have cut off."""
+    rho = np.linalg.norm(points[:, :2] - origins[:, :2], axis=1)
+    return points[:, 2] - (origins[:, 2] + rho * top_tan)
+
+
 def _in_image(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray):
     """(uv (N,2) pixels, (N,) bool: projects inside the image, (N,3) camera-frame points)."""
     Tcw = np.linalg.inv(T_world_camera)

@@ -88,30 +88,42 @@ def test_points_seeded_above_the_lidar_lie_on_the_facades(log_dir):
 
 
 def test_points_seeded_above_an_actor_take_the_walls_beside_it(log_dir):
-    """Columns whose highest LiDAR point belongs to an actor get seeds at the depth of the walls on
-    either side (what is above the actor is behind it), and those lie on the facade."""
+    """Columns whose highest LiDAR point belongs to an actor below the top beam get seeds at the depth
+    of the walls on either side (what is above the actor is behind it), and those lie on the facade;
+    an actor the top beam hits (a truck beside the ego, maybe taller than seen) gets none above it."""
     from gsim.scenes.init import _above_lidar, _cameras_seeing
     from gsim.scenes.synth import BUILDING, build_street
+    from gsim.scenes.views import CLIP_M, above_top_beam, top_beam_tan
     log, street = load_log(log_dir), build_street(3, TINY)
     f = log.frames[4]
-    world, _, _, _ = sweep_world(log, f.lidars["top"])
+    world, origin, _, _ = sweep_world(log, f.lidars["top"])
+    T = log.T_world_camera(f.cameras["front_left"])
+    Tcw = np.linalg.inv(T)
     seen = _cameras_seeing(log, f, world)
-    left = next(c for c in seen if np.allclose(c.T_world_camera, log.T_world_camera(f.cameras["front_left"])))
+    left = next(c for c in seen if np.allclose(c.T_world_camera, T))
     W = left.camera.width
     lo, hi = int(0.4 * W), int(0.56 * W)  # columns that look at one facade (a step in depth is unknowable)
-    band = (left.pix % W >= lo) & (left.pix % W < hi)
-    background = np.ones(len(world), bool)
-    background[left.idx[band]] = False  # an actor covers these columns up to the top beam
-    xyz, origin, _ = _above_lidar(seen, world, background, InitOptions(above_stride=2))
-    o = left.T_world_camera[:3, 3]
-    mine = xyz[np.all(np.isclose(origin, o), axis=1)]
-    Tcw = np.linalg.inv(left.T_world_camera)
-    uv, _ = left.camera.project(mine @ Tcw[:3, :3].T + Tcw[:3, 3])
-    above_actor = mine[(uv[:, 0] >= lo + 2) & (uv[:, 0] < hi - 2)]
-    assert len(above_actor) > 10  # none before: the columns above an actor were left empty
-    hits = street.raycast(o, above_actor - o, f.timestamp_us)
+    band = np.zeros(len(world), bool)
+    band[left.idx[(left.pix % W >= lo) & (left.pix % W < hi)]] = True
+
+    def seeded_above_band(keep, background):
+        w, o = world[keep], origin[keep]
+        clipped = above_top_beam(top_beam_tan(log, f.lidars["top"]), w, o) > -CLIP_M
+        xyz, org, _ = _above_lidar(_cameras_seeing(log, f, w), w, background[keep], InitOptions(above_stride=2),
+                                   clipped)
+        mine = xyz[np.all(np.isclose(org, T[:3, 3]), axis=1)]
+        uv, _ = left.camera.project(mine @ Tcw[:3, :3].T + Tcw[:3, 3])
+        return mine[(uv[:, 0] >= lo + 2) & (uv[:, 0] < hi - 2)]
+
+    # an actor up to the camera's height hides the facade's foot; the beams above it find nothing
+    low = world[:, 2] < T[2, 3]
+    above = seeded_above_band(~band | low, ~band)
+    assert len(above) > 10  # none before: the columns above an actor were left empty
+    hits = street.raycast(T[:3, 3], above - T[:3, 3], f.timestamp_us)
     ratios = hits.t[hits.material == BUILDING]
     assert len(ratios) > 5 and np.median(np.abs(ratios - 1)) < 0.05
+    # an actor whose top the top beam hits
+    assert len(seeded_above_band(np.ones(len(world), bool), ~band)) == 0
 
 
 def test_training_improves_training_views_and_scene_has_actors(log_dir, trained):
