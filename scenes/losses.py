@@ -50,13 +50,18 @@ def photometric(rgb: torch.Tensor, target: torch.Tensor, ssim_weight: float,
     return (1 - ssim_weight) * l1 + ssim_weight * (1 - ssim(rgb, target, mask))
 
 
-def robust_mask(rgb: torch.Tensor, target: torch.Tensor, k: float, floor: float, window: int = 7) -> torch.Tensor:
+def robust_mask(rgb: torch.Tensor, target: torch.Tensor, k: float, floor: float, window: int = 7,
+                region: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(H,W) float mask, 0 where the residual is an outlier: transients that no actor explains (a
     pedestrian, a car that crept). A pixel is an outlier where its ``window`` x ``window`` mean absolute
-    residual exceeds both ``k`` x the image's median and ``floor``: blobs of large error, not edges."""
+    residual exceeds both ``k`` x the image's median and ``floor``: blobs of large error, not edges.
+    ``region`` ((H,W) bool): where outliers may be dropped (elsewhere every pixel counts)."""
     r = (rgb.detach() - target).abs().mean(-1)[None, None]
     r = F.avg_pool2d(r, window, stride=1, padding=window // 2, count_include_pad=False)[0, 0]
-    return (r <= torch.clamp(k * r.median(), min=floor)).to(rgb.dtype)
+    out = r > torch.clamp(k * r.median(), min=floor)
+    if region is not None:
+        out &= region
+    return (~out).to(rgb.dtype)
 
 
 def lidar_depth(depth: torch.Tensor, alpha: torch.Tensor, pix: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

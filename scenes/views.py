@@ -33,6 +33,16 @@ class View:
     lidar_depth: np.ndarray  # (M,) float32 camera z, metres
     mask: Optional[np.ndarray] = None  # (H,W) float32, 0 where transients (Ignored points) were seen; None: all 1
 
+    def lidar_covered(self, window: int = 9) -> np.ndarray:
+        """(H,W) bool: pixels at or below the highest LiDAR point of their column (the lowest such row
+        over ``window`` columns around): where the sweeps saw what the camera sees. Above it is what the
+        initialisation could only guess (facades, crowns, a truck's top), not an untracked mover."""
+        H, W = self.camera.height, self.camera.width
+        top = np.full(W, H, np.int64)
+        np.minimum.at(top, self.lidar_pix % W, self.lidar_pix // W)
+        top = np.lib.stride_tricks.sliding_window_view(np.pad(top, window // 2, constant_values=H), window).min(1)
+        return np.arange(H)[:, None] >= top[None, :]
+
 
 Ignored = Mapping[str, np.ndarray]  # sweep file (LidarObs.points) -> (N,) bool: its points to leave out
 

@@ -160,6 +160,23 @@ def test_masked_photometric_and_robust_mask():
     keep = losses.robust_mask(rgb, target, k=5.0, floor=0.1)
     assert keep[12:18, 12:18].sum() == 0 and keep[30, 30] == 1 and keep[2, 40] == 1
     assert keep.mean() > 0.9
+    region = torch.ones(40, 60, dtype=torch.bool)
+    region[:15] = False  # e.g. above the LiDAR's reach: outliers there still count
+    keep = losses.robust_mask(rgb, target, k=5.0, floor=0.1, region=region)
+    assert keep[10:15, 10:20].sum() == 50 and keep[15:18, 12:18].sum() == 0
+
+
+def test_lidar_covered_is_below_each_columns_highest_lidar_point():
+    from gsim.scenes.views import View
+    cam = PinholeCamera(20, 10, 30.0, 30.0, 10.0, 5.0)
+    pix = np.array([4 * 20 + 3, 7 * 20 + 3, 6 * 20 + 15])  # rows 4 and 7 in column 3, row 6 in column 15
+    v = View(0, "cam", 0, cam, np.eye(4), np.zeros((10, 20, 3), np.float32), np.zeros((10, 20, 3), np.float32),
+             pix, np.ones(3, np.float32))
+    c = v.lidar_covered(window=3)
+    assert c.shape == (10, 20)
+    assert c[4:, 2:5].all() and not c[:4, 2:5].any()  # column 3 and its neighbours: from row 4 down
+    assert c[6:, 14:17].all() and not c[:6, 14:17].any()
+    assert not c[:, 0].any() and not c[:, 8:13].any()  # no LiDAR point near: nothing covered
 
 
 def test_reconstruct_a_log_without_tracks_makes_its_movers_actors(tmp_path):
