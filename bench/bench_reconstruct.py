@@ -5,13 +5,15 @@ OUT/recon (scene, checkpoint, train.json), OUT/eval (metrics.json, metrics.md, s
 images) and OUT/bench.json, and prints a markdown row for BENCHMARKS.md.
 
 Usage: python bench/bench_reconstruct.py [--log LOG] [--out out/bench/recon] [--preset cpu]
-       [--iterations N] [--downscale D] [--no-lidar-losses]
+       [--iterations N] [--downscale D] [--no-lidar-losses] [--set JSON]
+--set overrides TrainConfig fields for a trial, e.g. '{"robust_k": 0, "densify": {"max_surfels": 800000}}'.
 --no-lidar-losses trains on the images alone (no LiDAR depth in the views, no LiDAR rays, no head): the
 baseline that the LiDAR losses are compared against (the LiDAR still initialises the surfels).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -33,6 +35,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--downscale", type=int)
     ap.add_argument("--no-lidar-losses", action="store_true")
     ap.add_argument("--no-movers", action="store_true", help="logs without tracks: no moving-object detection")
+    ap.add_argument("--set", type=json.loads, default={}, metavar="JSON", help="TrainConfig fields to override")
     args = ap.parse_args(argv)
     out = Path(args.out)
     log = Path(args.log) if args.log else synthesize(out / "log", seed=0)
@@ -42,12 +45,17 @@ def main(argv=None) -> dict:
     if args.no_movers:
         overrides["movers"] = False
     cfg = preset(args.preset, **overrides)
+    try:  # nested options (init, densify) take a dict of their own fields
+        cfg = dataclasses.replace(cfg, **{k: dataclasses.replace(getattr(cfg, k), **v) if isinstance(v, dict) else v
+                                          for k, v in args.set.items()})
+    except (TypeError, AttributeError) as e:
+        ap.error(f"--set {json.dumps(args.set)}: {e}")
     t0 = time.perf_counter()
     reconstruct(log, out / "recon", cfg)
     train_s = time.perf_counter() - t0
     m = evaluate(out / "recon" / "scene", log, out / "eval", holdout_every=cfg.holdout_every, downscale=cfg.downscale)
     surfels = json.loads((out / "recon" / "train.json").read_text())["surfels"]
-    result = {"log": str(log), "preset": cfg.preset, "backend": cfg.backend, "iterations": cfg.iterations,
+    result = {"log": str(log), "preset": cfg.preset, "set": args.set, "backend": cfg.backend, "iterations": cfg.iterations,
               "downscale": cfg.downscale, "train_wall_s": round(train_s, 1),
               "s_per_1000_it": round(1000 * train_s / cfg.iterations, 1), "surfels": surfels,
               "psnr": m["psnr"], "ssim": m["ssim"],

@@ -172,7 +172,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     mask = None if view.mask is None else torch.from_numpy(view.mask)
     if robust and cfg.robust_k and run.step >= cfg.robust_from:
         # only where a sweep saw: above the LiDAR the residual is the seeds' guess being refined (dropping it
-        # there kept crowns and a truck's top from ever being fitted: -1.3 dB on KITTI)
+        # there kept crowns and a truck's top from ever being fitted: -1.4 dB on KITTI at downscale 4)
         keep = losses.robust_mask(rgb, target, cfg.robust_k, cfg.robust_floor,
                                   region=torch.from_numpy(view.lidar_covered()))
         mask = keep if mask is None else mask * keep
