@@ -5,6 +5,8 @@ maps points from ``src`` to ``dst``; quaternions are (w, x, y, z).
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 
 RIGID_TOL = 1e-6
@@ -115,6 +117,18 @@ def look_at(eye, target, up=(0.0, 0.0, 1.0)) -> np.ndarray:
     return T
 
 
+def bracket(times_us: np.ndarray, t_us) -> Tuple[np.ndarray, np.ndarray]:
+    """(i, a) per time of ``t_us`` (M,): it lies a of the way from times_us[i - 1] to times_us[i],
+    clamped to the ends (a single time gives i = 0, a = 1: times_us[-1] is that time too)."""
+    times_us = np.asarray(times_us, np.int64)
+    t = np.atleast_1d(np.asarray(t_us, np.int64))
+    if len(times_us) == 1:
+        return np.zeros(len(t), np.int64), np.ones(len(t))
+    i = np.clip(np.searchsorted(times_us, t, side="right"), 1, len(times_us) - 1)
+    t0, t1 = times_us[i - 1], times_us[i]
+    return i, np.clip((t - t0) / (t1 - t0), 0.0, 1.0)
+
+
 def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us) -> np.ndarray:
     """Poses at the times ``t_us`` (M,) from a timed track (T,) / (T,4,4): (M,4,4), linear in
     translation, slerp in rotation. Times outside the track clamp to its ends (an actor holds
@@ -123,9 +137,8 @@ def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us) -> np.ndarr
     t = np.atleast_1d(np.asarray(t_us, np.int64))
     if len(times_us) == 1:
         return np.repeat(np.asarray(poses[:1], np.float64), len(t), 0)
-    i = np.clip(np.searchsorted(times_us, t, side="right"), 1, len(times_us) - 1)
-    t0, t1 = times_us[i - 1], times_us[i]
-    a = np.clip((t - t0) / (t1 - t0), 0.0, 1.0)[:, None]
+    i, a = bracket(times_us, t)
+    a = a[:, None]
     q0, q1 = rotmat_to_quat(poses[i - 1, :3, :3]), rotmat_to_quat(poses[i, :3, :3])
     d = np.sum(q0 * q1, axis=1, keepdims=True)
     q1, d = np.where(d < 0, -q1, q1), np.abs(d)

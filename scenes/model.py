@@ -22,22 +22,12 @@ from gsim.appearance import IDENTITY_AFFINE, Sky
 from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.scene import Actor, Scene
 from gsim.surfels import Surfels
-from gsim.transforms import rotmat_to_quat
+from gsim.transforms import bracket, rotmat_to_quat
 
 from .log import ActorTrack
 
 PARAMS = ("means", "quats", "log_scales", "logit_opacities", "sh", "features")
 SKY_SHAPE = (32, 64)
-
-
-def _bracket(times_us: np.ndarray, t_us: int) -> Tuple[int, float]:
-    """(i, a): ``t_us`` lies a of the way from times_us[i - 1] to times_us[i], as interpolate_poses
-    brackets it (clamped at the ends; a single time gives i = 0, a = 1)."""
-    if len(times_us) == 1:
-        return 0, 1.0
-    i = int(np.clip(np.searchsorted(times_us, t_us, side="right"), 1, len(times_us) - 1))
-    t0, t1 = int(times_us[i - 1]), int(times_us[i])
-    return i, float(np.clip((t_us - t0) / (t1 - t0), 0.0, 1.0))
 
 
 def _yaw(a: torch.Tensor) -> torch.Tensor:
@@ -140,7 +130,7 @@ class SceneModel:
         Rs, ts, qs = [], [], []
         for tr in self.tracks:
             P = tr.pose_at(timestamp_us)
-            d = self._offset_at(tr.id, timestamp_us)
+            d = self._offsets_at(tr.id, timestamp_us)[0]
             R = torch.as_tensor(P[:3, :3], dtype=dtype)
             Rs.append(R @ _yaw(d[3]))
             ts.append(torch.as_tensor(P[:3, 3], dtype=dtype) + R @ d[:3])
@@ -148,10 +138,11 @@ class SceneModel:
             qs.append(_quat_mul(torch.as_tensor(rotmat_to_quat(P[:3, :3]), dtype=dtype), q_yaw))
         return torch.stack(Rs), torch.stack(ts), torch.stack(qs)
 
-    def _offset_at(self, track_id: str, timestamp_us: int) -> torch.Tensor:
-        """A track's (dx, dy, dz, dyaw) at a time: linear between its knots, constant beyond them."""
-        i, a = _bracket(self.pose_knots[track_id], timestamp_us)
+    def _offsets_at(self, track_id: str, times_us) -> torch.Tensor:
+        """A track's (M,4) (dx, dy, dz, dyaw) at times (M,): linear between its knots, constant beyond them."""
+        i, a = bracket(self.pose_knots[track_id], times_us)
         d = self.pose_offsets[track_id]
+        a = torch.as_tensor(a, dtype=d.dtype)[:, None]
         return (1 - a) * d[i - 1] + a * d[i]
 
     def track_poses(self) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -159,7 +150,7 @@ class SceneModel:
         out = []
         with torch.no_grad():
             for tr in self.tracks:
-                d = torch.stack([self._offset_at(tr.id, int(t)) for t in tr.timestamps_us]).double()
+                d = self._offsets_at(tr.id, tr.timestamps_us).double()
                 D = torch.eye(4, dtype=torch.float64).repeat(len(d), 1, 1)
                 D[:, :3, :3] = _yaw(d[:, 3])
                 D[:, :3, 3] = d[:, :3]
