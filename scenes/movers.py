@@ -400,8 +400,8 @@ def _box_track(tr: _Track, sweeps: Sequence[_Sweep], ground, k: int, opt: MoverO
         ext.append(np.stack([q.min(0), q.max(0)]))
         near.append(o)
         tops.append(np.percentile(p[:, 2], 98) - ground(d.centre[None])[0])
-        # a top within CLIP_M of the top beam may be cut off
-        clipped.append(s.top_tan is not None
+        # a top within CLIP_M of the top beam may be cut off (only asked with clipped_height)
+        clipped.append(opt.clipped_height and s.top_tan is not None
                        and np.percentile(above_top_beam(s.top_tan, p, s.origin[d.idx]), 98) > -CLIP_M)
     ext = np.stack(ext)  # (T, 2 [min,max], 2 [along, across])
     span = ext[:, 1] - ext[:, 0]
