@@ -14,6 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 SH_C0 = 0.28209479177387814
+_FIELDS = ("means", "quats", "scales", "opacities", "colors", "features")
 QUAT_NORM_TOL = 1e-3
 
 
@@ -69,11 +70,26 @@ class Surfels:
     features: Optional[Any] = None
 
     def __post_init__(self):
+        self._check_shapes()
+        self._check_values()
+
+    @classmethod
+    def derived(cls, means, quats, scales, opacities, colors, features=None) -> "Surfels":
+        """Surfels computed from valid ones or from activations (a conversion, a subset, a rigid motion, a
+        model's parameters): types and shapes are checked, the values are not (finite, unit quaternions,
+        ranges: a pass over every array, a tenth of a CPU training step)."""
+        s = object.__new__(cls)
+        for k, v in zip(_FIELDS, (means, quats, scales, opacities, colors, features)):
+            object.__setattr__(s, k, v)
+        s._check_shapes()
+        return s
+
+    def _fields_present(self) -> list:
+        return list(_FIELDS if self.features is not None else _FIELDS[:-1])
+
+    def _check_shapes(self) -> None:
         tensors = is_tensor(self.means)
-        fields = ["means", "quats", "scales", "opacities", "colors"]
-        if self.features is not None:
-            fields.append("features")
-        for f in fields:
+        for f in self._fields_present():
             object.__setattr__(self, f, _prepare(f, getattr(self, f), tensors))
         m = self.means
         if m.ndim != 2 or m.shape[1] != 3:
@@ -92,7 +108,10 @@ class Surfels:
                              f"and N={n}, got {tuple(c.shape)}")
         if self.features is not None and (self.features.ndim != 2 or self.features.shape[0] != n):
             raise ValueError(f"Surfels.features: expected shape (N,F) with N={n}, got {tuple(self.features.shape)}")
-        for f in fields:
+
+    def _check_values(self) -> None:
+        tensors = self.is_torch
+        for f in self._fields_present():
             if not _all_finite(getattr(self, f)):
                 raise ValueError(f"Surfels.{f}: contains NaN or inf")
         q = self.quats.detach() if tensors else self.quats
@@ -121,24 +140,20 @@ class Surfels:
         return is_tensor(self.means)
 
     def _fields(self) -> dict:
-        d = dict(means=self.means, quats=self.quats, scales=self.scales,
-                 opacities=self.opacities, colors=self.colors)
-        if self.features is not None:
-            d["features"] = self.features
-        return d
+        return {f: getattr(self, f) for f in self._fields_present()}
 
     def numpy(self) -> "Surfels":
         """Detached numpy copy (no-op for numpy surfels)."""
         if not self.is_torch:
             return self
-        return Surfels(**{k: v.detach().cpu().numpy() for k, v in self._fields().items()})
+        return Surfels.derived(**{k: v.detach().cpu().numpy() for k, v in self._fields().items()})
 
     def torch(self, device=None, dtype=None) -> "Surfels":
         """Torch view; numpy arrays are converted (no gradient), tensors moved/cast."""
         import torch
         conv = (lambda v: v.to(device=device, dtype=dtype)) if self.is_torch else \
             (lambda v: torch.as_tensor(v, device=device, dtype=dtype))
-        return Surfels(**{k: conv(v) for k, v in self._fields().items()})
+        return Surfels.derived(**{k: conv(v) for k, v in self._fields().items()})
 
     @staticmethod
     def concatenate(parts: list["Surfels"]) -> "Surfels":
@@ -156,7 +171,7 @@ class Surfels:
         else:
             cat = lambda xs: np.concatenate(xs, 0)
             pad = lambda c: np.pad(c, ((0, 0), (0, k - c.shape[1]), (0, 0)))
-        return Surfels(means=cat([p.means for p in parts]), quats=cat([p.quats for p in parts]),
+        return Surfels.derived(means=cat([p.means for p in parts]), quats=cat([p.quats for p in parts]),
                        scales=cat([p.scales for p in parts]), opacities=cat([p.opacities for p in parts]),
                        colors=cat([pad(p.colors) for p in parts]),
                        features=cat([p.features for p in parts]) if all(has_feat) else None)
@@ -173,5 +188,5 @@ class Surfels:
         # bands beyond degree 0 is not implemented yet: refuse rather than render wrongly.
         if self.colors.shape[1] > 1 and not np.allclose(R, np.eye(3)):
             raise NotImplementedError("rotating surfels with SH degree > 0 is not supported yet")
-        return Surfels(means=means, quats=quats, scales=self.scales, opacities=self.opacities,
+        return Surfels.derived(means=means, quats=quats, scales=self.scales, opacities=self.opacities,
                        colors=self.colors, features=self.features)

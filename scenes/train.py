@@ -194,6 +194,11 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         rng_l, int_l, drop_l = losses.lidar_rays(out, torch.from_numpy(rays.range), torch.from_numpy(rays.intensity))
         loss = (loss + cfg.lidar_range_weight * rng_l + cfg.lidar_intensity_weight * int_l
                 + cfg.lidar_drop_weight * drop_l)
+    if not torch.isfinite(loss):
+        # the model's surfels skip Surfels' value checks (a tenth of a step): this one catches a diverged run
+        raise FloatingPointError(f"reconstruct: the loss is {float(loss.detach())} at step {run.step} (view of frame "
+                                 f"{view.frame}, {view.sensor}): training diverged; the checkpoint written before "
+                                 f"is the last good one (lower a learning rate and --resume)")
     loss.backward()
     with torch.no_grad():
         grad = model.params["means"].grad

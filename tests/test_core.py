@@ -167,6 +167,16 @@ def test_surfels_bad_input(field, value, match):
         gsim.Surfels(**a)
 
 
+def test_derived_surfels_check_shapes_not_values():
+    a = _surfel_args()
+    a["quats"] = np.zeros((4, 4))  # values are the caller's promise (activations, subsets of valid surfels)
+    s = gsim.Surfels.derived(**a)
+    assert s.colors.shape == (4, 1, 3) and s.features is None and len(s.numpy()) == 4
+    a["means"] = np.zeros((4, 2))
+    with pytest.raises(ValueError, match=r"means: expected shape \(N,3\)"):
+        gsim.Surfels.derived(**a)
+
+
 def test_surfels_refuses_mixed_array_kinds():
     a = _surfel_args()
     a["means"] = torch.as_tensor(a["means"])

@@ -173,6 +173,18 @@ def test_geometry_losses_start_at_normal_from(log_dir):
     assert loss(5, 100.0) > loss(5, 0.0) + 1e-6
 
 
+def test_a_diverged_step_is_refused(log_dir):
+    log = load_log(log_dir)
+    train, _ = split_frames(log)
+    view = make_views(log, train[:1])[0]
+    bg, actors = initial_surfels(log, train, _cfg().init)
+    run = train_mod._Run(_cfg(), SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)), 1.0)
+    with torch.no_grad():
+        run.model.params["sh"][:] = float("nan")
+    with pytest.raises(FloatingPointError, match="loss is nan at step 0 .*diverged"):
+        train_mod.train_step(run, view, {}, log)
+
+
 def test_resume_after_a_kill_ends_with_the_same_scene(log_dir, tmp_path, monkeypatch):
     cfg = _cfg()
     reconstruct(log_dir, tmp_path / "a", cfg, progress=False)

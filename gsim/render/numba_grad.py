@@ -230,7 +230,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
     used = np.nonzero(listed)[0]
     local = (np.cumsum(listed, dtype=np.int64) - 1).astype(lst.dtype)
     idx = torch.from_numpy(used).to(s.means.device)
-    seen = Surfels(**{k: v.index_select(0, idx) for k, v in s._fields().items()})
+    seen = Surfels.derived(**{k: v.index_select(0, idx) for k, v in s._fields().items()})
     proj = project(seen, T_world_camera, options.near)
     binning = (rec[used], start, local[lst])
     acc, dist = _PixelStage.apply(proj.records, binning, camera, options.near)
