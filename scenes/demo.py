@@ -37,7 +37,7 @@ def render_shifted_path(scene_path, log_path, out, shift_m: float, fps: float = 
     return out / "video.mp4"
 
 
-DEMO_ITERATIONS = 1500  # the cpu preset's 2000 less a quarter: the whole job in about ten minutes on 2 cores
+DEMO_ITERATIONS = 1500  # half the cpu preset's: the whole job in about ten minutes on 2 cores
 
 
 def run_demo(out: Path, seed: int = 0, iterations: int = DEMO_ITERATIONS, shift_m: float = 1.0,

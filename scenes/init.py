@@ -35,6 +35,7 @@ class InitOptions:
     sh_degree: int = 0
     above_stride: int = 4  # pixels between the image points seeded above the LiDAR's top beam (0: none)
     above_max_depth_m: float = 60.0  # columns whose highest LiDAR point is farther get none
+    unseen_voxel: float = 3.0  # background points no training camera saw: this many voxels (the LiDAR's alone)
 
 
 @dataclass
@@ -245,14 +246,24 @@ def initial_surfels(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions =
         raise ValueError(f"{log.root}: reconstruction needs LiDAR sweeps to initialise surfels; "
                          f"the training frames have none")
     bg, actors = collect_points(log, frames, opt, progress, ignored)
-    return (_within(bg, opt.voxel_m, opt.max_surfels, opt),
+    return (_within(bg, opt.voxel_m, opt.max_surfels, opt, opt.unseen_voxel),
             {aid: _within(p, opt.voxel_m / 2, opt.max_actor_surfels, opt) for aid, p in actors.items()})
 
 
-def _within(p: _Points, voxel: float, budget: int, opt: InitOptions) -> Surfels:
-    """Surfels of ``p`` on the finest voxel from ``voxel`` up (x1.25 a step) that gives at most ``budget``."""
+def _within(p: _Points, voxel: float, budget: int, opt: InitOptions, unseen: float = 1.0) -> Surfels:
+    """Surfels of ``p`` on the finest voxel from ``voxel`` up (x1.25 a step) that gives at most ``budget``;
+    points no camera saw on ``unseen`` times that voxel (only the LiDAR renders them: on KITTI half the
+    background is behind and beside the ego, and every surfel costs a training step time)."""
+    parts = [p] if unseen == 1.0 else [_subset(p, True), _subset(p, False)]
     while True:
-        s = surfels_from_points(p, voxel, opt)
+        s = Surfels.concatenate([surfels_from_points(q, voxel * (1.0 if k == 0 else unseen), opt)
+                                 for k, q in enumerate(parts)])
         if len(s) <= budget:
             return s
         voxel *= 1.25
+
+
+def _subset(p: _Points, seen: bool) -> _Points:
+    """The points a camera saw (``seen``) or the others."""
+    keep = [s == seen for s in p.seen]
+    return _Points(*([x[k] for x, k in zip(getattr(p, f), keep)] for f in ("xyz", "origin", "rgb", "seen")))

@@ -41,7 +41,7 @@ CONFIG_SCHEMA = 1
 class TrainConfig:
     preset: str = "cpu"
     backend: str = "torch"
-    iterations: int = 2000
+    iterations: int = 3000  # the synthetic street stays within 15 min on 2 cores (BENCHMARKS.md)
     seed: int = 0
     holdout_every: int = 8
     downscale: int = 1  # train on images box-averaged by this factor (evaluate with the same)

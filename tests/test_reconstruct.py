@@ -62,6 +62,21 @@ def test_init_puts_actor_points_in_their_boxes(log_dir):
     assert np.median(normals[:, 2]) > 0.95
 
 
+def test_unseen_points_take_a_coarser_voxel():
+    """What no camera saw (the LiDAR's alone) takes ``unseen`` voxels; what a camera saw keeps the fine one."""
+    from gsim.scenes.init import _Points, _within
+    g = np.stack(np.meshgrid(np.arange(0, 6, 0.05), np.arange(0, 6, 0.05)), -1).reshape(-1, 2)
+    xyz = np.c_[g, np.zeros(len(g))]
+    seen = xyz[:, 0] < 3
+    p = _Points([xyz], [xyz + [0, 0, 2]], [np.full((len(xyz), 3), 0.5)], [seen])
+    same, coarse = (_within(p, 0.2, 10**6, InitOptions(), unseen) for unseen in (1.0, 3.0))
+    n_left = lambda s: int((s.means[:, 0] < 2.9).sum())
+    assert n_left(coarse) == n_left(same) > 0  # the seen half is the same
+    right = lambda s: len(s) - n_left(s)
+    assert 6 <= right(same) / right(coarse) <= 12  # about 3^2 fewer on a plane
+    assert len(_within(p, 0.2, len(coarse) - 1, InitOptions(), 3.0)) < len(coarse)  # the budget still holds
+
+
 def test_points_seeded_above_the_lidar_lie_on_the_facades(log_dir):
     """Image points seeded above the LiDAR's top beam, re-cast analytically from the side cameras
     (which face the facades; the front camera sees them at grazing angles, where a column's wall
