@@ -75,11 +75,13 @@ def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarra
     point, back-projected at that point's camera depth (exact for a vertical surface seen by a
     level camera). Only where that point is background (``background`` mask) and at most 1 m
     below the camera (a wall, not the ground or a car roof). A block whose highest point is not
-    background (an actor, a transient) and not ``clipped`` (near the top beam: the object may go on
-    above it, as a truck beside the ego does) hides what is above it: it takes the wall depth
-    interpolated from the blocks on either side (a bridge over the car ahead). Without ``clipped``
-    (the beams unknown) such blocks get none. Returns (xyz, origin, rgb), world frame."""
-    xyz, origin, rgb = [], [], []
+    background (an actor, a transient) and not ``clipped`` (near the top beam) hides what is above
+    it: it takes the wall depth interpolated from the blocks on either side (a bridge over the car
+    ahead). One whose highest point is ``clipped`` may go on above it, as a truck beside the ego does:
+    its pixels take that point's depth, for the caller to give to the point's owner (up to its box's
+    top). Without ``clipped`` (the beams unknown) non-background blocks get none. Returns (xyz, origin,
+    rgb, src), world frame; src: the LiDAR point whose depth each took (-1: interpolated walls)."""
+    xyz, origin, rgb, src = [], [], [], []
     for c in seen:
         cam, T, idx, pix, z = c.camera, c.T_world_camera, c.idx, c.pix, c.z
         s, W = opt.above_stride, cam.width
@@ -89,14 +91,16 @@ def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarra
         at_top = v == top[block]
         ours = background[idx][at_top]
         wall = ours & ((world[idx, 2] > T[2, 3] - 1.0) & (z <= opt.above_max_depth_m))[at_top]
-        depth = np.zeros(len(top))
-        depth[block[at_top][wall]] = z[at_top][wall]
+        depth, from_point = np.zeros(len(top)), np.full(len(top), -1)
+        depth[block[at_top][wall]], from_point[block[at_top][wall]] = z[at_top][wall], idx[at_top][wall]
         walls = np.nonzero(depth > 0)[0]
         if len(walls) == 0:
             continue
-        hidden = np.zeros(0, np.int64) if clipped is None else \
-            np.setdiff1d(block[at_top][~ours & ~clipped[idx][at_top]], walls)
-        depth[hidden] = np.interp(hidden, walls, depth[walls])
+        if clipped is not None:
+            held = ~ours & clipped[idx][at_top]
+            depth[block[at_top][held]], from_point[block[at_top][held]] = z[at_top][held], idx[at_top][held]
+            hidden = np.setdiff1d(block[at_top][~ours & ~clipped[idx][at_top]], walls)
+            depth[hidden], from_point[hidden] = np.interp(hidden, walls, depth[walls]), -1
         blocks = np.nonzero(depth > 0)[0]
         bb, vv = np.meshgrid(blocks, np.arange(s // 2, cam.height, s))
         sel = vv < top[bb]
@@ -110,9 +114,10 @@ def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarra
         xyz.append(pc @ T[:3, :3].T + T[:3, 3])
         origin.append(np.broadcast_to(T[:3, 3], (len(pc), 3)))
         rgb.append(c.image[vv, uu])
+        src.append(from_point[bb[ok]])
     if not xyz:
-        return np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 3), np.float32)
-    return np.concatenate(xyz), np.concatenate(origin), np.concatenate(rgb)
+        return np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 3), np.float32), np.zeros(0, np.int64)
+    return np.concatenate(xyz), np.concatenate(origin), np.concatenate(rgb), np.concatenate(src)
 
 
 def _colour(seen: Sequence[_Seen], n: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -140,33 +145,45 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
             world, origin, _, t = sweep_world(log, obs)
             cams = _cameras_seeing(log, f, world)
             rgb, seen = _colour(cams, len(world))
-            free = ~ignored_points(ignored, obs, len(world))
-            times, inv = np.unique(t, return_inverse=True)
-            for a in log.actors:
-                # each point with the actor's pose at the point's own time (a rolling sweep)
-                T_aw = np.linalg.inv(interpolate_poses(a.timestamps_us, a.poses, times))[inv]
-                local = np.einsum("nij,nj->ni", T_aw[:, :3, :3], world) + T_aw[:, :3, 3]
-                inside = free & np.all(np.abs(local) <= np.asarray(a.size) / 2 + opt.box_margin_m, axis=1)
+            owner = np.where(ignored_points(ignored, obs, len(world)), -2, -1)  # -1 background, -2 nobody's
+            for k, a in enumerate(log.actors):
+                inside, local, T_aw = _in_box(a, world, t, opt.box_margin_m)
+                inside &= owner == -1
                 if inside.any():
-                    p = actors[a.id]
-                    p.xyz.append(local[inside])
-                    p.origin.append(np.einsum("nij,nj->ni", T_aw[inside, :3, :3], origin[inside])
-                                    + T_aw[inside, :3, 3])
-                    p.rgb.append(rgb[inside])
-                    p.seen.append(seen[inside])
-                    free &= ~inside
-            bg.xyz.append(world[free])
-            bg.origin.append(origin[free])
-            bg.rgb.append(rgb[free])
-            bg.seen.append(seen[free])
+                    _add(actors[a.id], local[inside], np.einsum("nij,nj->ni", T_aw[inside, :3, :3], origin[inside])
+                         + T_aw[inside, :3, 3], rgb[inside], seen[inside])
+                    owner[inside] = k
+            free = owner == -1
+            _add(bg, world[free], origin[free], rgb[free], seen[free])
             if opt.above_stride:
                 tan = top_beam_tan(log, obs)
                 clipped = None if tan is None else above_top_beam(tan, world, origin) > -CLIP_M
-                up = _above_lidar(cams, world, free, opt, clipped)
-                for part, x in zip((bg.xyz, bg.origin, bg.rgb), up):
-                    part.append(x)
-                bg.seen.append(np.ones(len(up[0]), bool))
+                xyz, org, col, src = _above_lidar(cams, world, free, opt, clipped)
+                whose = np.where(src >= 0, owner[np.maximum(src, 0)], -1)
+                _add(bg, xyz[whose == -1], org[whose == -1], col[whose == -1], np.ones((whose == -1).sum(), bool))
+                for k, a in enumerate(log.actors):  # above an actor's clipped top: its own, up to its box's top
+                    mine = whose == k
+                    if mine.any():
+                        inside, local, T_aw = _in_box(a, xyz[mine], t[src[mine]], opt.box_margin_m)
+                        _add(actors[a.id], local[inside], np.einsum("nij,nj->ni", T_aw[inside, :3, :3],
+                                                                    org[mine][inside]) + T_aw[inside, :3, 3],
+                             col[mine][inside], np.ones(inside.sum(), bool))
     return bg, actors
+
+
+def _add(p: _Points, xyz, origin, rgb, seen) -> None:
+    p.xyz.append(xyz)
+    p.origin.append(origin)
+    p.rgb.append(rgb)
+    p.seen.append(seen)
+
+
+def _in_box(a, world: np.ndarray, t: np.ndarray, margin: float):
+    """(inside, box-frame points, T_box_world per point) of world points at their own times (a rolling sweep)."""
+    times, inv = np.unique(t, return_inverse=True)
+    T_aw = np.linalg.inv(interpolate_poses(a.timestamps_us, a.poses, times))[inv]
+    local = np.einsum("nij,nj->ni", T_aw[:, :3, :3], world) + T_aw[:, :3, 3]
+    return np.all(np.abs(local) <= np.asarray(a.size) / 2 + margin, axis=1), local, T_aw
 
 
 def _voxel_keys(xyz: np.ndarray, voxel: float) -> np.ndarray:

@@ -227,6 +227,45 @@ def lidar_sweeps(log, frames, cfg: TrainConfig, ignored: Ignored = {}) -> Dict[i
     return out
 
 
+@dataclass(frozen=True, eq=False)
+class Training:
+    """What a run trains on: the log (with the movers found as its actors), its training frames,
+    their views and LiDAR rays, and the run; ``robust``: the log had no tracks and movers were looked for."""
+
+    log: object
+    frames: list
+    views: List[View]
+    sweeps: Dict[int, List[SweepRays]]
+    run: _Run
+    robust: bool
+
+
+def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bool = False,
+          out: Optional[Path] = None) -> Training:
+    """Load the log, find its movers (written to OUT/movers.json and OUT/movers/ when ``out`` is given),
+    make the views and rays, and start a run (from ``state``, a checkpoint, when given)."""
+    log = load_log(log_path)
+    train_frames, _ = split_frames(log, cfg.holdout_every)
+    ignored, found = {}, cfg.movers and not log.actors and any(f.lidars for f in train_frames)
+    if found:
+        # the same frames give the same movers, so a resumed run finds the tracks its checkpoint names
+        movers = detect_movers(log, train_frames, progress=progress)
+        if out is not None:
+            write_json(out / "movers.json", movers.summary())
+            write_pictures(log, train_frames, movers, out / "movers")
+        log, ignored = dataclasses.replace(log, actors=movers.tracks), movers.ignored
+    views = make_views(log, train_frames, cfg.downscale, progress=progress, ignored=ignored)
+    sweeps = lidar_sweeps(log, train_frames, cfg, ignored)
+    if state is None:
+        bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress, ignored=ignored)
+        run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras),
+                                                [v.timestamp_us for v in views]), scene_scale(views, bg.means))
+    else:
+        run = _Run(cfg, SceneModel.from_state(state["model"], log.actors), state["scale"])
+        run.restore(state)
+    return Training(log, train_frames, views, sweeps, run, bool(found))
+
+
 def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: bool = False,
                 progress: bool = True) -> Path:
     """Train on the log's training frames and write the scene to OUT/scene (and OUT/train.json)."""
@@ -244,31 +283,15 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     if state is not None:
         cfg = TrainConfig.from_dict(state["config"])  # a resumed run keeps its own configuration
     torch.manual_seed(cfg.seed)
-    log = load_log(log_path)
-    train_frames, _ = split_frames(log, cfg.holdout_every)
     out.mkdir(parents=True, exist_ok=True)
-    ignored, found = {}, cfg.movers and not log.actors and any(f.lidars for f in train_frames)
-    if found:
-        # the same frames give the same movers, so a resumed run finds the tracks its checkpoint names
-        movers = detect_movers(log, train_frames, progress=progress)
-        write_json(out / "movers.json", movers.summary())
-        write_pictures(log, train_frames, movers, out / "movers")
-        log, ignored = dataclasses.replace(log, actors=movers.tracks), movers.ignored
-    views = make_views(log, train_frames, cfg.downscale, progress=progress, ignored=ignored)
-    sweeps = lidar_sweeps(log, train_frames, cfg, ignored)
-    if state is None:
-        bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress, ignored=ignored)
-        run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras),
-                                                [v.timestamp_us for v in views]), scene_scale(views, bg.means))
-    else:
-        run = _Run(cfg, SceneModel.from_state(state["model"], log.actors), state["scale"])
-        run.restore(state)
+    t = start(log_path, cfg, state, progress, out)
+    run = t.run
     from tqdm import tqdm
     bar = tqdm(total=cfg.iterations, initial=run.step, desc="reconstruct", unit="it", disable=not progress)
     t0, psnrs = time.perf_counter(), []
     while run.step < cfg.iterations:
-        view = views[int(run.rng.integers(len(views)))]
-        loss, p = train_step(run, view, sweeps, log, robust=found)
+        view = t.views[int(run.rng.integers(len(t.views)))]
+        loss, p = train_step(run, view, t.sweeps, t.log, robust=t.robust)
         run.step += 1
         psnrs = (psnrs + [p])[-50:]
         run.densifier.step(run.model, run.adam, run.step, run.gen)
@@ -277,10 +300,10 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", psnr=f"{np.mean(psnrs):.2f}", surfels=len(run.model))
     bar.close()
-    dataclasses.replace(run.model.to_scene(lidar=bool(sweeps)), train_downscale=cfg.downscale).save(out / "scene")
+    dataclasses.replace(run.model.to_scene(lidar=bool(t.sweeps)), train_downscale=cfg.downscale).save(out / "scene")
     write_json(out / "train.json", {"log": str(Path(log_path).resolve()), "config": cfg.to_dict(),
                                     "iterations": cfg.iterations, "surfels": len(run.model),
                                     "wall_s_this_session": round(time.perf_counter() - t0, 2),
-                                    "train_frames": [f.index for f in train_frames],
-                                    "movers_detected": bool(found)})
+                                    "train_frames": [f.index for f in t.frames],
+                                    "movers_detected": t.robust})
     return out / "scene"

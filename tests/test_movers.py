@@ -99,12 +99,12 @@ def test_a_truck_taller_than_the_lidar_sees_gets_a_truck_height():
         sweeps.append(SimpleNamespace(world=p, origin=np.tile([0.0, 0.0, 1.7], (len(p), 1)), top_tan=top_tan))
         dets.append(_Detection(k, np.arange(len(p)), p[:, :2].mean(0), 100_000.0 * k))
     ground = lambda xy: np.zeros(len(xy))
-    box = _box_track(_Track(dets), sweeps, ground, 0, MoverOptions(clipped_height=True))
+    box = _box_track(_Track(dets), sweeps, ground, 0, MoverOptions())
     assert box.category == "truck" and box.size[2] == pytest.approx(3.8)
-    assert _box_track(_Track(dets), sweeps, ground, 0, MoverOptions()).size[2] < 2.5  # the default: as seen
+    assert _box_track(_Track(dets), sweeps, ground, 0, MoverOptions(clipped_height=False)).size[2] < 2.5  # as seen
     for s in sweeps:  # the same truck under a LiDAR whose beams are unknown keeps the height it showed
         s.top_tan = None
-    assert _box_track(_Track(dets), sweeps, ground, 0, MoverOptions(clipped_height=True)).size[2] < 2.5
+    assert _box_track(_Track(dets), sweeps, ground, 0, MoverOptions()).size[2] < 2.5
 
 
 def test_ignored_points_give_no_rays_no_depth_and_a_mask(street):

@@ -86,8 +86,9 @@ def test_points_seeded_above_the_lidar_lie_on_the_facades(log_dir):
     log, street = load_log(log_dir), build_street(3, TINY)
     f = log.frames[4]
     world, _, _, _ = sweep_world(log, f.lidars["top"])
-    xyz, origin, rgb = _above_lidar(_cameras_seeing(log, f, world), world, np.ones(len(world), bool),
-                                    InitOptions(above_stride=2))
+    xyz, origin, rgb, src = _above_lidar(_cameras_seeing(log, f, world), world, np.ones(len(world), bool),
+                                         InitOptions(above_stride=2))
+    assert np.all(src >= 0)  # each took the depth of a LiDAR point (no interpolation without actors)
     assert len(xyz) > 100 and rgb.shape == xyz.shape
     ratios = []
     for name in ("front_left", "front_right"):
@@ -105,7 +106,8 @@ def test_points_seeded_above_the_lidar_lie_on_the_facades(log_dir):
 def test_points_seeded_above_an_actor_take_the_walls_beside_it(log_dir):
     """Columns whose highest LiDAR point belongs to an actor below the top beam get seeds at the depth
     of the walls on either side (what is above the actor is behind it), and those lie on the facade;
-    an actor the top beam hits (a truck beside the ego, maybe taller than seen) gets none above it."""
+    above an actor the top beam hits (a truck beside the ego, maybe taller than seen) they take its depth
+    and name its point, so that they go to that actor (collect_points), none to the background."""
     from gsim.scenes.init import _above_lidar, _cameras_seeing
     from gsim.scenes.synth import BUILDING, build_street
     from gsim.scenes.views import CLIP_M, above_top_beam, top_beam_tan
@@ -124,21 +126,27 @@ def test_points_seeded_above_an_actor_take_the_walls_beside_it(log_dir):
     def seeded_above_band(keep, background):
         w, o = world[keep], origin[keep]
         clipped = above_top_beam(top_beam_tan(log, f.lidars["top"]), w, o) > -CLIP_M
-        xyz, org, _ = _above_lidar(_cameras_seeing(log, f, w), w, background[keep], InitOptions(above_stride=2),
-                                   clipped)
-        mine = xyz[np.all(np.isclose(org, T[:3, 3]), axis=1)]
-        uv, _ = left.camera.project(mine @ Tcw[:3, :3].T + Tcw[:3, 3])
-        return mine[(uv[:, 0] >= lo + 2) & (uv[:, 0] < hi - 2)]
+        xyz, org, _, src = _above_lidar(_cameras_seeing(log, f, w), w, background[keep],
+                                        InitOptions(above_stride=2), clipped)
+        cam = np.all(np.isclose(org, T[:3, 3]), axis=1)
+        uv, _ = left.camera.project(xyz[cam] @ Tcw[:3, :3].T + Tcw[:3, 3])
+        sel = (uv[:, 0] >= lo + 2) & (uv[:, 0] < hi - 2)
+        src = src[cam][sel]
+        return xyz[cam][sel], np.where(src >= 0, np.nonzero(keep)[0][np.maximum(src, 0)], -1)
 
     # an actor up to the camera's height hides the facade's foot; the beams above it find nothing
     low = world[:, 2] < T[2, 3]
-    above = seeded_above_band(~band | low, ~band)
-    assert len(above) > 10  # none before: the columns above an actor were left empty
+    above, src = seeded_above_band(~band | low, ~band)
+    # interpolated, or a wall point's at the band's edges (none before: the columns were left empty)
+    assert len(above) > 10 and np.mean(src == -1) > 0.5 and not band[src[src >= 0]].any()
     hits = street.raycast(T[:3, 3], above - T[:3, 3], f.timestamp_us)
     ratios = hits.t[hits.material == BUILDING]
     assert len(ratios) > 5 and np.median(np.abs(ratios - 1)) < 0.05
-    # an actor whose top the top beam hits
-    assert len(seeded_above_band(np.ones(len(world), bool), ~band)) == 0
+    # an actor whose top the top beam hits: its own points' depths
+    above, src = seeded_above_band(np.ones(len(world), bool), ~band)
+    assert len(above) > 10 and np.all(band[src])
+    depth = lambda x: np.linalg.norm(x - T[:3, 3], axis=1)
+    assert np.median(np.abs(depth(above) - np.median(depth(world[src])))) < 1.0
 
 
 def test_training_improves_training_views_and_scene_has_actors(log_dir, trained):
