@@ -149,6 +149,25 @@ def test_points_seeded_above_an_actor_take_the_walls_beside_it(log_dir):
     assert np.median(np.abs(depth(above) - np.median(depth(world[src])))) < 1.0
 
 
+def test_seeds_above_a_clipped_actor_go_into_its_box(log_dir, monkeypatch):
+    """Where every LiDAR point counts as at the top beam (clipped), the image points above an actor's
+    highest point are that actor's, in its box frame and within its box; the background gets none of them."""
+    from gsim.scenes import init as init_mod
+    log = load_log(log_dir)
+    train, _ = split_frames(log)
+    opt = InitOptions(above_stride=2)
+    bg0, act0 = init_mod.collect_points(log, train, opt)
+    monkeypatch.setattr(init_mod, "above_top_beam", lambda tan, w, o: np.zeros(len(w)))
+    bg1, act1 = init_mod.collect_points(log, train, opt)
+    count = lambda p: sum(len(x) for x in p.xyz)
+    gained = {a.id: count(act1[a.id]) - count(act0[a.id]) for a in log.actors}
+    assert sum(gained.values()) > 20 and min(gained.values()) >= 0
+    for a in log.actors:
+        xyz = np.concatenate(act1[a.id].xyz) if act1[a.id].xyz else np.zeros((0, 3))
+        assert np.all(np.abs(xyz) <= np.asarray(a.size) / 2 + opt.box_margin_m + 1e-6)
+    assert count(bg1) <= count(bg0)  # blocks over actors no longer interpolate walls: fewer, none moved in
+
+
 def test_training_improves_training_views_and_scene_has_actors(log_dir, trained):
     log = load_log(log_dir)
     train, _ = split_frames(log)
