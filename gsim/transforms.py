@@ -117,6 +117,11 @@ def look_at(eye, target, up=(0.0, 0.0, 1.0)) -> np.ndarray:
     return T
 
 
+def transform_each(T: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Each point of ``points`` (N,3) moved by its own 4x4 transform ``T`` (N,4,4) (a rolling sweep's poses)."""
+    return np.einsum("nij,nj->ni", T[:, :3, :3], points) + T[:, :3, 3]
+
+
 def bracket(times_us: np.ndarray, t_us) -> Tuple[np.ndarray, np.ndarray]:
     """(i, a) per time of ``t_us`` (M,): it lies a of the way from times_us[i - 1] to times_us[i],
     clamped to the ends (a single time gives i = 0, a = 1: times_us[-1] is that time too)."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from gsim.cameras import Camera
 from gsim.surfels import Surfels, rgb_to_sh
-from gsim.transforms import interpolate_poses, rotmat_to_quat
+from gsim.transforms import interpolate_poses, rotmat_to_quat, transform_each
 
 from .log import DrivingLog, Frame
 from .views import CLIP_M, Ignored, above_top_beam, ignored_points, sweep_world, top_beam_tan, visible_points
@@ -89,17 +89,18 @@ def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarra
         top = np.full(W // s + 1, cam.height, np.int64)
         np.minimum.at(top, block, v)
         at_top = v == top[block]
-        ours = background[idx][at_top]
-        wall = ours & ((world[idx, 2] > T[2, 3] - 1.0) & (z <= opt.above_max_depth_m))[at_top]
+        b_top, i_top, z_top = block[at_top], idx[at_top], z[at_top]  # each block's highest points
+        ours = background[i_top]
+        wall = ours & (world[i_top, 2] > T[2, 3] - 1.0) & (z_top <= opt.above_max_depth_m)
         depth, from_point = np.zeros(len(top)), np.full(len(top), -1)
-        depth[block[at_top][wall]], from_point[block[at_top][wall]] = z[at_top][wall], idx[at_top][wall]
+        depth[b_top[wall]], from_point[b_top[wall]] = z_top[wall], i_top[wall]
         walls = np.nonzero(depth > 0)[0]
         if len(walls) == 0:
             continue
         if clipped is not None:
-            held = ~ours & clipped[idx][at_top]
-            depth[block[at_top][held]], from_point[block[at_top][held]] = z[at_top][held], idx[at_top][held]
-            hidden = np.setdiff1d(block[at_top][~ours & ~clipped[idx][at_top]], walls)
+            held = ~ours & clipped[i_top]
+            depth[b_top[held]], from_point[b_top[held]] = z_top[held], i_top[held]
+            hidden = np.setdiff1d(b_top[~ours & ~clipped[i_top]], walls)
             depth[hidden], from_point[hidden] = np.interp(hidden, walls, depth[walls]), -1
         blocks = np.nonzero(depth > 0)[0]
         bb, vv = np.meshgrid(blocks, np.arange(s // 2, cam.height, s))
@@ -150,8 +151,8 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
                 inside, local, T_aw = _in_box(a, world, t, opt.box_margin_m)
                 inside &= owner == -1
                 if inside.any():
-                    _add(actors[a.id], local[inside], np.einsum("nij,nj->ni", T_aw[inside, :3, :3], origin[inside])
-                         + T_aw[inside, :3, 3], rgb[inside], seen[inside])
+                    _add(actors[a.id], local[inside], transform_each(T_aw[inside], origin[inside]), rgb[inside],
+                         seen[inside])
                     owner[inside] = k
             free = owner == -1
             _add(bg, world[free], origin[free], rgb[free], seen[free])
@@ -165,8 +166,7 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
                     mine = whose == k
                     if mine.any():
                         inside, local, T_aw = _in_box(a, xyz[mine], t[src[mine]], opt.box_margin_m)
-                        _add(actors[a.id], local[inside], np.einsum("nij,nj->ni", T_aw[inside, :3, :3],
-                                                                    org[mine][inside]) + T_aw[inside, :3, 3],
+                        _add(actors[a.id], local[inside], transform_each(T_aw[inside], org[mine][inside]),
                              col[mine][inside], np.ones(inside.sum(), bool))
     return bg, actors
 
@@ -182,8 +182,9 @@ def _in_box(a, world: np.ndarray, t: np.ndarray, margin: float):
     """(inside, box-frame points, T_box_world per point) of world points at their own times (a rolling sweep)."""
     times, inv = np.unique(t, return_inverse=True)
     T_aw = np.linalg.inv(interpolate_poses(a.timestamps_us, a.poses, times))[inv]
-    local = np.einsum("nij,nj->ni", T_aw[:, :3, :3], world) + T_aw[:, :3, 3]
+    local = transform_each(T_aw, world)
     return np.all(np.abs(local) <= np.asarray(a.size) / 2 + margin, axis=1), local, T_aw
+
 
 
 def _voxel_keys(xyz: np.ndarray, voxel: float) -> np.ndarray:
@@ -271,10 +272,9 @@ def _within(p: _Points, voxel: float, budget: int, opt: InitOptions, unseen: flo
     """Surfels of ``p`` on the finest voxel from ``voxel`` up (x1.25 a step) that gives at most ``budget``;
     points no camera saw on ``unseen`` times that voxel (only the LiDAR renders them: on KITTI half the
     background is behind and beside the ego, and every surfel costs a training step time)."""
-    parts = [p] if unseen == 1.0 else [_subset(p, True), _subset(p, False)]
+    parts = [(p, 1.0)] if unseen == 1.0 else [(_subset(p, True), 1.0), (_subset(p, False), unseen)]
     while True:
-        s = Surfels.concatenate([surfels_from_points(q, voxel * (1.0 if k == 0 else unseen), opt)
-                                 for k, q in enumerate(parts)])
+        s = Surfels.concatenate([surfels_from_points(q, voxel * f, opt) for q, f in parts])
         if len(s) <= budget:
             return s
         voxel *= 1.25

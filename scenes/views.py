@@ -15,7 +15,7 @@ import numpy as np
 
 from gsim.appearance import camera_ray_directions
 from gsim.cameras import Camera, downscale_image
-from gsim.transforms import interpolate_poses
+from gsim.transforms import interpolate_poses, transform_each
 
 from .log import DrivingLog, Frame, LidarObs
 
@@ -76,7 +76,7 @@ def sweep_world(log: DrivingLog, obs: LidarObs) -> Tuple[np.ndarray, np.ndarray,
     offsets = pts[:, 4].astype(np.int64) if pts.shape[1] == 5 else np.zeros(len(pts), np.int64)
     times, inv = np.unique(obs.timestamp_us + offsets, return_inverse=True)
     T = (interpolate_poses(log.ego_timestamps_us, log.ego_poses, times) @ T_vl)[inv]
-    world = np.einsum("nij,nj->ni", T[:, :3, :3], pts[:, :3].astype(np.float64)) + T[:, :3, 3]
+    world = transform_each(T, pts[:, :3].astype(np.float64))
     return world, T[:, :3, 3], pts[:, 3], times[inv]
 
 
