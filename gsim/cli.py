@@ -207,6 +207,63 @@ def cmd_trajectory(a) -> int:
     return 0
 
 
+def _library(a):
+    from .editing import AssetLibrary
+    return AssetLibrary.builtin() if a.library == "builtin" else AssetLibrary(a.library)
+
+
+def cmd_library_list(a) -> int:
+    lib = _library(a)
+    ids = lib.ids()
+    print(f"{'built-in library' if lib.is_builtin else lib.path}: {len(ids)} assets")
+    for i in ids:
+        m = lib.manifest(i)
+        print(f"  {i:16s} {m.category:10s} {' x '.join(f'{x:.2f}' for x in m.size)} m  {m.surfels} surfels  "
+              f"{m.source.kind}{'  lidar' if m.lidar else ''}")
+    return 0
+
+
+def cmd_library_show(a) -> int:
+    print(_library(a).manifest(a.asset).model_dump_json(indent=2))
+    return 0
+
+
+def cmd_library_render(a) -> int:
+    from .editing.render import turntable, view
+    from .io import to_uint8, write_png, write_video
+    asset = _library(a).get(a.asset)
+    out = Path(a.out)
+    if a.frames == 1:
+        write_png(out, to_uint8(view(asset, 35.0, a.width, a.height)))
+    else:
+        write_video(out, [to_uint8(f) for f in turntable(asset, a.frames, a.width, a.height)], a.fps)
+    print(f"wrote {out}")
+    return 0
+
+
+def _add(a, asset) -> int:
+    from .editing import AssetLibrary
+    folder = AssetLibrary(a.library).add(asset, overwrite=a.overwrite)
+    print(f"added {asset.id} ({asset.category}, {' x '.join(f'{x:.2f}' for x in asset.size)} m, "
+          f"{len(asset.surfels)} surfels) -> {folder}")
+    return 0
+
+
+def cmd_library_add_actor(a) -> int:
+    from .editing import asset_from_actor
+    return _add(a, asset_from_actor(a.scene, a.actor, a.id, a.license))
+
+
+def cmd_library_add_mesh(a) -> int:
+    from .editing import asset_from_mesh
+    return _add(a, asset_from_mesh(a.mesh, a.id, a.category, a.spacing_m, a.up, a.scale, a.license))
+
+
+def cmd_library_add_ply(a) -> int:
+    from .editing import asset_from_ply
+    return _add(a, asset_from_ply(a.ply, a.id, a.category, a.up, a.license))
+
+
 def _int_at_least(low: int):
     """An argparse type: an integer >= ``low`` (argparse's error names the option)."""
     def parse(text: str) -> int:
@@ -345,6 +402,46 @@ def build_parser() -> argparse.ArgumentParser:
     tj.add_argument("--downscale", type=_int_at_least(1), default=1,
                     help="divide the camera's resolution (and intrinsics) by this factor")
     tj.set_defaults(fn=cmd_trajectory)
+    lb = sub.add_parser("library", help="the Gaussian asset library: list, show, render, add assets")
+    lsub = lb.add_subparsers(dest="library_command", required=True, metavar="ACTION")
+    categories = ["car", "truck", "bus", "pedestrian", "cyclist", "motorcycle", "cone", "barrier", "sign", "other"]
+    ll = lsub.add_parser("list", help="the assets of a library")
+    ll.add_argument("library", nargs="?", default="builtin", help="a library directory, or 'builtin' (default)")
+    ll.set_defaults(fn=cmd_library_list)
+    ls = lsub.add_parser("show", help="an asset's manifest")
+    ls.add_argument("asset")
+    ls.add_argument("library", nargs="?", default="builtin")
+    ls.set_defaults(fn=cmd_library_show)
+    lr = lsub.add_parser("render", help="a picture (.png, --frames 1) or a turntable video (.mp4) of an asset")
+    lr.add_argument("asset")
+    lr.add_argument("out")
+    lr.add_argument("--library", default="builtin")
+    lr.add_argument("--frames", type=_int_at_least(1), default=36)
+    lr.add_argument("--fps", type=float, default=12.0)
+    lr.add_argument("--width", type=_int_at_least(16), default=320)
+    lr.add_argument("--height", type=_int_at_least(16), default=240)
+    lr.set_defaults(fn=cmd_library_render)
+    for name, fn, what in (("add-actor", cmd_library_add_actor, "a reconstructed scene's actor"),
+                           ("add-mesh", cmd_library_add_mesh, "a mesh file (OBJ/GLB/PLY/STL) through trimesh"),
+                           ("add-ply", cmd_library_add_ply, "a 3DGS/2DGS .ply object")):
+        la = lsub.add_parser(name, help=f"add {what} to a library directory")
+        if name == "add-actor":
+            la.add_argument("scene")
+            la.add_argument("actor")
+        else:
+            la.add_argument(name.split("-")[1])
+        la.add_argument("library", help="the library directory (created if missing)")
+        la.add_argument("--id", default=None, required=name != "add-actor",
+                        help="the asset's id" + (" (default: the actor's)" if name == "add-actor" else ""))
+        if name != "add-actor":
+            la.add_argument("--category", required=True, choices=categories)
+            la.add_argument("--up", default="z", choices=["z", "y", "-y"], help="the file's up axis (glTF: y)")
+        if name == "add-mesh":
+            la.add_argument("--spacing-m", type=float, default=0.03, help="surfel spacing on the surface")
+            la.add_argument("--scale", type=float, default=1.0, help="multiply coordinates by this to get metres")
+        la.add_argument("--license", default="unknown")
+        la.add_argument("--overwrite", action="store_true")
+        la.set_defaults(fn=fn)
     return p
 
 
@@ -362,9 +459,10 @@ def main(argv=None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = one_line
             return args.fn(args)
-    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError, NotImplementedError) as e:
-        # bad input and unavailable backends: one clear line, no traceback
-        print(f"gsim {args.command}: error: {e}", file=sys.stderr)
+    except (ValueError, KeyError, FileExistsError, FileNotFoundError, PermissionError, RuntimeError,
+            NotImplementedError) as e:
+        # bad input and unavailable backends: one clear line, no traceback (a KeyError's text is its argument)
+        print(f"gsim {args.command}: error: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
         return 2
 
 

@@ -111,13 +111,13 @@ class Scene:
         save_scene(self, path)
 
 
-def _save_surfels(s: Surfels, folder: Path) -> None:
+def save_surfels(s: Surfels, folder: Path) -> None:
     folder.mkdir(parents=True)
     for k, v in s.numpy()._fields().items():
         np.save(folder / f"{k}.npy", np.ascontiguousarray(v))
 
 
-def _load_array(path: Path) -> np.ndarray:
+def load_array(path: Path) -> np.ndarray:
     if not path.is_file():
         raise SceneFormatError(f"{path}: file missing")
     try:
@@ -126,9 +126,9 @@ def _load_array(path: Path) -> np.ndarray:
         raise SceneFormatError(f"{path}: not a readable .npy array ({e})") from None
 
 
-def _load_surfels(folder: Path) -> Surfels:
+def load_surfels(folder: Path) -> Surfels:
     names = SURFEL_FIELDS + (("features",) if (folder / "features.npy").exists() else ())
-    arrays = {k: _load_array(folder / f"{k}.npy") for k in names}
+    arrays = {k: load_array(folder / f"{k}.npy") for k in names}
     try:
         return Surfels(**arrays)
     except (ValueError, TypeError) as e:
@@ -148,11 +148,11 @@ def _inside(root: Path, rel, field: str) -> Path:
 def save_scene(scene: Scene, path) -> None:
     """Write ``scene`` as a directory at ``path`` atomically (replacing an existing scene)."""
     with atomic_directory(path, "scene.json") as tmp:
-        _save_surfels(scene.background, tmp / "background")
+        save_surfels(scene.background, tmp / "background")
         actors = []
         for a in scene.actors:
             d = tmp / "actors" / a.id
-            _save_surfels(a.surfels, d)
+            save_surfels(a.surfels, d)
             np.save(d / "track_timestamps_us.npy", a.track_timestamps_us)
             np.save(d / "track_poses.npy", a.track_poses)
             actors.append({"id": a.id, "category": a.category, "size": [float(x) for x in a.size],
@@ -194,15 +194,15 @@ def load_scene(path) -> Scene:
     if m["schema_version"] == 1 and (m.get("sky") is not None or m.get("appearance")):
         raise SceneFormatError(f"{mpath}: fields 'sky'/'appearance' are not supported in schema_version 1")
     try:
-        bg = _load_surfels(_inside(path, m["background"]["surfels"], "background.surfels"))
+        bg = load_surfels(_inside(path, m["background"]["surfels"], "background.surfels"))
         actors = []
         for i, a in enumerate(m.get("actors", [])):
             d = _inside(path, a["surfels"], f"actors[{i}].surfels")
             try:
                 actors.append(Actor(id=str(a["id"]), category=str(a["category"]), size=tuple(a["size"]),
-                                    surfels=_load_surfels(d),
-                                    track_timestamps_us=_load_array(d / "track_timestamps_us.npy"),
-                                    track_poses=_load_array(d / "track_poses.npy")))
+                                    surfels=load_surfels(d),
+                                    track_timestamps_us=load_array(d / "track_timestamps_us.npy"),
+                                    track_poses=load_array(d / "track_poses.npy")))
             except ValueError as e:
                 raise SceneFormatError(f"{mpath}: actors[{i}]: {e}") from None
         sky = None
@@ -210,7 +210,7 @@ def load_scene(path) -> Scene:
             if m["sky"].get("type") != "latlong":
                 raise SceneFormatError(f"{mpath}: field 'sky.type' must be 'latlong'")
             spath = _inside(path, m["sky"]["file"], "sky.file")
-            env = _load_array(spath)
+            env = load_array(spath)
             try:
                 sky = Sky(env)
             except ValueError as e:

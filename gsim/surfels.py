@@ -18,6 +18,24 @@ _FIELDS = ("means", "quats", "scales", "opacities", "colors", "features")
 QUAT_NORM_TOL = 1e-3
 
 
+def sh_rotation(R: np.ndarray, k: int) -> np.ndarray:
+    """(K,K) matrix taking the SH coefficients (K per channel, the renderers' basis) of a colour
+    c(d) to those of c(R^T d): the colour of a surfel rotated by R. Fitted exactly by least squares
+    on random directions (each band maps to itself)."""
+    import torch
+
+    from .render.torch_backend import eval_sh
+    d = np.random.default_rng(0).normal(size=(4 * k, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+
+    def basis(dirs):
+        eye = torch.eye(k, dtype=torch.float64)[None, :, :, None].expand(len(dirs), k, k, 1)
+        cols = [eval_sh(eye[:, :, j], torch.from_numpy(dirs)) for j in range(k)]  # each (n,1)
+        return torch.cat(cols, 1).numpy()
+
+    return np.linalg.lstsq(basis(d), basis(d @ R), rcond=None)[0]
+
+
 def is_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
@@ -184,9 +202,8 @@ class Surfels:
         R, t = T_dst_src[:3, :3], T_dst_src[:3, 3]
         means = (self.means.astype(np.float64) @ R.T + t).astype(self.means.dtype)
         quats = quat_multiply(rotmat_to_quat(R)[None], self.quats).astype(self.quats.dtype)
-        # SH colours are view-dependent in the surfel's own frame, but a rotation of SH
-        # bands beyond degree 0 is not implemented yet: refuse rather than render wrongly.
-        if self.colors.shape[1] > 1 and not np.allclose(R, np.eye(3)):
-            raise NotImplementedError("rotating surfels with SH degree > 0 is not supported yet")
+        colors = self.colors
+        if colors.shape[1] > 1 and not np.allclose(R, np.eye(3)):
+            colors = np.einsum("kj,njc->nkc", sh_rotation(R, colors.shape[1]), colors).astype(colors.dtype)
         return Surfels.derived(means=means, quats=quats, scales=self.scales, opacities=self.opacities,
-                       colors=self.colors, features=self.features)
+                       colors=colors, features=self.features)

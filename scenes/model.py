@@ -21,7 +21,7 @@ import torch
 from gsim.appearance import IDENTITY_AFFINE, Sky
 from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.scene import Actor, Scene
-from gsim.surfels import Surfels
+from gsim.surfels import Surfels, sh_rotation
 from gsim.transforms import bracket, rotmat_to_quat
 
 from .log import ActorTrack
@@ -125,7 +125,12 @@ class SceneModel:
         pick = lambda x, i: x.index_select(0, i)
         means = s.means.index_copy(0, act, torch.einsum("nij,nj->ni", pick(R, k), pick(s.means, act)) + pick(t, k))
         quats = s.quats.index_copy(0, act, _quat_mul(pick(q, k), pick(s.quats, act)))
-        return Surfels.derived(means, quats, s.scales, s.opacities, s.colors, s.features)
+        colors = s.colors
+        if colors.shape[1] > 1:  # view-dependent colour turns with its actor (as Surfels.transformed)
+            M = torch.as_tensor(np.stack([sh_rotation(r, colors.shape[1]) for r in R.detach().double().numpy()]),
+                                dtype=colors.dtype)
+            colors = colors.index_copy(0, act, torch.einsum("nkj,njc->nkc", pick(M, k), pick(colors, act)))
+        return Surfels.derived(means, quats, s.scales, s.opacities, colors, s.features)
 
     def _poses_at(self, timestamp_us: int, dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tracks' refined poses at a time (differentiable in the offsets): (K,3,3) rotations,

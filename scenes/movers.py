@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numba
 import numpy as np
 
+from gsim.boxes import footprint
 from gsim.transforms import interpolate_poses
 
 from .log import ActorTrack, DrivingLog, Frame, LidarObs
@@ -539,50 +540,6 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
     return Movers(tuple(movers), ignored, n_det, len(sweeps))
 
 
-def _rectangle(pose: np.ndarray, size) -> np.ndarray:
-    """(4,2) world xy corners of a box's footprint, counter-clockwise."""
-    l, w = size[0] / 2, size[1] / 2
-    c = np.array([[l, w], [-l, w], [-l, -w], [l, -w]])
-    return c @ pose[:2, :2].T + pose[:2, 3]
-
-
-def _clip(poly: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The part of a convex polygon left of the directed line a -> b (Sutherland-Hodgman, one edge)."""
-    side = lambda p: (b[0] - a[0]) * (p[1] - a[1]) - (b[1] - a[1]) * (p[0] - a[0])
-    out = []
-    for i in range(len(poly)):
-        p, q = poly[i], poly[(i + 1) % len(poly)]
-        sp, sq = side(p), side(q)
-        if sp >= 0:
-            out.append(p)
-        if sp * sq < 0:
-            out.append(p + (q - p) * sp / (sp - sq))
-    return np.array(out).reshape(-1, 2)
-
-
-def _area(poly: np.ndarray) -> float:
-    if len(poly) < 3:
-        return 0.0
-    x, y = poly[:, 0], poly[:, 1]
-    return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
-
-
-def box_iou(pose_a: np.ndarray, size_a, pose_b: np.ndarray, size_b) -> float:
-    """3D IoU of two boxes that stand upright (yaw only): footprint overlap (convex clipping) times
-    height overlap, over the union. Poses T_world_box (box centre), sizes (l, w, h) metres."""
-    ra, rb = _rectangle(pose_a, size_a), _rectangle(pose_b, size_b)
-    inter = ra
-    for i in range(4):
-        inter = _clip(inter, rb[i], rb[(i + 1) % 4])
-        if len(inter) == 0:
-            return 0.0
-    za, zb = pose_a[2, 3], pose_b[2, 3]
-    dz = min(za + size_a[2] / 2, zb + size_b[2] / 2) - max(za - size_a[2] / 2, zb - size_b[2] / 2)
-    v = _area(inter) * max(dz, 0.0)
-    union = np.prod(size_a) + np.prod(size_b) - v
-    return float(v / union) if union > 0 else 0.0
-
-
 def birds_eye_boxes(log: DrivingLog, obs: LidarObs, boxes, ignored: Ignored = {}, extent_m: float = 40.0,
                     pixels: int = 400) -> np.ndarray:
     """(pixels, pixels, 3) uint8 top view of a sweep around its sensor (x up the image, as
@@ -601,7 +558,7 @@ def birds_eye_boxes(log: DrivingLog, obs: LidarObs, boxes, ignored: Ignored = {}
     draw = ImageDraw.Draw(pil)
     s = pixels / (2 * extent_m)
     for pose, size, rgb, label in boxes:
-        xy = _rectangle(T_lw @ pose, size)  # the footprint in the sensor frame
+        xy = footprint(T_lw @ pose, size)  # the footprint in the sensor frame
         pts = [(pixels / 2 - y * s, pixels / 2 - x * s) for x, y in xy]
         draw.polygon(pts, outline=tuple(rgb))
         if label:

@@ -14,7 +14,8 @@ from gsim.scenes import losses
 from gsim.scenes.init import InitOptions
 from gsim.scenes.lidar_rays import sweep_rays
 from gsim.scenes.log import load_log
-from gsim.scenes.movers import MoverOptions, _box_track, _clusters, _Detection, _Track, box_iou, detect_movers
+from gsim.boxes import box_iou
+from gsim.scenes.movers import MoverOptions, _box_track, _clusters, _Detection, _Track, detect_movers
 from gsim.scenes.synth import SynthOptions, synthesize
 from gsim.scenes.train import preset, reconstruct
 from gsim.scenes.views import make_views, split_frames, sweep_world, transient_mask
