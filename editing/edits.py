@@ -157,7 +157,9 @@ def contact_shadow(size: Tuple[float, float, float], spacing_m: float = 0.08, st
                    colors=rgb_to_sh(np.full((m, 1, 3), 0.02)).astype(np.float32))
 
 
-def _actor_surfels(scene: Scene, asset, harmonized: bool, shadow: bool) -> Surfels:
+def _actor_surfels(scene: Scene, asset, harmonized: bool, shadow: bool) -> Tuple[Surfels, int]:
+    """The asset's surfels for ``scene`` (harmonized colours, LiDAR features) and the contact shadow's
+    surfels after them; returns (surfels, shadow count)."""
     s = asset.surfels.numpy()
     dc = sh_to_rgb(s.colors[:, 0, :].astype(np.float64))
     if harmonized:
@@ -172,7 +174,7 @@ def _actor_surfels(scene: Scene, asset, harmonized: bool, shadow: bool) -> Surfe
         refl = np.r_[refl, np.full(len(sh), DEFAULT_REFLECTANCE, np.float32)]
     out = Surfels.concatenate(parts)
     feats = lidar_features(scene, refl)
-    return out if feats is None else replace(out, features=feats)
+    return (out if feats is None else replace(out, features=feats)), len(out) - len(s)
 
 
 def _unique_id(scene: Scene, base: str) -> str:
@@ -241,9 +243,9 @@ def insert_actor(scene: Scene, asset, timestamps_us, poses, actor_id: Optional[s
     # the surfels live in the box-centre frame like every actor's
     lift = np.eye(4)
     lift[2, 3] = -asset.size[2] / 2
-    surfels = _actor_surfels(scene, asset, harmonized, shadow).transformed(lift)
-    actor = Actor(id=aid, category=asset.category, size=tuple(asset.size), surfels=surfels,
-                  track_timestamps_us=ts.astype(np.int64), track_poses=np.stack(placed))
+    surfels, n_shadow = _actor_surfels(scene, asset, harmonized, shadow)
+    actor = Actor(id=aid, category=asset.category, size=tuple(asset.size), surfels=surfels.transformed(lift),
+                  track_timestamps_us=ts.astype(np.int64), track_poses=np.stack(placed), shadow_surfels=n_shadow)
     if not allow_overlap:
         check_overlaps(scene.actors, [actor])
     return replace(scene, actors=tuple(scene.actors) + (actor,))

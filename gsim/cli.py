@@ -264,6 +264,28 @@ def cmd_library_add_ply(a) -> int:
     return _add(a, asset_from_ply(a.ply, a.id, a.category, a.up, a.license))
 
 
+def cmd_scenario(a) -> int:
+    from .editing.scenario import load_scenario
+    from .editing.world import apply
+    sc = load_scenario(a.file)
+    if a.action == "validate":
+        print(f"{a.file}: valid scenario '{sc.name}': {len(sc.edits)} edits on {sc.scene}")
+        if not a.check:
+            return 0
+    world = apply(sc)
+    if a.action == "validate":
+        print(f"  applied: {len(world.scene.actors)} actors, {len(world.frames)} frames to render, no overlaps")
+    elif a.action == "apply":
+        out = Path(a.out) if a.out else Path(sc.output) / "scene"
+        world.scene.save(out)
+        print(f"wrote the edited scene {out} ({len(world.scene.actors)} actors)")
+    else:
+        from .editing.outputs import render_world
+        out = render_world(world, sc, backend=a.backend)
+        print(f"wrote {out}: log/, scene/, labels/, masks/, kitti/, video/ ({len(world.frames)} frames)")
+    return 0
+
+
 def _int_at_least(low: int):
     """An argparse type: an integer >= ``low`` (argparse's error names the option)."""
     def parse(text: str) -> int:
@@ -402,6 +424,14 @@ def build_parser() -> argparse.ArgumentParser:
     tj.add_argument("--downscale", type=_int_at_least(1), default=1,
                     help="divide the camera's resolution (and intrinsics) by this factor")
     tj.set_defaults(fn=cmd_trajectory)
+    scn = sub.add_parser("scenario", help="scenario files: validate, apply (the edited scene), render (images, "
+                                          "LiDAR, a new log, labels)")
+    scn.add_argument("action", choices=["validate", "apply", "render"])
+    scn.add_argument("file", help="the scenario YAML")
+    scn.add_argument("--check", action="store_true", help="validate: also load the scene and apply the edits")
+    scn.add_argument("--out", default=None, help="apply: the scene directory to write (default OUTPUT/scene)")
+    scn.add_argument("--backend", default="auto", choices=backends)
+    scn.set_defaults(fn=cmd_scenario)
     lb = sub.add_parser("library", help="the Gaussian asset library: list, show, render, add assets")
     lsub = lb.add_subparsers(dest="library_command", required=True, metavar="ACTION")
     categories = ["car", "truck", "bus", "pedestrian", "cyclist", "motorcycle", "cone", "barrier", "sign", "other"]

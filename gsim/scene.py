@@ -48,8 +48,12 @@ class Actor:
     surfels: Surfels
     track_timestamps_us: np.ndarray  # (T,) int64, strictly increasing
     track_poses: np.ndarray  # (T,4,4) float64 T_world_actor
+    shadow_surfels: int = 0  # the last this many surfels are a contact shadow on the ground, not the body
 
     def __post_init__(self):
+        if not (isinstance(self.shadow_surfels, (int, np.integer)) and 0 <= self.shadow_surfels < len(self.surfels)):
+            raise ValueError(f"actor {self.id}: shadow_surfels must be an integer in [0, {len(self.surfels)}), "
+                             f"got {self.shadow_surfels!r}")
         if not isinstance(self.id, str) or not ACTOR_ID.fullmatch(self.id):
             raise ValueError(f"actor id {self.id!r}: expected letters, digits, '_', '.', '-' "
                              f"(not starting with '.' or '-')")
@@ -68,6 +72,14 @@ class Actor:
 
     def pose_at(self, timestamp_us: int) -> np.ndarray:
         return interpolate_pose(self.track_timestamps_us, self.track_poses, timestamp_us)
+
+    @property
+    def body(self) -> Surfels:
+        """The actor's own surfels (without its contact shadow): what a LiDAR hits and an instance mask covers."""
+        if not self.shadow_surfels:
+            return self.surfels
+        s, n = self.surfels.numpy(), len(self.surfels) - self.shadow_surfels
+        return Surfels.derived(**{k: v[:n] for k, v in s._fields().items()})
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,7 +168,7 @@ def save_scene(scene: Scene, path) -> None:
             np.save(d / "track_timestamps_us.npy", a.track_timestamps_us)
             np.save(d / "track_poses.npy", a.track_poses)
             actors.append({"id": a.id, "category": a.category, "size": [float(x) for x in a.size],
-                           "surfels": f"actors/{a.id}"})
+                           "surfels": f"actors/{a.id}", "shadow_surfels": int(a.shadow_surfels)})
         sky = None
         if scene.sky is not None:
             env = scene.sky.envmap
@@ -202,7 +214,8 @@ def load_scene(path) -> Scene:
                 actors.append(Actor(id=str(a["id"]), category=str(a["category"]), size=tuple(a["size"]),
                                     surfels=load_surfels(d),
                                     track_timestamps_us=load_array(d / "track_timestamps_us.npy"),
-                                    track_poses=load_array(d / "track_poses.npy")))
+                                    track_poses=load_array(d / "track_poses.npy"),
+                                    shadow_surfels=a.get("shadow_surfels", 0)))
             except ValueError as e:
                 raise SceneFormatError(f"{mpath}: actors[{i}]: {e}") from None
         sky = None

@@ -133,7 +133,7 @@ def _cached_groups(scene_or_surfels) -> SurfelGroups:
         parts, tracks = [scene_or_surfels.numpy()], []
     else:
         s = scene_or_surfels
-        parts = [s.background.numpy()] + [a.surfels.numpy() for a in s.actors]
+        parts = [s.background.numpy()] + [a.body.numpy() for a in s.actors]  # shadows are not geometry
         tracks = [(a.track_timestamps_us, a.track_poses) for a in s.actors]
     if len({None if p.features is None else p.features.shape[1] for p in parts}) > 1:
         raise ValueError("render_lidar: the background and actors must all have features of one width, or none")

@@ -300,3 +300,19 @@ def test_library_cli(tmp_path, capsys):
     assert "bad.obj" in err and not (lib / "bad").exists()
     assert main(["library", "show", "nothing"]) == 2
     assert "unknown asset 'nothing'" in capsys.readouterr().err
+
+
+def test_contact_shadow_is_rendered_by_cameras_only_and_saved(tmp_path, sedan):
+    base = gsim.Scene(background=plane())
+    scene = insert_actor(base, sedan, [0, 2 * T0], [pose(8.0, 2.0)] * 2)
+    a = scene.actors[0]
+    assert 0 < a.shadow_surfels < len(a.surfels) and len(a.body) == len(a.surfels) - a.shadow_surfels
+    scene.save(tmp_path / "s")
+    assert gsim.load_scene(tmp_path / "s").actors[0].shadow_surfels == a.shadow_surfels
+    # the LiDAR sees the same with and without the shadow
+    no_shadow = insert_actor(base, sedan, [0, 2 * T0], [pose(8.0, 2.0)] * 2, shadow=False)
+    spec = LidarSpec.preset("velodyne-vlp16")
+    L = pose(0.0, 0.0, z=1.8)
+    f1 = render_lidar(scene, spec, L, timestamp_us=T0, rolling=False)
+    f2 = render_lidar(no_shadow, spec, L, timestamp_us=T0, rolling=False)
+    assert np.array_equal(f1.range_image, f2.range_image)
