@@ -251,6 +251,37 @@ def insert_actor(scene: Scene, asset, timestamps_us, poses, actor_id: Optional[s
     return replace(scene, actors=tuple(scene.actors) + (actor,))
 
 
+def move_actor(scene: Scene, actor_id: str, shift_m=(0.0, 0.0, 0.0), speed_scale: float = 1.0,
+               track: Optional[Tuple[np.ndarray, np.ndarray]] = None, allow_overlap: bool = False) -> Scene:
+    """``scene`` with actor ``actor_id`` re-routed: a new ``track`` (timestamps_us (T,), poses (T,4,4) whose
+    x-y position and heading are kept, put on the ground like `insert_actor`'s), then every pose shifted by
+    ``shift_m`` in the actor's own frame (x forward, y left, z up), then its times from the first one
+    divided by ``speed_scale`` (> 1: faster). Refused when the moved box overlaps another actor."""
+    ids = [a.id for a in scene.actors]
+    if actor_id not in ids:
+        raise EditError(f"move_actor: no actor {actor_id!r} in the scene; it has {ids}")
+    if not speed_scale > 0:
+        raise EditError(f"move_actor: speed_scale must be > 0, got {speed_scale}")
+    a = scene.actors[ids.index(actor_id)]
+    ts, poses = a.track_timestamps_us, a.track_poses.copy()
+    if track is not None:
+        ts, new = np.asarray(track[0], np.int64), np.asarray(track[1], np.float64)
+        ground = Ground(scene.background)
+        l, w, h = a.size
+        poses = np.stack([_box_centre(_on_plane(P, ground.plane(footprint(P, (l + 1, w + 1, h)),
+                                                                f"move_actor {a.id!r} at t={int(t)} us")), h)
+                          for t, P in zip(ts, new)])
+    poses[:, :3, 3] += np.einsum("nij,j->ni", poses[:, :3, :3], np.asarray(shift_m, float))
+    if speed_scale != 1.0:
+        ts = ts[0] + np.round((ts - ts[0]) / speed_scale).astype(np.int64)
+        keep = np.r_[True, np.diff(ts) > 0]
+        ts, poses = ts[keep], poses[keep]
+    moved = replace(a, track_timestamps_us=ts, track_poses=poses)
+    if not allow_overlap:
+        check_overlaps([x for x in scene.actors if x.id != a.id], [moved])
+    return replace(scene, actors=tuple(x if x.id != a.id else moved for x in scene.actors))
+
+
 def _inside_box(points: np.ndarray, T_world_box: np.ndarray, size, margin: float = 0.0) -> np.ndarray:
     local = (points - T_world_box[:3, 3]) @ T_world_box[:3, :3]
     return np.all(np.abs(local) <= np.asarray(size) / 2 + margin, axis=1)

@@ -112,8 +112,7 @@ def save_asset(asset: Asset, folder, thumbnail: Optional[np.ndarray] = None) -> 
         (tmp / MANIFEST).write_text(m.model_dump_json(indent=2))
 
 
-def load_asset(folder) -> Asset:
-    folder = Path(folder)
+def _read_manifest(folder: Path) -> Manifest:
     path = folder / MANIFEST
     if not path.is_file():
         raise SceneFormatError(f"{folder}: not an asset folder (no {MANIFEST})")
@@ -123,6 +122,13 @@ def load_asset(folder) -> Asset:
         raise SceneFormatError(f"{path}: {_error_text(e)}") from None
     if m.id != folder.name:
         raise SceneFormatError(f"{path}: field 'id' is {m.id!r} but the folder is {folder.name!r}")
+    return m
+
+
+def load_asset(folder) -> Asset:
+    folder = Path(folder)
+    m = _read_manifest(folder)
+    path = folder / MANIFEST
     surfels = load_surfels(folder / "surfels")
     refl = None
     if m.lidar:
@@ -170,7 +176,10 @@ class AssetLibrary:
         return load_asset(self.path / asset_id)
 
     def manifest(self, asset_id: str) -> Manifest:
-        return self.get(asset_id).manifest(None if self.is_builtin else THUMBNAIL)
+        """An asset's manifest (a directory library's is read without its surfels)."""
+        if self.is_builtin or asset_id not in self.ids():
+            return self.get(asset_id).manifest()
+        return _read_manifest(self.path / asset_id)
 
     def add(self, asset: Asset, overwrite: bool = False) -> Path:
         """Write ``asset`` (with a rendered thumbnail) into this library; returns its folder."""

@@ -253,17 +253,18 @@ def _barrier() -> List[Part]:
     return [Part(body, colour, 0.35)]
 
 
-# id: (category, builder, spacing m)
+# id: (category, builder, surfel spacing m: a few pixels at street distances, about a reconstructed actor's
+# surfel count, so that twenty inserted actors cost a frame little)
 STARTER: Dict[str, Tuple[str, Callable[[], List[Part]], float]] = {
-    "sedan": ("car", lambda: _car(4.6, 1.8, 1.45, 0.88, 0.78, (0.55, 0.06, 0.06), hatch=False), 0.035),
-    "suv": ("car", lambda: _car(4.7, 1.9, 1.75, 1.05, 0.98, (0.20, 0.24, 0.30), hatch=True), 0.035),
-    "truck": ("truck", lambda: _truck((0.1, 0.25, 0.55)), 0.05),
-    "bus": ("bus", lambda: _bus((0.9, 0.75, 0.1)), 0.05),
-    "pedestrian": ("pedestrian", lambda: _person((0.15, 0.45, 0.25), (0.15, 0.18, 0.32)), 0.015),
+    "sedan": ("car", lambda: _car(4.6, 1.8, 1.45, 0.88, 0.78, (0.55, 0.06, 0.06), hatch=False), 0.05),
+    "suv": ("car", lambda: _car(4.7, 1.9, 1.75, 1.05, 0.98, (0.20, 0.24, 0.30), hatch=True), 0.05),
+    "truck": ("truck", lambda: _truck((0.1, 0.25, 0.55)), 0.08),
+    "bus": ("bus", lambda: _bus((0.9, 0.75, 0.1)), 0.08),
+    "pedestrian": ("pedestrian", lambda: _person((0.15, 0.45, 0.25), (0.15, 0.18, 0.32)), 0.02),
     "cyclist": ("cyclist", lambda: _bicycle((0.1, 0.3, 0.7)) + _person((0.8, 0.2, 0.1), (0.1, 0.1, 0.12),
-                                                                      seated=True), 0.015),
-    "cone": ("cone", _cone, 0.012),
-    "barrier": ("barrier", _barrier, 0.03),
+                                                                      seated=True), 0.02),
+    "cone": ("cone", _cone, 0.02),
+    "barrier": ("barrier", _barrier, 0.05),
 }
 
 

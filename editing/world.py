@@ -5,18 +5,18 @@ boxes of inserted and moved actors are checked against the ego's box along the r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import List, Tuple
 
 import numpy as np
 
 from gsim.boxes import footprint, footprint_overlap
-from gsim.scene import Actor, Scene, load_scene
+from gsim.scene import Scene, load_scene
 from gsim.transforms import interpolate_pose
 
-from .edits import EditError, Ground, _on_plane, check_overlaps, insert_actor, remove_actor
+from .edits import EditError, Ground, _on_plane, insert_actor, move_actor, remove_actor
 from .library import AssetLibrary
-from .scenario import Ego, MoveEdit, Scenario, Track
+from .scenario import Ego, Scenario, Track
 
 
 def _yaw_pose(x: float, y: float, z: float, yaw: float) -> np.ndarray:
@@ -70,34 +70,6 @@ def _within_log(track: Tuple[np.ndarray, np.ndarray], log, clip: bool) -> Tuple[
     idx = np.nonzero(inside)[0]
     lo, hi = max(idx[0] - 1, 0), min(idx[-1] + 1, len(ts) - 1)
     return ts[lo:hi + 1], poses[lo:hi + 1]
-
-
-def _move(scene: Scene, e: MoveEdit, log) -> Scene:
-    ids = [a.id for a in scene.actors]
-    if e.actor not in ids:
-        raise EditError(f"move: no actor {e.actor!r} in the scene; it has {ids}")
-    a = scene.actors[ids.index(e.actor)]
-    ts, poses = a.track_timestamps_us, a.track_poses.copy()
-    if e.track is not None:
-        ts, poses = _within_log(track_poses(e.track), log, e.track.path is not None)
-        ground = Ground(scene.background)
-        placed = []
-        for t, P in zip(ts, poses):  # on the ground, box-centre poses
-            l, w, h = a.size
-            P = _on_plane(P, ground.plane(footprint(P, (l + 1, w + 1, h)), f"move {a.id!r} at t={int(t)} us"))
-            P[:3, 3] += P[:3, 2] * h / 2
-            placed.append(P)
-        poses = np.stack(placed)
-    poses[:, :3, 3] += np.einsum("nij,j->ni", poses[:, :3, :3], np.asarray(e.shift_m, float))
-    if e.speed_scale != 1.0:
-        ts = ts[0] + np.round((ts - ts[0]) / e.speed_scale).astype(np.int64)
-        keep = np.r_[True, np.diff(ts) > 0]
-        ts, poses = ts[keep], poses[keep]
-    moved = replace(a, track_timestamps_us=ts, track_poses=poses)
-    others = tuple(x for x in scene.actors if x.id != a.id)
-    if not e.allow_overlap:
-        check_overlaps(others, [moved])
-    return replace(scene, actors=tuple(x if x.id != a.id else moved for x in scene.actors))
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,7 +153,8 @@ def apply(scenario: Scenario, progress: bool = False) -> World:
             elif e.kind == "remove":
                 scene = remove_actor(scene, e.actor, fill=e.fill)
             else:
-                scene = _move(scene, e, log)
+                track = None if e.track is None else _within_log(track_poses(e.track), log, e.track.path is not None)
+                scene = move_actor(scene, e.actor, e.shift_m, e.speed_scale, track, e.allow_overlap)
                 changed.append(e.actor)
         except (EditError, KeyError) as err:
             msg = err.args[0] if isinstance(err, KeyError) else str(err)

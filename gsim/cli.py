@@ -117,7 +117,7 @@ def cmd_demo(a) -> int:
 
 def cmd_synth(a) -> int:
     from .scenes.synth import SynthOptions, synthesize
-    print(f"wrote log {synthesize(a.out, seed=a.seed, options=SynthOptions(tracks=not a.no_tracks))}")
+    print(f"wrote log {synthesize(a.out, seed=a.seed, options=SynthOptions(tracks=not a.no_tracks, omit=tuple(a.omit)))}")
     return 0
 
 
@@ -333,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--seed", type=int, default=0)
     sy.add_argument("--no-tracks", action="store_true",
                     help="withhold the cars' actor tracks (an unannotated drive; the images and sweeps are the same)")
+    sy.add_argument("--omit", nargs="+", default=[], metavar="CAR",
+                    help="leave these cars out (ids as in the log's tracks, e.g. parked_03): ground truth for edits")
     sy.set_defaults(fn=cmd_synth)
 
     cv = sub.add_parser("convert", help="convert a dataset into a gsim driving log")

@@ -92,6 +92,7 @@ class SynthOptions:
     lidar_azimuth_resolution_deg: float = 0.4  # must divide 360
     lidar_max_range_m: float = 80.0
     tracks: bool = True  # False withholds the cars' actor tracks: the log of an unannotated drive
+    omit: Tuple[str, ...] = ()  # car ids left out (the rest of the street is the same): ground truth for edits
 
     def __post_init__(self):
         _int_option("n_frames", self.n_frames, 1, 100_000)
@@ -104,6 +105,9 @@ class SynthOptions:
         _int_option("lidar_beams", self.lidar_beams, 1, 1024)
         if not isinstance(self.tracks, bool):
             raise ValueError(f"SynthOptions.tracks: expected true or false, got {self.tracks!r}")
+        if isinstance(self.omit, str) or not all(isinstance(c, str) for c in self.omit):
+            raise ValueError(f"SynthOptions.omit: expected a list of car ids, got {self.omit!r}")
+        object.__setattr__(self, "omit", tuple(self.omit))
         res = self.lidar_azimuth_resolution_deg
         if not (isinstance(res, (int, float)) and not isinstance(res, bool) and 0.01 <= res <= 90 and abs(360 / res - round(360 / res)) < 1e-6):
             raise ValueError(f"SynthOptions.lidar_azimuth_resolution_deg: expected degrees in [0.01, 90] that "
@@ -114,7 +118,12 @@ class SynthOptions:
                              f"got {r!r}")
 
     def to_dict(self) -> dict:
-        return {"schema_version": self.SCHEMA_VERSION, **asdict(self)}
+        d = {"schema_version": self.SCHEMA_VERSION, **asdict(self)}
+        if not self.omit:
+            del d["omit"]  # so logs written before the option existed still match their options
+        else:
+            d["omit"] = list(self.omit)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "SynthOptions":
@@ -685,7 +694,13 @@ def build_street(seed: int = 0, options: SynthOptions = SynthOptions()) -> Stree
                        + rp.uniform(-0.03, 0.03), 0.0)
             cars.append((*car[:C_X], x + car[C_L] / 2, *car[C_Y:]))
             x += car[C_L] + rp.uniform(3, 20)
-    cars = np.array(cars, CAR_DTYPE)
+    ids = [f"moving_{a}" if a < n_moving else f"parked_{a - n_moving:02d}" for a in range(len(cars))]
+    unknown = sorted(set(options.omit) - set(ids))
+    if unknown:
+        raise ValueError(f"SynthOptions.omit: no cars {unknown} in the street of seed {seed}; it has {ids}")
+    keep = [a for a, i in enumerate(ids) if i not in options.omit]
+    cars = np.array([cars[a] for a in keep], CAR_DTYPE)
+    car_ids = tuple(ids[a] for a in keep)
 
     kinds = np.array([p[0] for p in prims], np.int64)
     params = np.array([p[1] for p in prims], np.float64)
@@ -693,8 +708,7 @@ def build_street(seed: int = 0, options: SynthOptions = SynthOptions()) -> Stree
                   materials=np.array([p[2] for p in prims] + [CAR_BODY, CAR_CABIN] * len(cars), np.int64),
                   refs=np.concatenate([[p[3] for p in prims], np.repeat(np.arange(len(cars)), 2)]).astype(np.int64),
                   buildings=buildings, crown_tints=np.array(tints).reshape(-1, 3), cars=cars,
-                  car_ids=tuple(f"moving_{a}" if a < n_moving else f"parked_{a - n_moving:02d}"
-                                for a in range(len(cars))),
+                  car_ids=car_ids,
                   car_parts=_car_parts(cars), sidewalk_width=float(sidewalk), raised_sidewalks=raised, ego=ego,
                   salt=int(r_tex.integers(2 ** 31)), grid=_grid(kinds, params))
 

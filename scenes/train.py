@@ -69,7 +69,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     movers: bool = True  # a log without actor tracks: find its moving objects in the LiDAR (scenes.movers)
     robust_k: float = 5.0  # with found movers: pixels whose local residual exceeds k x the median ... (0: off)
-    robust_floor: float = 0.1  # ... and this (mean absolute RGB) leave the photometric loss (transients)
+    robust_floor: float = 0.1  # ... and this (mean absolute RGB) are turned down in the photometric loss (transients)
     robust_from: int = 500  # iteration where the robust mask starts (the residuals mean something by then)
     init: InitOptions = field(default_factory=InitOptions)
     densify: DensifyOptions = field(default_factory=DensifyOptions)

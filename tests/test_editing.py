@@ -316,3 +316,52 @@ def test_contact_shadow_is_rendered_by_cameras_only_and_saved(tmp_path, sedan):
     f1 = render_lidar(scene, spec, L, timestamp_us=T0, rolling=False)
     f2 = render_lidar(no_shadow, spec, L, timestamp_us=T0, rolling=False)
     assert np.array_equal(f1.range_image, f2.range_image)
+
+
+def test_inserted_asset_gets_lidar_features_that_decode_to_its_reflectance(sedan):
+    from gsim.lidar.heads import FEATURES, HIDDEN, INPUTS, LidarHead
+    # a head whose intensity is sigmoid(feature 0 - 2), whatever the incidence and range; no ray drop
+    w1 = np.zeros((INPUTS, HIDDEN))
+    w1[0, 0] = 1.0
+    w2 = np.zeros((HIDDEN, 2))
+    w2[0, 0] = 1.0
+    head = LidarHead(w1, np.zeros(HIDDEN), w2, np.array([-2.0, -10.0]))
+    ground = plane()
+    f = np.zeros((len(ground), FEATURES), np.float32)
+    f[:, 0] = np.random.default_rng(0).uniform(0, 4, len(ground))  # intensities 0.12 .. 0.88
+    base = gsim.Scene(background=gsim.Surfels(ground.means, ground.quats, ground.scales, ground.opacities,
+                                              ground.colors, f), lidar_head=head)
+    edited = insert_actor(base, sedan, [0, 2 * T0], [pose(8.0, 0.0)] * 2, shadow=False)
+    a = edited.actors[0]
+    assert a.surfels.features is not None
+    decoded = 1 / (1 + np.exp(-(a.surfels.features[:, 0] - 2)))
+    # each surfel decodes to its reflectance, as far as the scene's own surfels reach (0.12 .. 0.88)
+    assert np.abs(decoded - np.clip(sedan.reflectance, 0.12, 0.88)).max() < 0.02
+    L = pose(0.0, 0.0, z=1.8)
+    sweep = render_lidar(edited, LidarSpec.preset("velodyne-vlp32c"), L, timestamp_us=T0, rolling=False)
+    pts = sweep.points @ L[:3, :3].T + L[:3, 3]
+    on_car = (pts[:, 2] > 0.2) & (np.linalg.norm(pts[:, :2] - (8.0, 0.0), axis=1) < 3)
+    assert on_car.sum() > 50
+    assert 0.1 < np.median(sweep.intensity[on_car]) < 0.35  # paint 0.25, glass and tyres lower
+
+
+def test_move_actor_shifts_retimes_and_reroutes(sedan):
+    from gsim.editing import move_actor
+    base = gsim.Scene(background=plane(0.05))
+    ts = np.array([0, T0, 2 * T0])
+    scene = insert_actor(base, sedan, ts, [pose(5.0 * k, 0.0) for k in range(3)], actor_id="car")
+    a = scene.actors[0]
+    before = a.track_poses.copy()
+    moved = move_actor(scene, "car", shift_m=(0.0, 1.5, 0.0), speed_scale=2.0).actors[0]
+    assert np.array_equal(moved.track_timestamps_us, ts // 2)  # twice as fast
+    assert np.allclose(moved.track_poses[:, :3, 3] - a.track_poses[:, :3, 3], a.track_poses[:, :3, 1] * 1.5)
+    assert np.array_equal(scene.actors[0].track_poses, before)  # the input is untouched
+    path = move_actor(scene, "car", track=(ts, [pose(-10.0 + 5 * k, -3.0, yaw=0.0, z=9.0) for k in range(3)]))
+    P = path.actors[0].track_poses[1]
+    bottom = P[:3, 3] - P[:3, 2] * sedan.size[2] / 2
+    assert bottom[2] == pytest.approx(0.05 * bottom[0], abs=0.03) and P[1, 3] == pytest.approx(-3.0)
+    two = insert_actor(scene, sedan, ts, [pose(5.0 * k, 4.0) for k in range(3)], actor_id="other")
+    with pytest.raises(EditError, match="'car' overlaps actor 'other'"):
+        move_actor(two, "car", shift_m=(0.0, 3.5, 0.0))
+    with pytest.raises(EditError, match="no actor 'bus'"):
+        move_actor(two, "bus")

@@ -159,12 +159,13 @@ def test_masked_photometric_and_robust_mask():
     assert losses.photometric(other, target, 0.2, mask) == pytest.approx(float(masked), rel=1e-6)
     assert clean < 0.1
     keep = losses.robust_mask(rgb, target, k=5.0, floor=0.1)
-    assert keep[12:18, 12:18].sum() == 0 and keep[30, 30] == 1 and keep[2, 40] == 1
+    # the blob is turned down (to (threshold / residual)^2: never 0), the edge and the rest keep weight 1
+    assert 0 < keep[12:18, 12:18].max() < 0.5 and keep[30, 30] == 1 and keep[2, 40] == 1
     assert keep.mean() > 0.9
     region = torch.ones(40, 60, dtype=torch.bool)
     region[:15] = False  # e.g. above the LiDAR's reach: outliers there still count
     keep = losses.robust_mask(rgb, target, k=5.0, floor=0.1, region=region)
-    assert keep[10:15, 10:20].sum() == 50 and keep[15:18, 12:18].sum() == 0
+    assert keep[10:15, 10:20].sum() == 50 and keep[15:18, 12:18].max() < 0.5
 
 
 def test_lidar_covered_is_below_each_columns_highest_lidar_point():

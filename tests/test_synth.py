@@ -411,3 +411,16 @@ def test_bad_options_object_and_dict(tmp_path):
     with pytest.raises(ValueError, match="bogus"):
         SynthOptions.from_dict({**TINY.to_dict(), "bogus": 1})
     assert SynthOptions.from_dict(TINY.to_dict()) == TINY
+
+
+def test_omitted_car_leaves_the_rest_of_the_street_unchanged():
+    """SynthOptions.omit: ground truth for scene edits (the street without one car)."""
+    full = build_street(SEED, TINY)
+    gone = full.car_ids[-1]
+    without = build_street(SEED, dataclasses.replace(TINY, omit=(gone,)))
+    assert gone not in without.car_ids and len(without.car_ids) == len(full.car_ids) - 1
+    assert np.array_equal(without.params, full.params) and np.array_equal(without.cars, full.cars[:-1])
+    assert SynthOptions.from_dict(dataclasses.replace(TINY, omit=(gone,)).to_dict()).omit == (gone,)
+    assert "omit" not in TINY.to_dict()  # logs written before the option still match their options
+    with pytest.raises(ValueError, match=r"SynthOptions.omit: no cars \['nobody'\]"):
+        build_street(SEED, dataclasses.replace(TINY, omit=("nobody",)))
