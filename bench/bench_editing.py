@@ -90,7 +90,8 @@ def main() -> int:
     # 1. removal
     removed = remove_actor(scene, a.car)
     rows, p_edit, p_base = [], [], []
-    for i, obs, o2, car in rv:
+    shown = sorted(range(len(rv)), key=lambda j: -rv[j][3].sum())[:3]  # the views where the car is largest
+    for j, (i, obs, o2, car) in enumerate(rv):
         T, t = log.T_world_camera(obs), obs.timestamp_us
         cam = log.cameras[a.camera].camera
         truth = log_wo.image(o2)
@@ -98,10 +99,12 @@ def main() -> int:
         b = render_image(scene, cam, T, t, a.camera)[0]
         p_edit.append(psnr(e, truth, car))
         p_base.append(psnr(b, truth, car))
-        if len(rows) < 3:
-            m = car[..., None]
-            rows.append(np.concatenate([to_uint8(e * m), to_uint8(truth * m), to_uint8(b * m)], 1))
-    write_png(out / "removal.png", np.concatenate(rows, 0))
+        if j in shown:  # edited | truth without the car | unedited, around the car's region
+            v, u = np.nonzero(car)
+            box = np.s_[max(v.min() - 20, 0):v.max() + 20, max(u.min() - 40, 0):u.max() + 40]
+            rows.append(np.concatenate([to_uint8(x[box]) for x in (e, truth, b)], 1))
+    w = max(r.shape[1] for r in rows)
+    write_png(out / "removal.png", np.concatenate([np.pad(r, ((0, 4), (0, w - r.shape[1]), (0, 0))) for r in rows], 0))
     res["removal"] = {"psnr_region_edited_db": float(np.median(p_edit)), "psnr_region_unedited_db": float(np.median(p_base))}
     print("removal:", res["removal"])
 
