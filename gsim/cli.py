@@ -491,6 +491,10 @@ def main(argv=None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = one_line
             return args.fn(args)
+    except BrokenPipeError:  # `gsim library list | head`: the reader left early, which is no error of ours
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own recipe: no flush error at exit
+        return 0
     except (ValueError, KeyError, FileExistsError, FileNotFoundError, PermissionError, RuntimeError,
             NotImplementedError) as e:
         # bad input and unavailable backends: one clear line, no traceback (a KeyError's text is its argument)
