@@ -157,19 +157,33 @@ def contact_shadow(size: Tuple[float, float, float], spacing_m: float = 0.08, st
                    colors=rgb_to_sh(np.full((m, 1, 3), 0.02)).astype(np.float32))
 
 
+def spacing(s: Surfels) -> float:
+    """The mean spacing (m) of surfels scattered at random on a surface, 1 / sqrt(density): 2.13 x the
+    median distance to the nearest neighbour (a 2D Poisson sample's median is sqrt(ln 2 / pi) / sqrt(density))."""
+    from scipy.spatial import cKDTree
+    m = np.asarray(s.means, np.float64)
+    return 2.13 * float(np.median(cKDTree(m).query(m, 2)[0][:, 1])) if len(m) > 1 else 0.05
+
+
 def _actor_surfels(scene: Scene, asset, harmonized: bool, shadow: bool) -> Tuple[Surfels, int]:
     """The asset's surfels for ``scene`` (harmonized colours, LiDAR features) and the contact shadow's
-    surfels after them; returns (surfels, shadow count)."""
-    s = asset.surfels.numpy()
+    surfels after them, each in random order (so that a prefix is a level of detail, `Actor.detail`);
+    returns (surfels, shadow count)."""
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(asset.surfels))
+    s = Surfels.derived(**{k: v[order] for k, v in asset.surfels.numpy()._fields().items()})
     dc = sh_to_rgb(s.colors[:, 0, :].astype(np.float64))
     if harmonized:
         dc = harmonize(dc, scene)
     colors = s.colors.copy()
     colors[:, 0, :] = rgb_to_sh(dc)
-    refl = asset.reflectance if asset.reflectance is not None else np.full(len(s), DEFAULT_REFLECTANCE, np.float32)
+    refl = asset.reflectance[order] if asset.reflectance is not None else np.full(len(s), DEFAULT_REFLECTANCE,
+                                                                                   np.float32)
     parts = [Surfels.derived(s.means, s.quats, s.scales, s.opacities, colors.astype(np.float32))]
     if shadow:
         sh = contact_shadow(asset.size)
+        perm = rng.permutation(len(sh))
+        sh = Surfels.derived(**{k: v[perm] for k, v in sh._fields().items()})
         parts.append(sh)
         refl = np.r_[refl, np.full(len(sh), DEFAULT_REFLECTANCE, np.float32)]
     out = Surfels.concatenate(parts)
@@ -245,7 +259,8 @@ def insert_actor(scene: Scene, asset, timestamps_us, poses, actor_id: Optional[s
     lift[2, 3] = -asset.size[2] / 2
     surfels, n_shadow = _actor_surfels(scene, asset, harmonized, shadow)
     actor = Actor(id=aid, category=asset.category, size=tuple(asset.size), surfels=surfels.transformed(lift),
-                  track_timestamps_us=ts.astype(np.int64), track_poses=np.stack(placed), shadow_surfels=n_shadow)
+                  track_timestamps_us=ts.astype(np.int64), track_poses=np.stack(placed), shadow_surfels=n_shadow,
+                  lod_spacing_m=spacing(asset.surfels))
     if not allow_overlap:
         check_overlaps(scene.actors, [actor])
     return replace(scene, actors=tuple(scene.actors) + (actor,))

@@ -36,6 +36,8 @@ READABLE_SCHEMAS = (1, 2)
 FORMAT = "gsim-scene"
 SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
 ACTOR_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # also a safe folder name
+LOD_PIXELS = 0.75  # an actor with a level of detail keeps its surfels about this far apart on screen ...
+LOD_MIN = 1000  # ... and at least this many of its body
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,8 +51,13 @@ class Actor:
     track_timestamps_us: np.ndarray  # (T,) int64, strictly increasing
     track_poses: np.ndarray  # (T,4,4) float64 T_world_actor
     shadow_surfels: int = 0  # the last this many surfels are a contact shadow on the ground, not the body
+    lod_spacing_m: Optional[float] = None  # body and shadow each in random order, surfels about this far apart:
+    # a far view may draw a prefix of each (a level of detail, see `detail`); None: always all of them
 
     def __post_init__(self):
+        if self.lod_spacing_m is not None and not (isinstance(self.lod_spacing_m, (int, float, np.floating))
+                                                   and self.lod_spacing_m > 0):
+            raise ValueError(f"actor {self.id}: lod_spacing_m must be None or > 0, got {self.lod_spacing_m!r}")
         if not (isinstance(self.shadow_surfels, (int, np.integer)) and 0 <= self.shadow_surfels < len(self.surfels)):
             raise ValueError(f"actor {self.id}: shadow_surfels must be an integer in [0, {len(self.surfels)}), "
                              f"got {self.shadow_surfels!r}")
@@ -72,6 +79,28 @@ class Actor:
 
     def pose_at(self, timestamp_us: int) -> np.ndarray:
         return interpolate_pose(self.track_timestamps_us, self.track_poses, timestamp_us)
+
+    def detail(self, T_world_actor: np.ndarray, eye: Optional[np.ndarray], focal_px: float) -> Surfels:
+        """The actor's surfels (its frame) as a camera at ``eye`` with focal length ``focal_px`` needs them:
+        where its surfels would be closer than LOD_PIXELS on screen, a prefix of its body and of its shadow
+        (uniform subsamples: each is in random order) whose tangent scales grow by sqrt(N / n), so the
+        surface stays covered. All of them without ``lod_spacing_m`` or ``eye``."""
+        s = self.surfels.numpy()
+        if self.lod_spacing_m is None or eye is None:
+            return s
+        dist = max(float(np.linalg.norm(T_world_actor[:3, 3] - eye)) - 0.5 * float(np.linalg.norm(self.size)), 1e-3)
+        px = focal_px * self.lod_spacing_m / dist
+        if px >= LOD_PIXELS:
+            return s
+        nb = len(s) - self.shadow_surfels
+        frac = (px / LOD_PIXELS) ** 2
+        kb, ks = max(int(np.ceil(nb * frac)), min(nb, LOD_MIN)), int(np.ceil(self.shadow_surfels * frac))
+        idx = np.r_[0:kb, nb:nb + ks]
+        scales = s.scales[idx].copy()
+        scales[:kb] *= np.sqrt(nb / kb)
+        scales[kb:] *= np.sqrt(self.shadow_surfels / max(ks, 1))
+        f = s._fields()
+        return Surfels.derived(**{**{k: v[idx] for k, v in f.items()}, "scales": scales})
 
     @property
     def body(self) -> Surfels:
@@ -109,14 +138,20 @@ class Scene:
             app[str(name)] = A
         object.__setattr__(self, "appearance", app)
 
-    def at(self, timestamp_us: Optional[int] = None) -> Surfels:
-        """World-space surfels at ``timestamp_us`` (actors placed at their tracked poses)."""
+    def at(self, timestamp_us: Optional[int] = None, eye: Optional[np.ndarray] = None,
+           focal_px: float = 0.0) -> Surfels:
+        """World-space surfels at ``timestamp_us`` (actors placed at their tracked poses); with a camera
+        position ``eye`` (world, m) and focal length ``focal_px``, actors that have a level of detail
+        give as many surfels as that view needs (`Actor.detail`)."""
         if not self.actors:
             return self.background
         if timestamp_us is None:
             raise ValueError("Scene.at: this scene has actors; give timestamp_us (integer microseconds)")
         bg = self.background.numpy()
-        parts = [bg] + [a.surfels.numpy().transformed(a.pose_at(int(timestamp_us))) for a in self.actors]
+        parts = [bg]
+        for a in self.actors:
+            P = a.pose_at(int(timestamp_us))
+            parts.append(a.detail(P, eye, focal_px).transformed(P))
         return Surfels.concatenate(parts)
 
     def save(self, path) -> None:
@@ -168,7 +203,8 @@ def save_scene(scene: Scene, path) -> None:
             np.save(d / "track_timestamps_us.npy", a.track_timestamps_us)
             np.save(d / "track_poses.npy", a.track_poses)
             actors.append({"id": a.id, "category": a.category, "size": [float(x) for x in a.size],
-                           "surfels": f"actors/{a.id}", "shadow_surfels": int(a.shadow_surfels)})
+                           "surfels": f"actors/{a.id}", "shadow_surfels": int(a.shadow_surfels),
+                           "lod_spacing_m": a.lod_spacing_m})
         sky = None
         if scene.sky is not None:
             env = scene.sky.envmap
@@ -215,7 +251,8 @@ def load_scene(path) -> Scene:
                                     surfels=load_surfels(d),
                                     track_timestamps_us=load_array(d / "track_timestamps_us.npy"),
                                     track_poses=load_array(d / "track_poses.npy"),
-                                    shadow_surfels=a.get("shadow_surfels", 0)))
+                                    shadow_surfels=a.get("shadow_surfels", 0),
+                                    lod_spacing_m=a.get("lod_spacing_m")))
             except ValueError as e:
                 raise SceneFormatError(f"{mpath}: actors[{i}]: {e}") from None
         sky = None

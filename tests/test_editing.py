@@ -271,7 +271,8 @@ def test_assets_from_a_ply_and_from_a_scene_actor(tmp_path, sedan):
     scene.save(tmp_path / "scene")
     b = asset_from_actor(tmp_path / "scene", "red", "red_car")
     assert b.id == "red_car" and b.category == "car" and b.source.kind == "actor"
-    assert np.allclose(b.surfels.means, sedan.surfels.means, atol=1e-4)  # back in the asset's frame
+    srt = lambda m: m[np.lexsort(np.round(m, 3).T)]  # insertion shuffles the surfels (a level of detail)
+    assert np.allclose(srt(b.surfels.means), srt(sedan.surfels.means), atol=1e-3)  # back in the asset's frame
     with pytest.raises(KeyError, match="no actor 'blue'"):
         asset_from_actor(tmp_path / "scene", "blue")
 
@@ -336,7 +337,8 @@ def test_inserted_asset_gets_lidar_features_that_decode_to_its_reflectance(sedan
     assert a.surfels.features is not None
     decoded = 1 / (1 + np.exp(-(a.surfels.features[:, 0] - 2)))
     # each surfel decodes to its reflectance, as far as the scene's own surfels reach (0.12 .. 0.88)
-    assert np.abs(decoded - np.clip(sedan.reflectance, 0.12, 0.88)).max() < 0.02
+    # (insertion shuffles the surfels: compare the sorted values)
+    assert np.abs(np.sort(decoded) - np.sort(np.clip(sedan.reflectance, 0.12, 0.88))).max() < 0.02
     L = pose(0.0, 0.0, z=1.8)
     sweep = render_lidar(edited, LidarSpec.preset("velodyne-vlp32c"), L, timestamp_us=T0, rolling=False)
     pts = sweep.points @ L[:3, :3].T + L[:3, 3]
@@ -365,3 +367,28 @@ def test_move_actor_shifts_retimes_and_reroutes(sedan):
         move_actor(two, "car", shift_m=(0.0, 3.5, 0.0))
     with pytest.raises(EditError, match="no actor 'bus'"):
         move_actor(two, "bus")
+
+
+def test_far_inserted_actors_draw_fewer_surfels_and_stay_as_faithful(sedan, tmp_path):
+    """Level of detail: a far inserted car draws a uniform subsample of its surfels, grown to cover the same
+    surface; against a 4x4-supersampled render of every surfel (what the pixels should show) it is no worse
+    than drawing all of them (sub-pixel surfels are what the screen-space filter blurs)."""
+    base = gsim.Scene(background=plane(extent=80.0, spacing=0.5))
+    big = PinholeCamera(width=CAM.width * 4, height=CAM.height * 4, fx=CAM.fx * 4, fy=CAM.fy * 4, cx=CAM.cx * 4,
+                        cy=CAM.cy * 4)
+    for x in (25.0, 40.0):
+        scene = insert_actor(base, sedan, [0, 2 * T0], [pose(x, 0.0)] * 2)
+        a = scene.actors[0]
+        assert a.lod_spacing_m == pytest.approx(0.05, rel=0.2)  # the starter sedan's sampling
+        assert len(a.detail(a.pose_at(T0), CAM_POSE[:3, 3], CAM.fx)) < 0.2 * len(a.surfels)
+        ref = gsim.render_camera(scene.at(T0), big, CAM_POSE, backend="numba").rgb
+        ref = ref.reshape(CAM.height, 4, CAM.width, 4, 3).mean((1, 3))
+        lod = render(scene).rgb  # render_camera passes the camera: the level of detail
+        full = gsim.render_camera(scene.at(T0), CAM, CAM_POSE, backend="numba").rgb  # every surfel
+        box = box_mask(a.pose_at(T0), np.asarray(a.size) + 0.3)
+        err = lambda im: ((im - ref)[box] ** 2).mean()
+        assert err(lod) <= 1.1 * err(full)
+    near = a.detail(a.pose_at(T0), a.pose_at(T0)[:3, 3] - (6.0, 0, 0), CAM.fx)
+    assert len(near) == len(a.surfels)  # close up: every surfel
+    scene.save(tmp_path / "s")
+    assert gsim.load_scene(tmp_path / "s").actors[0].lod_spacing_m == pytest.approx(a.lod_spacing_m)

@@ -89,15 +89,15 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     `CameraFrame`; its arrays are torch tensors when the surfels are tensors (differentiable
     with every backend but numba on non-CPU tensors), numpy arrays otherwise.
     """
-    if isinstance(scene_or_surfels, Scene):
-        surfels = scene_or_surfels.at(timestamp_us)
+    if not isinstance(camera, (PinholeCamera, OpenCVCamera, FisheyeCamera)):
+        raise TypeError(f"render_camera: expected a gsim camera model, got {type(camera).__name__}")
+    T = check_pose(T_world_camera, "T_world_camera")
+    if isinstance(scene_or_surfels, Scene):  # actors with a level of detail: as many surfels as this view needs
+        surfels = scene_or_surfels.at(timestamp_us, eye=T[:3, 3], focal_px=float(camera.fx))
     elif isinstance(scene_or_surfels, Surfels):
         surfels = scene_or_surfels
     else:
         raise TypeError(f"render_camera: expected a Scene or Surfels, got {type(scene_or_surfels).__name__}")
-    if not isinstance(camera, (PinholeCamera, OpenCVCamera, FisheyeCamera)):
-        raise TypeError(f"render_camera: expected a gsim camera model, got {type(camera).__name__}")
-    T = check_pose(T_world_camera, "T_world_camera")
     b = _pick(backend, surfels)
     frame = b.render(surfels, camera, T, resolve_options(options))
     if not surfels.is_torch:
