@@ -331,7 +331,8 @@ def remove_actor(scene: Scene, actor_id: str, fill: bool = True, fill_spacing_m:
 
 def _fill_footprints(bg: Surfels, ground: Ground, actor: Actor, spacing: float) -> Optional[Surfels]:
     """Ground surfels for the cells of the actor's footprints that hold no ground (never seen), on the
-    plane of the ring of ground around them, coloured (and featured) like random nearby ring surfels."""
+    plane of the ring of ground around them, coloured (and featured) like ring surfels ahead of or behind
+    the actor at the same lateral offset."""
     from scipy.spatial import cKDTree
     rects = [footprint(T, actor.size) for T in actor.track_poses]
     allpts = np.concatenate(rects)
@@ -356,11 +357,21 @@ def _fill_footprints(bg: Surfels, ground: Ground, actor: Actor, spacing: float) 
     if len(holes) == 0:
         return None
     coef = ground.plane(ring_rect, f"remove_actor {actor.id!r}")
-    k = min(8, len(ring))
-    _, nn = ring_tree.query(holes, k)
+    # colours: the ground continues along the actor's length (the kerb, the lane's edge and its markings
+    # run past a parked car): each hole copies a random one of the 4 ring surfels outside the footprint
+    # nearest in a metric that makes 1 m sideways cost as much as 25 m along (the first pose's frame)
+    T0 = actor.track_poses[0]
+    to_local = lambda p: (p - T0[:2, 3]) @ T0[:2, :2]  # noqa: E731 (x along the actor, y to its left)
+    ring_l = to_local(ground.xyz[ring, :2])
+    out = ~np.all(np.abs(ring_l) <= np.asarray(actor.size[:2]) / 2 + 0.1, axis=1)
+    if out.sum() < MIN_GROUND_SURFELS:
+        out[:] = True
+    scale = np.array([0.2, 5.0])
+    k = min(4, int(out.sum()))
+    _, nn = cKDTree(ring_l[out] * scale).query(to_local(holes) * scale, k)
     nn = np.asarray(nn).reshape(len(holes), k)
     rng = np.random.default_rng(0)
-    src = ground.index[ring[nn[np.arange(len(holes)), rng.integers(0, k, len(holes))]]]
+    src = ground.index[ring[np.nonzero(out)[0][nn[np.arange(len(holes)), rng.integers(0, k, len(holes))]]]]
     m = len(holes)
     n = np.array([-coef[0], -coef[1], 1.0])
     n /= np.linalg.norm(n)
