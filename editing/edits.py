@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from gsim.boxes import footprint, footprint_overlap
+from gsim.boxes import footprint, overlap
 from gsim.scene import Actor, Scene
 from gsim.surfels import Surfels, rgb_to_sh, sh_to_rgb
 from gsim.transforms import quat_to_rotmat, rotmat_to_quat
@@ -171,7 +171,7 @@ def _actor_surfels(scene: Scene, asset, harmonized: bool, shadow: bool) -> Tuple
     returns (surfels, shadow count)."""
     rng = np.random.default_rng(0)
     order = rng.permutation(len(asset.surfels))
-    s = Surfels.derived(**{k: v[order] for k, v in asset.surfels.numpy()._fields().items()})
+    s = asset.surfels.numpy().subset(order)
     dc = sh_to_rgb(s.colors[:, 0, :].astype(np.float64))
     if harmonized:
         dc = harmonize(dc, scene)
@@ -182,8 +182,7 @@ def _actor_surfels(scene: Scene, asset, harmonized: bool, shadow: bool) -> Tuple
     parts = [Surfels.derived(s.means, s.quats, s.scales, s.opacities, colors.astype(np.float32))]
     if shadow:
         sh = contact_shadow(asset.size)
-        perm = rng.permutation(len(sh))
-        sh = Surfels.derived(**{k: v[perm] for k, v in sh._fields().items()})
+        sh = sh.subset(rng.permutation(len(sh)))
         parts.append(sh)
         refl = np.r_[refl, np.full(len(sh), DEFAULT_REFLECTANCE, np.float32)]
     out = Surfels.concatenate(parts)
@@ -213,10 +212,7 @@ def check_overlaps(actors: Sequence[Actor], new: Sequence[Actor], min_area_m2: f
                 continue
             times = np.union1d(a.track_timestamps_us, b.track_timestamps_us)
             for t in times[(times >= lo) & (times <= hi)]:
-                Pa, Pb = a.pose_at(int(t)), b.pose_at(int(t))
-                dz = min(Pa[2, 3] + a.size[2] / 2, Pb[2, 3] + b.size[2] / 2) - max(Pa[2, 3] - a.size[2] / 2,
-                                                                                    Pb[2, 3] - b.size[2] / 2)
-                shared = footprint_overlap(footprint(Pa, a.size), footprint(Pb, b.size))
+                shared, dz = overlap(a.pose_at(int(t)), a.size, b.pose_at(int(t)), b.size)
                 if dz > 0 and shared > min_area_m2:
                     raise EditError(f"actor {a.id!r} overlaps actor {b.id!r} at t={int(t)} us "
                                     f"({shared:.2f} m^2 of footprint); move it or allow overlaps")
@@ -314,13 +310,14 @@ def remove_actor(scene: Scene, actor_id: str, fill: bool = True, fill_spacing_m:
     ground = Ground(bg)
     poses = actor.track_poses
     drop = np.zeros(len(bg), bool)
+    means = bg.means.astype(np.float64)
     for T in poses:
-        inside = _inside_box(bg.means.astype(np.float64), T, actor.size, 0.1)
+        inside = _inside_box(means, T, actor.size, 0.1)
         low = T[:3, 3] - T[:3, 2] * actor.size[2] / 2  # bottom centre
         above = (bg.means[:, 2] - low[2]) > 0.15
         drop |= inside & above
     keep = ~drop
-    parts = [Surfels.derived(**{k: v[keep] for k, v in bg._fields().items()})]
+    parts = [bg.subset(keep)]
     if fill:
         patch = _fill_footprints(bg, ground, actor, fill_spacing_m)
         if patch is not None:
@@ -373,11 +370,7 @@ def _fill_footprints(bg: Surfels, ground: Ground, actor: Actor, spacing: float) 
     rng = np.random.default_rng(0)
     src = ground.index[ring[np.nonzero(out)[0][nn[np.arange(len(holes)), rng.integers(0, k, len(holes))]]]]
     m = len(holes)
-    n = np.array([-coef[0], -coef[1], 1.0])
-    n /= np.linalg.norm(n)
-    x = np.cross([0.0, 1.0, 0.0], n)
-    x /= np.linalg.norm(x)
-    R = np.stack([x, np.cross(n, x), n], axis=1)
+    R = _on_plane(np.eye(4), coef)[:3, :3]  # lying on the plane
     z = holes @ coef[:2] + coef[2]
     return Surfels(means=np.c_[holes, z].astype(np.float32), quats=np.tile(rotmat_to_quat(R), (m, 1)).astype(np.float32),
                    scales=np.full((m, 2), 0.7 * spacing, np.float32), opacities=np.full(m, 0.95, np.float32),

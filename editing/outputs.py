@@ -139,6 +139,9 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True) 
                 w.add_ego_pose(int(t), P)
             for a in scene.actors:
                 w.add_actor(ActorTrack(a.id, a.category, tuple(a.size), a.track_timestamps_us, a.track_poses))
+            paths = {n: world.ego_poses @ log.lidars[n].T_vehicle_lidar for n in lidars}  # the sensors' rolling poses
+            calibs = {c: _calib(cameras[c], None if not lidars else np.linalg.inv(log.cameras[c].T_vehicle_camera)
+                                @ log.lidars[lidars[0]].T_vehicle_lidar) for c in cams}
             it = tqdm(world.frames, desc=f"scenario {scenario.name}", unit="frame") if progress else world.frames
             for i, f in enumerate(it):
                 cam_entries, lidar_entries = {}, {}
@@ -150,12 +153,11 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True) 
                     img = to_uint8(rgb)
                     cam_entries[c] = w.image(c, i, t, img)
                     videos[c].append(img)
-                    _labels(tmp, c, i, t, scene, cameras[c], T, depth, log, lidars, world, backend)
+                    _labels(tmp, c, i, t, scene, cameras[c], T, depth, calibs[c], backend)
                 for n in lidars:
                     obs = f.lidars.get(n)
                     t = obs.timestamp_us if obs is not None else f.timestamp_us
-                    Tl = world.ego_poses @ log.lidars[n].T_vehicle_lidar
-                    sweep = render_lidar(scene, specs[n], (world.ego_timestamps_us, Tl), backend="auto", timestamp_us=t,
+                    sweep = render_lidar(scene, specs[n], (world.ego_timestamps_us, paths[n]), backend="auto", timestamp_us=t,
                                          rolling=len(world.ego_timestamps_us) > 1)
                     inten = sweep.intensity if sweep.intensity is not None else np.zeros(len(sweep.ranges), np.float32)
                     lidar_entries[n] = w.sweep(n, i, t, np.c_[sweep.points, inten, sweep.time_offset_us])
@@ -167,7 +169,7 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True) 
     return out
 
 
-def _labels(root: Path, cam: str, i: int, t: int, scene, camera, T, depth, log, lidars, world, backend) -> None:
+def _labels(root: Path, cam: str, i: int, t: int, scene, camera, T, depth, calib: str, backend) -> None:
     from gsim.io import write_png
     mask, full = instances(scene, camera, T, t, depth, backend)
     objs, lines = [], []
@@ -200,7 +202,4 @@ def _labels(root: Path, cam: str, i: int, t: int, scene, camera, T, depth, log, 
     (kd / "label_2").mkdir(parents=True, exist_ok=True)
     (kd / "calib").mkdir(parents=True, exist_ok=True)
     (kd / "label_2" / f"{i:06d}.txt").write_text("".join(x + "\n" for x in lines))
-    T_cl = None
-    if lidars:
-        T_cl = np.linalg.inv(log.cameras[cam].T_vehicle_camera) @ log.lidars[lidars[0]].T_vehicle_lidar
-    (kd / "calib" / f"{i:06d}.txt").write_text(_calib(camera, T_cl))
+    (kd / "calib" / f"{i:06d}.txt").write_text(calib)

@@ -10,7 +10,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from gsim.boxes import footprint, footprint_overlap
+from gsim.boxes import footprint, overlap
 from gsim.scene import Scene, load_scene
 from gsim.transforms import interpolate_pose
 
@@ -126,10 +126,8 @@ def check_ego(world: World, ego: Ego) -> None:
         for a in world.scene.actors:
             if a.id not in world.changed or not (a.track_timestamps_us[0] <= f.timestamp_us <= a.track_timestamps_us[-1]):
                 continue
-            P = a.pose_at(f.timestamp_us)
-            dz = min(P[2, 3] + a.size[2] / 2, E[2, 3] + ego.size_m[2] / 2) - max(P[2, 3] - a.size[2] / 2,
-                                                                                 E[2, 3] - ego.size_m[2] / 2)
-            if dz > 0 and footprint_overlap(footprint(P, a.size), footprint(E, ego.size_m)) > 0.01:
+            shared, dz = overlap(a.pose_at(f.timestamp_us), a.size, E, ego.size_m)
+            if dz > 0 and shared > 0.01:
                 raise EditError(f"actor {a.id!r} overlaps the ego vehicle at t={f.timestamp_us} us (frame "
                                 f"{f.index}); move it or the ego")
 

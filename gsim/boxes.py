@@ -4,6 +4,8 @@ A box pose is T_world_box at the box's centre (actors' tracks in logs), sizes ar
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 
 
@@ -36,14 +38,23 @@ def area(poly: np.ndarray) -> float:
     return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
 
 
-def box_iou(pose_a: np.ndarray, size_a, pose_b: np.ndarray, size_b) -> float:
-    """3D IoU of two boxes that stand upright (yaw only): footprint overlap (convex clipping) times
-    height overlap, over the union. Poses T_world_box (box centre), sizes (l, w, h) metres."""
+def overlap(pose_a: np.ndarray, size_a, pose_b: np.ndarray, size_b) -> Tuple[float, float]:
+    """(footprint area shared m^2, height range shared m) of two upright boxes; (0, 0) when their
+    heights do not meet. Poses T_world_box (box centre), sizes (l, w, h) metres."""
     za, zb = pose_a[2, 3], pose_b[2, 3]
     dz = min(za + size_a[2] / 2, zb + size_b[2] / 2) - max(za - size_a[2] / 2, zb - size_b[2] / 2)
     if dz <= 0:
+        return 0.0, 0.0
+    return footprint_overlap(footprint(pose_a, size_a), footprint(pose_b, size_b)), float(dz)
+
+
+def box_iou(pose_a: np.ndarray, size_a, pose_b: np.ndarray, size_b) -> float:
+    """3D IoU of two boxes that stand upright (yaw only): footprint overlap (convex clipping) times
+    height overlap, over the union. Poses T_world_box (box centre), sizes (l, w, h) metres."""
+    shared, dz = overlap(pose_a, size_a, pose_b, size_b)
+    if dz <= 0:
         return 0.0
-    v = footprint_overlap(footprint(pose_a, size_a), footprint(pose_b, size_b)) * dz
+    v = shared * dz
     union = np.prod(size_a) + np.prod(size_b) - v
     return float(v / union) if union > 0 else 0.0
 

@@ -96,19 +96,18 @@ class Actor:
         frac = (px / LOD_PIXELS) ** 2
         kb, ks = max(int(np.ceil(nb * frac)), min(nb, LOD_MIN)), int(np.ceil(self.shadow_surfels * frac))
         idx = np.r_[0:kb, nb:nb + ks]
-        scales = s.scales[idx].copy()
+        out = s.subset(idx)
+        scales = out.scales.copy()
         scales[:kb] *= np.sqrt(nb / kb)
         scales[kb:] *= np.sqrt(self.shadow_surfels / max(ks, 1))
-        f = s._fields()
-        return Surfels.derived(**{**{k: v[idx] for k, v in f.items()}, "scales": scales})
+        return Surfels.derived(out.means, out.quats, scales, out.opacities, out.colors, out.features)
 
     @property
     def body(self) -> Surfels:
         """The actor's own surfels (without its contact shadow): what a LiDAR hits and an instance mask covers."""
         if not self.shadow_surfels:
             return self.surfels
-        s, n = self.surfels.numpy(), len(self.surfels) - self.shadow_surfels
-        return Surfels.derived(**{k: v[:n] for k, v in s._fields().items()})
+        return self.surfels.numpy().subset(slice(0, len(self.surfels) - self.shadow_surfels))
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,8 +8,9 @@ into the degree-0 coefficient on construction, the 3DGS convention
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -18,22 +19,30 @@ _FIELDS = ("means", "quats", "scales", "opacities", "colors", "features")
 QUAT_NORM_TOL = 1e-3
 
 
+def _sh_basis(dirs: np.ndarray, k: int) -> np.ndarray:
+    """(n,K) the renderers' K SH basis functions at unit directions (n,3)."""
+    import torch
+
+    from .render.torch_backend import eval_sh
+    eye = torch.eye(k, dtype=torch.float64)[None, :, :, None].expand(len(dirs), k, k, 1)
+    return torch.cat([eval_sh(eye[:, :, j], torch.from_numpy(dirs)) for j in range(k)], 1).numpy()
+
+
+@functools.lru_cache(maxsize=None)
+def _sh_fit(k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Random unit directions (4K,3) and the pseudo-inverse of the basis there: the fixed half of every
+    rotation's least-squares fit (actors are turned every frame)."""
+    d = np.random.default_rng(0).normal(size=(4 * k, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    return d, np.linalg.pinv(_sh_basis(d, k))
+
+
 def sh_rotation(R: np.ndarray, k: int) -> np.ndarray:
     """(K,K) matrix taking the SH coefficients (K per channel, the renderers' basis) of a colour
     c(d) to those of c(R^T d): the colour of a surfel rotated by R. Fitted exactly by least squares
     on random directions (each band maps to itself)."""
-    import torch
-
-    from .render.torch_backend import eval_sh
-    d = np.random.default_rng(0).normal(size=(4 * k, 3))
-    d /= np.linalg.norm(d, axis=1, keepdims=True)
-
-    def basis(dirs):
-        eye = torch.eye(k, dtype=torch.float64)[None, :, :, None].expand(len(dirs), k, k, 1)
-        cols = [eval_sh(eye[:, :, j], torch.from_numpy(dirs)) for j in range(k)]  # each (n,1)
-        return torch.cat(cols, 1).numpy()
-
-    return np.linalg.lstsq(basis(d), basis(d @ R), rcond=None)[0]
+    d, pinv = _sh_fit(k)
+    return pinv @ _sh_basis(d @ R, k)
 
 
 def is_tensor(x: Any) -> bool:
@@ -159,6 +168,10 @@ class Surfels:
 
     def _fields(self) -> dict:
         return {f: getattr(self, f) for f in self._fields_present()}
+
+    def subset(self, idx) -> "Surfels":
+        """The surfels at ``idx`` (indices, a boolean mask or a slice), in that order."""
+        return Surfels.derived(**{k: v[idx] for k, v in self._fields().items()})
 
     def numpy(self) -> "Surfels":
         """Detached numpy copy (no-op for numpy surfels)."""

@@ -206,3 +206,21 @@ def test_downscaled_camera_matches_box_averaged_pixels():
     assert down.shape == (small.height, small.width, 3) and np.isclose(down[3, 5, 1], img[6:8, 10:12, 1].mean())
     with pytest.raises(ValueError, match="downscale"):
         cam.downscaled(0)
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3])
+def test_transformed_surfels_turn_their_view_dependent_colour(degree):
+    """A rotated surfel seen from a rotated direction shows the colour it showed before (SH bands rotate)."""
+    from gsim.render.torch_backend import eval_sh
+    rng = np.random.default_rng(degree)
+    k = (degree + 1) ** 2
+    s = gsim.Surfels(rng.normal(size=(6, 3)), np.tile([1.0, 0, 0, 0], (6, 1)), np.full((6, 2), 0.1), np.full(6, 0.5),
+                     rng.normal(size=(6, k, 3)))
+    q = rng.normal(size=4)
+    T = np.eye(4)
+    T[:3, :3] = quat_to_rotmat(q / np.linalg.norm(q))
+    d = rng.normal(size=(6, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    before = eval_sh(torch.from_numpy(s.colors), torch.from_numpy(d))
+    after = eval_sh(torch.from_numpy(s.transformed(T).colors), torch.from_numpy(d @ T[:3, :3].T))
+    assert torch.allclose(before, after, atol=1e-5)
