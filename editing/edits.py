@@ -256,7 +256,7 @@ def insert_actor(scene: Scene, asset, timestamps_us, poses, actor_id: Optional[s
     surfels, n_shadow = _actor_surfels(scene, asset, harmonized, shadow)
     actor = Actor(id=aid, category=asset.category, size=tuple(asset.size), surfels=surfels.transformed(lift),
                   track_timestamps_us=ts.astype(np.int64), track_poses=np.stack(placed), shadow_surfels=n_shadow,
-                  lod_spacing_m=spacing(asset.surfels))
+                  lod_spacing_m=spacing(asset.surfels), closed=asset.closed)
     if not allow_overlap:
         check_overlaps(scene.actors, [actor])
     return replace(scene, actors=tuple(scene.actors) + (actor,))

@@ -50,6 +50,8 @@ class Manifest(BaseModel):
     license: str = "unknown"
     lidar: bool = Field(False, description="has a per-surfel reflectance for LiDAR")
     surfels: int = Field(ge=1)
+    closed: bool = Field(False, description="the surfels cover closed surfaces with outward normals, so a "
+                                            "renderer may skip the ones that face away from the camera")
     thumbnail: Optional[str] = None
 
 
@@ -68,6 +70,7 @@ class Asset:
     source: Source
     license: str = "unknown"
     reflectance: Optional[np.ndarray] = None  # (N,) LiDAR reflectance in [0, 1]
+    closed: bool = False  # closed surfaces, normals outward (see Manifest.closed)
 
     def __post_init__(self):
         try:
@@ -86,7 +89,7 @@ class Asset:
     def manifest(self, thumbnail: Optional[str] = None) -> Manifest:
         return Manifest(id=self.id, category=self.category, size=tuple(self.size), source=self.source,
                         license=self.license, lidar=self.reflectance is not None, surfels=len(self.surfels),
-                        thumbnail=thumbnail)
+                        closed=self.closed, thumbnail=thumbnail)
 
 
 def box_frame(surfels: Surfels) -> Tuple[Surfels, Tuple[float, float, float]]:
@@ -134,7 +137,7 @@ def load_asset(folder) -> Asset:
     if m.lidar:
         refl = load_array(folder / "reflectance.npy")
     try:
-        return Asset(m.id, m.category, m.size, surfels, m.source, m.license, refl)
+        return Asset(m.id, m.category, m.size, surfels, m.source, m.license, refl, m.closed)
     except ValueError as e:
         raise SceneFormatError(f"{path}: {e}") from None
 
@@ -199,4 +202,4 @@ def _builtin_asset(asset_id: str) -> Asset:
     category, surfels, _, refl = build(asset_id)
     surfels, size = box_frame(surfels)
     return Asset(asset_id, category, size, surfels, Source(kind="builtin", detail=f"gsim.editing.starter:{asset_id}"),
-                 "Apache-2.0 (made by gsim's code)", refl)
+                 "Apache-2.0 (made by gsim's code)", refl, closed=True)  # unions of closed convex parts

@@ -96,6 +96,14 @@ def surfels_from_samples(points: np.ndarray, normals: np.ndarray, rgb: np.ndarra
                    colors=rgb_to_sh(np.clip(rgb, 0, 1)).astype(np.float32)[:, None, :])
 
 
+def is_closed(mesh) -> bool:
+    """Whether the mesh bounds volumes with outward faces (watertight, consistent winding, positive volume):
+    its surfels' normals then point out, and a renderer may skip those facing away from the camera."""
+    m = mesh.copy()
+    m.merge_vertices()  # files often repeat a vertex per face; closedness is about shared edges
+    return bool(m.is_watertight and m.is_winding_consistent and m.volume > 0)
+
+
 def mesh_to_surfels(mesh, spacing_m: float = 0.03, seed: int = 0) -> Surfels:
     """The mesh's surface as surfels (see the module docstring)."""
     p, n, c = sample_mesh(mesh, spacing_m, seed)

@@ -10,7 +10,7 @@ from gsim.scene import load_scene
 from gsim.surfels import Surfels
 
 from .library import CATEGORIES, Asset, Source, box_frame
-from .mesh import load_mesh, mesh_to_surfels
+from .mesh import is_closed, load_mesh, mesh_to_surfels
 
 # a file's up axis -> the rotation that makes it z (glTF and many OBJ exports are y-up)
 _UP = {"z": np.eye(3), "y": np.array([[1.0, 0, 0], [0, 0, -1], [0, 1, 0]]),
@@ -44,7 +44,8 @@ def asset_from_mesh(path, asset_id: str, category: str, spacing_m: float = 0.03,
     T[:3, :3] *= scale
     mesh.apply_transform(T)
     surfels, size = box_frame(mesh_to_surfels(mesh, spacing_m))
-    return Asset(asset_id, category, size, surfels, Source(kind="mesh", detail=str(Path(path).resolve())), license)
+    return Asset(asset_id, category, size, surfels, Source(kind="mesh", detail=str(Path(path).resolve())), license,
+                 closed=is_closed(mesh))
 
 
 def asset_from_ply(path, asset_id: str, category: str, up: str = "z", license: str = "unknown") -> Asset:
@@ -84,4 +85,4 @@ def asset_from_actor(scene_path, actor_id: str, asset_id: Optional[str] = None, 
     s = Surfels.derived(s.means, s.quats, s.scales, s.opacities, s.colors)  # features belong to that scene's head
     category = a.category if a.category in CATEGORIES else "other"
     return Asset(asset_id or actor_id, category, tuple(a.size), s,
-                 Source(kind="actor", detail=f"{Path(scene_path).resolve()}:{actor_id}"), license, refl)
+                 Source(kind="actor", detail=f"{Path(scene_path).resolve()}:{actor_id}"), license, refl, a.closed)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import re
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, NamedTuple, Optional
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from .errors import SceneFormatError
 from .io import atomic_directory
 from .ply import load_ply
 from .surfels import Surfels
-from .transforms import check_pose, interpolate_pose
+from .transforms import check_pose, interpolate_poses, rotmat_to_quat
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -38,6 +39,14 @@ SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
 ACTOR_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # also a safe folder name
 LOD_PIXELS = 0.75  # an actor with a level of detail keeps its surfels about this far apart on screen ...
 LOD_MIN = 1000  # ... and at least this many of its body
+
+
+class Part(NamedTuple):
+    """A piece of a scene at one time (`Scene.placed`): surfels in their own frame, where that frame is."""
+    surfels: Surfels
+    T_world_part: Optional[np.ndarray]  # 4x4; None: the surfels are in the world frame
+    closed: bool = False  # see Actor.closed
+    radius: Optional[float] = None  # m: every surfel's 3.4-sigma disc lies this close to the part frame's origin
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,6 +62,10 @@ class Actor:
     shadow_surfels: int = 0  # the last this many surfels are a contact shadow on the ground, not the body
     lod_spacing_m: Optional[float] = None  # body and shadow each in random order, surfels about this far apart:
     # a far view may draw a prefix of each (a level of detail, see `detail`); None: always all of them
+    closed: bool = False  # the body is closed surfaces with outward normals: a renderer may skip the surfels
+    # that face away from the camera (always hidden behind the ones that face it)
+    _track_quats: np.ndarray = field(init=False, repr=False)  # the track's rotations, for interpolation
+    _levels: dict = field(init=False, repr=False, default_factory=dict)  # level -> (surfels, radius), a cache
 
     def __post_init__(self):
         if self.lod_spacing_m is not None and not (isinstance(self.lod_spacing_m, (int, float, np.floating))
@@ -76,24 +89,42 @@ class Actor:
             check_pose(T, f"actor {self.id}: track_poses[{i}]")
         object.__setattr__(self, "track_timestamps_us", ts.astype(np.int64))
         object.__setattr__(self, "track_poses", poses)
+        object.__setattr__(self, "_track_quats", rotmat_to_quat(poses[:, :3, :3]))
 
     def pose_at(self, timestamp_us: int) -> np.ndarray:
-        return interpolate_pose(self.track_timestamps_us, self.track_poses, timestamp_us)
+        return interpolate_poses(self.track_timestamps_us, self.track_poses, [int(timestamp_us)], self._track_quats)[0]
 
     def detail(self, T_world_actor: np.ndarray, eye: Optional[np.ndarray], focal_px: float) -> Surfels:
         """The actor's surfels (its frame) as a camera at ``eye`` with focal length ``focal_px`` needs them:
         where its surfels would be closer than LOD_PIXELS on screen, a prefix of its body and of its shadow
         (uniform subsamples: each is in random order) whose tangent scales grow by sqrt(N / n), so the
-        surface stays covered. All of them without ``lod_spacing_m`` or ``eye``."""
-        s = self.surfels.numpy()
-        if self.lod_spacing_m is None or eye is None:
-            return s
-        dist = max(float(np.linalg.norm(T_world_actor[:3, 3] - eye)) - 0.5 * float(np.linalg.norm(self.size)), 1e-3)
-        px = focal_px * self.lod_spacing_m / dist
-        if px >= LOD_PIXELS:
-            return s
+        surface stays covered. All of them without ``lod_spacing_m`` or ``eye``. The fraction kept is the
+        next half octave above the need (2^(-k/2)), so a moving view reuses a few cached subsets."""
+        return self._level(T_world_actor, eye, focal_px)[0]
+
+    def part(self, T_world_actor: np.ndarray, eye: Optional[np.ndarray] = None, focal_px: float = 0.0) -> Part:
+        """This actor placed at ``T_world_actor`` as a `Part` (surfels as `detail` gives them)."""
+        s, radius = self._level(T_world_actor, eye, focal_px)
+        return Part(s, T_world_actor, self.closed, radius)
+
+    def _level(self, T_world_actor, eye, focal_px) -> tuple:
+        """(surfels, bounding radius m) of the detail level a view needs (cached)."""
+        level = 0
+        if self.lod_spacing_m is not None and eye is not None:
+            dist = max(float(np.linalg.norm(T_world_actor[:3, 3] - eye)) - 0.5 * float(np.linalg.norm(self.size)),
+                       1e-3)
+            px = focal_px * self.lod_spacing_m / dist
+            if px < LOD_PIXELS:
+                level = max(math.floor(-4 * math.log2(px / LOD_PIXELS)), 0)  # (px/LOD_PIXELS)^2 <= 2^(-level/2)
+        if level not in self._levels:
+            s = self.surfels.numpy()
+            s = s if level == 0 else self._subsample(s, 2.0 ** (-level / 2))
+            radius = float(np.linalg.norm(s.means, axis=1).max() + 3.4 * s.scales.max())
+            self._levels[level] = (s, radius)
+        return self._levels[level]
+
+    def _subsample(self, s: Surfels, frac: float) -> Surfels:
         nb = len(s) - self.shadow_surfels
-        frac = (px / LOD_PIXELS) ** 2
         kb, ks = max(int(np.ceil(nb * frac)), min(nb, LOD_MIN)), int(np.ceil(self.shadow_surfels * frac))
         idx = np.r_[0:kb, nb:nb + ks]
         out = s.subset(idx)
@@ -137,24 +168,37 @@ class Scene:
             app[str(name)] = A
         object.__setattr__(self, "appearance", app)
 
-    def at(self, timestamp_us: Optional[int] = None, eye: Optional[np.ndarray] = None,
-           focal_px: float = 0.0) -> Surfels:
-        """World-space surfels at ``timestamp_us`` (actors placed at their tracked poses); with a camera
-        position ``eye`` (world, m) and focal length ``focal_px``, actors that have a level of detail
-        give as many surfels as that view needs (`Actor.detail`)."""
+    def placed(self, timestamp_us: Optional[int] = None, eye: Optional[np.ndarray] = None,
+               focal_px: float = 0.0) -> list:
+        """The scene at ``timestamp_us`` as `Part`s: the background (world frame) and each actor's surfels
+        in its box frame with its tracked pose. With a camera position
+        ``eye`` (world, m) and focal length ``focal_px``, actors that have a level of detail give as many
+        surfels as that view needs (`Actor.detail`). Renderers that take parts draw an actor in its own frame
+        (nothing is copied); `at` moves them into one world-frame set."""
         if not self.actors:
-            return self.background
+            return [Part(self.background, None)]
         if timestamp_us is None:
             raise ValueError("Scene.at: this scene has actors; give timestamp_us (integer microseconds)")
-        bg = self.background.numpy()
-        parts = [bg]
+        parts = [Part(self.background.numpy(), None)]
         for a in self.actors:
-            P = a.pose_at(int(timestamp_us))
-            parts.append(a.detail(P, eye, focal_px).transformed(P))
-        return Surfels.concatenate(parts)
+            parts.append(a.part(a.pose_at(int(timestamp_us)), eye, focal_px))
+        return parts
+
+    def at(self, timestamp_us: Optional[int] = None, eye: Optional[np.ndarray] = None,
+           focal_px: float = 0.0) -> Surfels:
+        """World-space surfels at ``timestamp_us`` (actors placed at their tracked poses; see `placed`)."""
+        return world_surfels(self.placed(timestamp_us, eye, focal_px))
 
     def save(self, path) -> None:
         save_scene(self, path)
+
+
+def world_surfels(parts: list) -> Surfels:
+    """One world-frame surfel set from `Scene.placed` parts."""
+    if len(parts) == 1 and parts[0].T_world_part is None:
+        return parts[0].surfels
+    return Surfels.concatenate([p.surfels if p.T_world_part is None else p.surfels.transformed(p.T_world_part)
+                                for p in parts])
 
 
 def save_surfels(s: Surfels, folder: Path) -> None:
@@ -203,7 +247,7 @@ def save_scene(scene: Scene, path) -> None:
             np.save(d / "track_poses.npy", a.track_poses)
             actors.append({"id": a.id, "category": a.category, "size": [float(x) for x in a.size],
                            "surfels": f"actors/{a.id}", "shadow_surfels": int(a.shadow_surfels),
-                           "lod_spacing_m": a.lod_spacing_m})
+                           "lod_spacing_m": a.lod_spacing_m, "closed": bool(a.closed)})
         sky = None
         if scene.sky is not None:
             env = scene.sky.envmap
@@ -251,7 +295,7 @@ def load_scene(path) -> Scene:
                                     track_timestamps_us=load_array(d / "track_timestamps_us.npy"),
                                     track_poses=load_array(d / "track_poses.npy"),
                                     shadow_surfels=a.get("shadow_surfels", 0),
-                                    lod_spacing_m=a.get("lod_spacing_m")))
+                                    lod_spacing_m=a.get("lod_spacing_m"), closed=bool(a.get("closed", False))))
             except ValueError as e:
                 raise SceneFormatError(f"{mpath}: actors[{i}]: {e}") from None
         sky = None

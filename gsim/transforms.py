@@ -5,7 +5,7 @@ maps points from ``src`` to ``dst``; quaternions are (w, x, y, z).
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -134,17 +134,20 @@ def bracket(times_us: np.ndarray, t_us) -> Tuple[np.ndarray, np.ndarray]:
     return i, np.clip((t - t0) / (t1 - t0), 0.0, 1.0)
 
 
-def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us) -> np.ndarray:
+def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us, quats: Optional[np.ndarray] = None) -> np.ndarray:
     """Poses at the times ``t_us`` (M,) from a timed track (T,) / (T,4,4): (M,4,4), linear in
     translation, slerp in rotation. Times outside the track clamp to its ends (an actor holds
-    its first/last pose)."""
+    its first/last pose). ``quats``: the track's rotations as (T,4) quaternions, when known."""
     times_us = np.asarray(times_us, np.int64)
     t = np.atleast_1d(np.asarray(t_us, np.int64))
     if len(times_us) == 1:
         return np.repeat(np.asarray(poses[:1], np.float64), len(t), 0)
     i, a = bracket(times_us, t)
     a = a[:, None]
-    q0, q1 = rotmat_to_quat(poses[i - 1, :3, :3]), rotmat_to_quat(poses[i, :3, :3])
+    if quats is None:
+        q0, q1 = rotmat_to_quat(poses[i - 1, :3, :3]), rotmat_to_quat(poses[i, :3, :3])
+    else:
+        q0, q1 = quats[i - 1], quats[i]
     d = np.sum(q0 * q1, axis=1, keepdims=True)
     q1, d = np.where(d < 0, -q1, q1), np.abs(d)
     th = np.arccos(np.clip(d, -1.0, 1.0))

@@ -241,6 +241,32 @@ def test_mesh_asset_depth_matches_a_ray_cast_of_the_mesh(tmp_path):
     assert np.median(err) < 0.003 and np.percentile(err, 75) < 0.01  # (the rest: edges, where surfels overhang)
 
 
+def test_closed_assets_skip_the_surfels_that_face_away(tmp_path):
+    """A watertight mesh gives a closed asset: its inserted actor draws only the surfels facing the camera
+    (about half fewer tile entries), with the same silhouette and depth; an open mesh gives no culling."""
+    from gsim.render.common import resolve_options
+    from gsim.render.numba_backend import bin_surfels
+    closed = trimesh.creation.icosphere(subdivisions=3, radius=0.8)
+    closed.export(tmp_path / "ball.ply")
+    opened = trimesh.Trimesh(closed.vertices, closed.faces[closed.face_normals[:, 2] < 0.5])  # a bowl
+    opened.export(tmp_path / "bowl.ply")
+    ball = asset_from_mesh(tmp_path / "ball.ply", "ball", "other", spacing_m=0.05)
+    assert ball.closed and not asset_from_mesh(tmp_path / "bowl.ply", "bowl", "other", spacing_m=0.05).closed
+    assert AssetLibrary.builtin().get("cone").closed
+    scene = insert_actor(gsim.Scene(background=plane()), ball, [0, 2 * T0], [pose(6.0, 0.0)] * 2)
+    assert scene.actors[0].closed
+    culled, every = render(scene), gsim.render_camera(scene.at(T0), CAM, CAM_POSE, backend="numba")
+    a, b = culled.alpha > 0.5, every.alpha > 0.5
+    assert (a & b).sum() / (a | b).sum() > 0.98
+    assert np.median(np.abs(culled.depth - every.depth)[a & b]) < 0.005
+    entries = lambda parts: len(bin_surfels(parts, CAM, CAM_POSE, resolve_options(None))[2])
+    placed = scene.placed(T0)
+    n_bg = entries(placed[:1])
+    assert entries(placed) - n_bg < 0.65 * (entries([placed[0], placed[1]._replace(closed=False)]) - n_bg)
+    scene.save(tmp_path / "s")
+    assert gsim.load_scene(tmp_path / "s").actors[0].closed
+
+
 def test_library_directory_round_trip_and_manifest_errors(tmp_path, sedan):
     lib = AssetLibrary(tmp_path / "lib")
     assert lib.ids() == []
@@ -381,6 +407,8 @@ def test_far_inserted_actors_draw_fewer_surfels_and_stay_as_faithful(sedan, tmp_
         a = scene.actors[0]
         assert a.lod_spacing_m == pytest.approx(0.05, rel=0.2)  # the starter sedan's sampling
         assert len(a.detail(a.pose_at(T0), CAM_POSE[:3, 3], CAM.fx)) < 0.2 * len(a.surfels)
+        assert a.detail(a.pose_at(T0), CAM_POSE[:3, 3], CAM.fx) is a.detail(a.pose_at(T0), CAM_POSE[:3, 3] + 0.01,
+                                                                            CAM.fx)  # a cached level
         ref = gsim.render_camera(scene.at(T0), big, CAM_POSE, backend="numba").rgb
         ref = ref.reshape(CAM.height, 4, CAM.width, 4, 3).mean((1, 3))
         lod = render(scene).rgb  # render_camera passes the camera: the level of detail

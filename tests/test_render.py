@@ -264,6 +264,27 @@ def test_scene_actor_follows_its_track():
         gsim.render_camera(scene, PIN, T)
 
 
+def test_numba_draws_actors_in_their_own_frames_like_world_surfels():
+    """A scene's parts (actors in their box frames, view-dependent colour included) render like the same
+    surfels moved into the world."""
+    rng = np.random.default_rng(3)
+    P = np.eye(4)
+    P[:3, :3] = gsim.transforms.quat_to_rotmat(quat_axis_angle(rng.normal(size=3), 0.9))
+    P[:3, 3] = (0.5, -0.3, 1.0)
+    pose_shift = np.eye(4)
+    pose_shift[:3, 3] = (1.0, 0.2, -0.5)
+    actors = tuple(gsim.Actor(f"a{k}", "car", (2.0, 2.0, 2.0), random_scene(300, k, sh_degree=2, z=0.0),
+                              np.array([0, 1_000_000]), np.stack([P, P @ pose_shift]))
+                   for k in range(2))
+    scene = gsim.Scene(background=random_scene(500, 9, sh_degree=2), actors=actors)
+    T = np.eye(4)
+    T[2, 3] = -4.0
+    parts = gsim.render_camera(scene, PIN, T, backend="numba", timestamp_us=400_000)
+    world = gsim.render_camera(scene.at(400_000), PIN, T, backend="numba")
+    for k in ("rgb", "alpha", "depth", "normal"):
+        assert np.abs(getattr(parts, k) - getattr(world, k)).max() < 2e-4, k
+
+
 def test_bad_render_input_is_reported():
     s = random_scene(5, seed=0)
     with pytest.raises(ValueError, match="unknown backend 'vulkan'"):

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Union
 import numpy as np
 
 from ..cameras import FisheyeCamera, OpenCVCamera, PinholeCamera
-from ..scene import Scene
+from ..scene import Scene, world_surfels
 from ..surfels import Surfels
 from ..transforms import check_pose
 from .common import CameraFrame, RenderOptions, frame_to_numpy, map_frame, resolve_options
@@ -41,6 +41,7 @@ class Backend:
     module: str  # imported lazily: gsim --help and gsim.info stay fast
     probe: Callable[[], Optional[str]]
     differentiable: bool
+    takes_parts: bool = False  # renders `Scene.placed` parts (actors in their own frames) without a copy
 
     def render(self, surfels, camera, T_world_camera, options) -> CameraFrame:
         return importlib.import_module(self.module, __name__).render(surfels, camera, T_world_camera, options)
@@ -48,7 +49,7 @@ class Backend:
 
 BACKENDS: Dict[str, Backend] = {
     "torch": Backend("torch", ".torch_backend", _always, True),
-    "numba": Backend("numba", ".numba_backend", _numba_reason, True),  # CPU tensors
+    "numba": Backend("numba", ".numba_backend", _numba_reason, True, takes_parts=True),  # CPU tensors
     "gsplat": Backend("gsplat", ".gsplat_backend", _gsplat_reason, True),
 }
 
@@ -92,14 +93,23 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     if not isinstance(camera, (PinholeCamera, OpenCVCamera, FisheyeCamera)):
         raise TypeError(f"render_camera: expected a gsim camera model, got {type(camera).__name__}")
     T = check_pose(T_world_camera, "T_world_camera")
+    options = resolve_options(options)
     if isinstance(scene_or_surfels, Scene):  # actors with a level of detail: as many surfels as this view needs
-        surfels = scene_or_surfels.at(timestamp_us, eye=T[:3, 3], focal_px=float(camera.fx))
+        parts = scene_or_surfels.placed(timestamp_us, eye=T[:3, 3], focal_px=float(camera.fx))
+        surfels = parts[0].surfels
+        b = _pick(backend, surfels)
+        if len(parts) == 1:
+            what = surfels
+        elif b.takes_parts and not options.distortion:
+            what = parts
+        else:
+            what = surfels = world_surfels(parts)
     elif isinstance(scene_or_surfels, Surfels):
-        surfels = scene_or_surfels
+        what = surfels = scene_or_surfels
+        b = _pick(backend, surfels)
     else:
         raise TypeError(f"render_camera: expected a Scene or Surfels, got {type(scene_or_surfels).__name__}")
-    b = _pick(backend, surfels)
-    frame = b.render(surfels, camera, T, resolve_options(options))
+    frame = b.render(what, camera, T, options)
     if not surfels.is_torch:
         return frame_to_numpy(frame)
     if hasattr(frame.rgb, "detach"):

@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..cameras import Camera
+from ..scene import Part
 from ..surfels import Surfels
 from .common import (ALPHA_THRESHOLD, DISTORTION_SCALE, FILTER_INV_SQUARE, MAX_ALPHA, N_RECORD, T_MIN, TILE_SIZE,
                      CameraFrame, RenderOptions, tile_table, world_to_camera)
@@ -89,10 +90,11 @@ def _clipped_disk_bounds(c0, c1, c2, u0, u1, u2, v0, v1, v2, near):
 
 @njit(parallel=True, cache=True)
 def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far, tile_col_u, tile_row_v,
-                rec, bounds, depth, rect):
+                rec, bounds, depth, rect, closed=False):
     """Per surfel: the rectangle of tiles [x0, x1) x [y0, y1) that its footprint bound meets, as
     rect[i] = x0, x1, y0, y1 (x0 = x1 = 0 for culled surfels), and for the others its record, bound
-    and float32 centre depth."""
+    and float32 centre depth. ``closed``: the surfels cover closed surfaces with outward normals, so
+    those facing away are culled (the surface's near side hides them)."""
     for i in prange(means.shape[0]):
         rect[i, 0], rect[i, 1] = 0, 0
         o = f64(opac[i])  # float64 maths for any input dtype (numba's float() keeps float32)
@@ -123,6 +125,8 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
         n1 = Rcw[1, 0] * ez0 + Rcw[1, 1] * ez1 + Rcw[1, 2] * ez2
         n2 = Rcw[2, 0] * ez0 + Rcw[2, 1] * ez1 + Rcw[2, 2] * ez2
         if n0 * c0 + n1 * c1 + n2 * c2 > 0:  # face the camera
+            if closed:
+                continue
             n0, n1, n2 = -n0, -n1, -n2
         # rows of adj(H), H = [tu, tv, c]: tv x c, c x tu, tu x tv
         a00, a01, a02 = v1 * c2 - v2 * c1, v2 * c0 - v0 * c2, v0 * c1 - v1 * c0
@@ -417,20 +421,50 @@ def small_chunks(size: int = 2):
         numba.set_parallel_chunksize(previous)
 
 
-def bin_surfels(s: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions):
+def _out_of_view(part: Part, T_world_camera: np.ndarray, camera: Camera, tab, options: RenderOptions) -> bool:
+    """Whether a part's bounding sphere lies wholly outside the view: behind the near plane, past the far
+    one, or beyond a side of the pyramid of the pixels' rays (widened by 4 pixels for the screen-space
+    filter), so that none of its surfels can reach a pixel."""
+    if part.radius is None or part.T_world_part is None:
+        return False
+    R_cw, t_cw, _ = world_to_camera(T_world_camera)
+    x, y, z = R_cw @ part.T_world_part[:3, 3] + t_cw
+    r = part.radius
+    if z + r <= options.near or z - r >= options.far:
+        return True
+    u0, u1 = tab.tile_col_u[0, 0] - 4 / camera.fx, tab.tile_col_u[1, -1] + 4 / camera.fx
+    v0, v1 = tab.tile_row_v[0, 0] - 4 / camera.fy, tab.tile_row_v[1, -1] + 4 / camera.fy
+    if not np.all(np.isfinite([u0, u1, v0, v1])):
+        return False
+    return bool(x - u1 * z > r * math.hypot(1, u1) or u0 * z - x > r * math.hypot(1, u0)
+                or y - v1 * z > r * math.hypot(1, v1) or v0 * z - y > r * math.hypot(1, v0))
+
+
+def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions):
     """Per-surfel records (N, REC) float32 (from float64 maths) and the tiles' surfel lists in depth
-    order (start, lst; see _tile_lists), for numpy surfels."""
-    N = len(s)
-    R_cw, t_cw, cen = world_to_camera(T_world_camera)
+    order (start, lst; see _tile_lists), for numpy surfels or `Scene.placed` parts: each part is projected
+    from its own frame, with the camera's pose in that frame (records are in camera and screen space, so
+    they compose), and nothing is moved or copied."""
     tab = tile_table(camera)
+    if isinstance(parts, Surfels):
+        parts = [Part(parts, None)]
+    parts = [p for p in parts if not _out_of_view(p, T_world_camera, camera, tab, options)]
+    N = sum(len(p.surfels) for p in parts)
     rec = np.empty((N, REC), np.float32)
     bounds = np.empty((N, 4), np.float64)
     depth = np.empty(N, np.float32)
     rect = np.empty((N, 4), np.int64)
     c = np.ascontiguousarray  # any float dtype: the maths is float64 inside
-    _preprocess(c(s.means), c(s.quats), c(s.scales), c(s.opacities), c(s.colors, np.float32), R_cw, t_cw, cen,
-                float(camera.fx), float(camera.fy), float(options.near), float(options.far),
-                tab.tile_col_u[None], tab.tile_row_v[None], rec, bounds, depth, rect)  # [None]: as one tile
+    o = 0
+    for s, T_world_part, closed, _ in parts:
+        n = len(s)
+        T = T_world_camera if T_world_part is None else np.linalg.inv(T_world_part) @ T_world_camera
+        R_cw, t_cw, cen = world_to_camera(T)
+        sl = slice(o, o + n)
+        _preprocess(c(s.means), c(s.quats), c(s.scales), c(s.opacities), c(s.colors, np.float32), R_cw, t_cw, cen,
+                    float(camera.fx), float(camera.fy), float(options.near), float(options.far),
+                    tab.tile_col_u[None], tab.tile_row_v[None], rec[sl], bounds[sl], depth[sl], rect[sl], closed)
+        o += n
     keys = _depth_keys(depth, rect)
     keys.sort()  # numpy's (vectorized) sort
     start, lst = _tile_lists(keys & 0xFFFFFFFF, rect, bounds, tab.bounds, tab.tiles_x, numba.get_num_threads())
@@ -442,12 +476,19 @@ def _needs_grad(surfels: Surfels) -> bool:
     return torch.is_grad_enabled() and any(x.requires_grad for x in surfels._fields().values())
 
 
-def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
-    if options.distortion or (surfels.is_torch and _needs_grad(surfels)):
+def render(surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
+    """``surfels``: Surfels, or `Scene.placed` parts of numpy surfels (drawn without moving or copying
+    them; not with the distortion output)."""
+    if isinstance(surfels, list):
+        if options.distortion:
+            raise ValueError("numba backend: the distortion output needs world-frame surfels (Scene.at), not parts")
+    elif options.distortion or (surfels.is_torch and _needs_grad(surfels)):
         from .numba_grad import render as render_tracked
         return render_tracked(surfels, camera, T_world_camera, options)
+    else:
+        surfels = surfels.numpy()
     tab = tile_table(camera)
-    rec, start, lst = bin_surfels(surfels.numpy(), camera, T_world_camera, options)
+    rec, start, lst = bin_surfels(surfels, camera, T_world_camera, options)
     H, W = camera.height, camera.width
     rgb, normal = np.empty((H * W, 3), np.float32), np.empty((H * W, 3), np.float32)
     alpha, depth_img = np.empty(H * W, np.float32), np.empty(H * W, np.float32)
