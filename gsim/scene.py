@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,32 @@ SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
 ACTOR_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # also a safe folder name
 LOD_PIXELS = 0.75  # an actor with a level of detail keeps its surfels about this far apart on screen ...
 LOD_MIN = 1000  # ... and at least this many of its body
+
+
+@functools.lru_cache(maxsize=1024)
+def _detail_level(surfels: Surfels, shadow_surfels: int, level: int) -> tuple:
+    """(surfels, bounding radius m) of an actor's detail ``level``: all of them at 0, else a prefix of the
+    body and of the shadow (each in random order) of 2^(-level/2) of them (at least LOD_MIN of the body),
+    tangent scales grown by sqrt(N / n). Cached by the surfels' identity (Surfels hash by identity), so
+    actors that share surfels (an actor with a new track) share their levels."""
+    s = surfels.numpy()
+    if level > 0:
+        frac = 2.0 ** (-level / 2)
+        nb = len(s) - shadow_surfels
+        kb, ks = max(int(np.ceil(nb * frac)), min(nb, LOD_MIN)), int(np.ceil(shadow_surfels * frac))
+        out = s.subset(np.r_[0:kb, nb:nb + ks])
+        scales = out.scales.copy()
+        scales[:kb] *= np.sqrt(nb / kb)
+        scales[kb:] *= np.sqrt(shadow_surfels / max(ks, 1))
+        s = Surfels.derived(out.means, out.quats, scales, out.opacities, out.colors, out.features)
+    return s, float(np.linalg.norm(s.means, axis=1).max() + 3.4 * s.scales.max())
+
+
+def body_surfels(surfels: Surfels, shadow_surfels: int) -> Surfels:
+    """An actor's surfels without its contact shadow (the last ``shadow_surfels``)."""
+    if not shadow_surfels:
+        return surfels
+    return surfels.numpy().subset(slice(0, len(surfels) - shadow_surfels))
 
 
 class Part(NamedTuple):
@@ -65,7 +92,6 @@ class Actor:
     closed: bool = False  # the body is closed surfaces with outward normals: a renderer may skip the surfels
     # that face away from the camera (always hidden behind the ones that face it)
     _track_quats: np.ndarray = field(init=False, repr=False)  # the track's rotations, for interpolation
-    _levels: dict = field(init=False, repr=False, default_factory=dict)  # level -> (surfels, radius), a cache
 
     def __post_init__(self):
         if self.lod_spacing_m is not None and not (isinstance(self.lod_spacing_m, (int, float, np.floating))
@@ -108,7 +134,7 @@ class Actor:
         return Part(s, T_world_actor, self.closed, radius)
 
     def _level(self, T_world_actor, eye, focal_px) -> tuple:
-        """(surfels, bounding radius m) of the detail level a view needs (cached)."""
+        """(surfels, bounding radius m) of the detail level a view needs."""
         level = 0
         if self.lod_spacing_m is not None and eye is not None:
             dist = max(float(np.linalg.norm(T_world_actor[:3, 3] - eye)) - 0.5 * float(np.linalg.norm(self.size)),
@@ -116,29 +142,12 @@ class Actor:
             px = focal_px * self.lod_spacing_m / dist
             if px < LOD_PIXELS:
                 level = max(math.floor(-4 * math.log2(px / LOD_PIXELS)), 0)  # (px/LOD_PIXELS)^2 <= 2^(-level/2)
-        if level not in self._levels:
-            s = self.surfels.numpy()
-            s = s if level == 0 else self._subsample(s, 2.0 ** (-level / 2))
-            radius = float(np.linalg.norm(s.means, axis=1).max() + 3.4 * s.scales.max())
-            self._levels[level] = (s, radius)
-        return self._levels[level]
-
-    def _subsample(self, s: Surfels, frac: float) -> Surfels:
-        nb = len(s) - self.shadow_surfels
-        kb, ks = max(int(np.ceil(nb * frac)), min(nb, LOD_MIN)), int(np.ceil(self.shadow_surfels * frac))
-        idx = np.r_[0:kb, nb:nb + ks]
-        out = s.subset(idx)
-        scales = out.scales.copy()
-        scales[:kb] *= np.sqrt(nb / kb)
-        scales[kb:] *= np.sqrt(self.shadow_surfels / max(ks, 1))
-        return Surfels.derived(out.means, out.quats, scales, out.opacities, out.colors, out.features)
+        return _detail_level(self.surfels, self.shadow_surfels, level)
 
     @property
     def body(self) -> Surfels:
         """The actor's own surfels (without its contact shadow): what a LiDAR hits and an instance mask covers."""
-        if not self.shadow_surfels:
-            return self.surfels
-        return self.surfels.numpy().subset(slice(0, len(self.surfels) - self.shadow_surfels))
+        return body_surfels(self.surfels, self.shadow_surfels)
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import List, Optional, Tuple, Union
 
 import numpy as np
@@ -90,6 +90,7 @@ class SurfelGroups:
     group: np.ndarray
     tracks: Tuple[Tuple[np.ndarray, np.ndarray], ...]  # per actor: (timestamps_us, T_world_actor)
     radius: np.ndarray
+    cache: dict = field(default_factory=dict, repr=False)  # derived arrays; `replace` shares it (same surfels)
 
     @staticmethod
     def build(means, quats, scales, opacities, features, group, tracks) -> "SurfelGroups":
@@ -107,40 +108,43 @@ class SurfelGroups:
         feats = c(features, np.float32) if features is not None else np.zeros((n, 0), np.float32)
         return SurfelGroups(rec, c(quats), c(scales, np.float32), feats, group, tuple(tracks), radius)
 
-    @functools.cached_property
+    @property
     def disk(self) -> np.ndarray:
-        """(N, sweep.N_DISK) float32: each surfel's cutoff disc, for lidar.sweep (computed once per scene)."""
-        from .sweep import N_DISK, surfel_disks
-        disk = np.empty((len(self.rec), N_DISK), np.float32)
-        surfel_disks(self.rec, self.scales, disk)
-        return disk
+        """(N, sweep.N_DISK) float32: each surfel's cutoff disc, for lidar.sweep (computed once per surfel set)."""
+        if "disk" not in self.cache:
+            from .sweep import N_DISK, surfel_disks
+            disk = np.empty((len(self.rec), N_DISK), np.float32)
+            surfel_disks(self.rec, self.scales, disk)
+            self.cache["disk"] = disk
+        return self.cache["disk"]
 
 
 def _groups(scene_or_surfels) -> SurfelGroups:
+    """The surfel groups of a Scene (the actors' current tracks) or of world-frame Surfels."""
     from gsim.scene import Scene
     from gsim.surfels import Surfels
-    if not isinstance(scene_or_surfels, (Scene, Surfels)):
+    if isinstance(scene_or_surfels, Surfels):
+        return _geometry(((scene_or_surfels, 0),))
+    if not isinstance(scene_or_surfels, Scene):
         raise TypeError(f"render_lidar: expected a Scene or Surfels, got {type(scene_or_surfels).__name__}")
-    return _cached_groups(scene_or_surfels)
+    s = scene_or_surfels
+    geometry = _geometry(((s.background, 0),) + tuple((a.surfels, a.shadow_surfels) for a in s.actors))
+    return replace(geometry, tracks=tuple((a.track_timestamps_us, a.track_poses) for a in s.actors))
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_groups(scene_or_surfels) -> SurfelGroups:
-    """Per scene object (Scene and Surfels are frozen and hashed by identity): a simulator renders many
-    sweeps of one scene."""
-    from gsim.surfels import Surfels
-    if isinstance(scene_or_surfels, Surfels):
-        parts, tracks = [scene_or_surfels.numpy()], []
-    else:
-        s = scene_or_surfels
-        parts = [s.background.numpy()] + [a.body.numpy() for a in s.actors]  # shadows are not geometry
-        tracks = [(a.track_timestamps_us, a.track_poses) for a in s.actors]
-    if len({None if p.features is None else p.features.shape[1] for p in parts}) > 1:
+def _geometry(parts) -> SurfelGroups:
+    """Per surfel sets ((surfels, shadow count) per group: Surfels hash by identity): a simulator renders many
+    sweeps of one scene, whose actors move (a scene with new tracks for the same surfels hits this cache)."""
+    from gsim.scene import body_surfels
+    bodies = [body_surfels(p, k).numpy() for p, k in parts]  # shadows are no geometry
+    if len({None if p.features is None else p.features.shape[1] for p in bodies}) > 1:
         raise ValueError("render_lidar: the background and actors must all have features of one width, or none")
-    cat = lambda k: np.concatenate([getattr(p, k) for p in parts])
+    cat = lambda k: np.concatenate([getattr(p, k) for p in bodies])
     return SurfelGroups.build(cat("means"), cat("quats"), cat("scales"), cat("opacities"),
-                              None if parts[0].features is None else cat("features"),
-                              np.concatenate([np.full(len(p), g) for g, p in enumerate(parts)]), tracks)
+                              None if bodies[0].features is None else cat("features"),
+                              np.concatenate([np.full(len(p), g) for g, p in enumerate(bodies)]),
+                              [None] * (len(bodies) - 1))
 
 
 def _sensor_poses(T_world_lidar, timestamp_us: Optional[int], times_us: np.ndarray, rolling: bool) -> np.ndarray:

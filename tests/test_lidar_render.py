@@ -172,6 +172,15 @@ def test_rolling_sweep_moves_actors_per_column():
     measured, analytic = front_ranges(render_lidar(scene, VLP16, np.eye(4), timestamp_us=50_000, rolling=False),
                                       lambda t: 10.5 + 0 * t)
     assert np.abs(measured - analytic).max() < 1e-3
+    # the same surfels on a new track (a closed loop moves its actors every step): the new track is used,
+    # and the surfels' geometry is not rebuilt
+    from dataclasses import replace
+    from gsim.lidar.render import _groups
+    moved = replace(scene, actors=(replace(actor, track_timestamps_us=np.array([0]),
+                                           track_poses=translation(15.0)[None]),))
+    measured, analytic = front_ranges(render_lidar(moved, VLP16, np.eye(4), timestamp_us=0), lambda t: 15.0 + 0 * t)
+    assert np.abs(measured - analytic).max() < 1e-3
+    assert _groups(moved).rec is _groups(scene).rec
 
 
 def test_numba_matches_torch_with_actors_and_a_turning_moving_sensor():
