@@ -219,6 +219,20 @@ def check_overlaps(actors: Sequence[Actor], new: Sequence[Actor], min_area_m2: f
         others.append(a)
 
 
+def asset_actor(scene: Scene, asset, actor_id: str, timestamps_us, poses, harmonized: bool = True,
+                shadow: bool = True) -> Actor:
+    """An actor of ``asset`` made for ``scene`` (harmonized colours, LiDAR features, contact shadow) on a
+    track of box-centre poses (T,4,4) at ``timestamps_us`` (T,), as they are: no ground placement, no
+    overlap check (`insert_actor` does both). Actors that share an asset can share its surfels:
+    ``dataclasses.replace(actor, id=..., track_...=...)``."""
+    lift = np.eye(4)  # the surfels live in the box-centre frame like every actor's
+    lift[2, 3] = -asset.size[2] / 2
+    surfels, n_shadow = _actor_surfels(scene, asset, harmonized, shadow)
+    return Actor(id=actor_id, category=asset.category, size=tuple(asset.size), surfels=surfels.transformed(lift),
+                 track_timestamps_us=np.asarray(timestamps_us, np.int64), track_poses=np.asarray(poses, np.float64),
+                 shadow_surfels=n_shadow, lod_spacing_m=spacing(asset.surfels), closed=asset.closed)
+
+
 def insert_actor(scene: Scene, asset, timestamps_us, poses, actor_id: Optional[str] = None, on_ground: bool = True,
                  harmonized: bool = True, shadow: bool = True, allow_overlap: bool = False) -> Scene:
     """``scene`` with ``asset`` added as an actor moving along ``poses`` (T,4,4) T_world_actor at
@@ -250,13 +264,7 @@ def insert_actor(scene: Scene, asset, timestamps_us, poses, actor_id: Optional[s
                 raise EditError(f"{what}: its bottom is {gap:+.2f} m from the ground ({'floats' if gap > 0 else 'sinks'}"
                                 f"; tolerance {GROUND_TOLERANCE_M} m): use on_ground=True")
         placed.append(_box_centre(T, asset.size[2]))
-    # the surfels live in the box-centre frame like every actor's
-    lift = np.eye(4)
-    lift[2, 3] = -asset.size[2] / 2
-    surfels, n_shadow = _actor_surfels(scene, asset, harmonized, shadow)
-    actor = Actor(id=aid, category=asset.category, size=tuple(asset.size), surfels=surfels.transformed(lift),
-                  track_timestamps_us=ts.astype(np.int64), track_poses=np.stack(placed), shadow_surfels=n_shadow,
-                  lod_spacing_m=spacing(asset.surfels), closed=asset.closed)
+    actor = asset_actor(scene, asset, aid, ts, np.stack(placed), harmonized, shadow)
     if not allow_overlap:
         check_overlaps(scene.actors, [actor])
     return replace(scene, actors=tuple(scene.actors) + (actor,))

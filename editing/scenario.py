@@ -156,9 +156,9 @@ def _where(loc) -> str:
     return out or "(top level)"
 
 
-def parse_scenario(data, where: str = "scenario") -> Scenario:
+def parse_scenario(data, where: str = "scenario", model=Scenario) -> Scenario:
     try:
-        return Scenario.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         seen, lines = set(), []
         for err in e.errors():  # a union reports each member's error at one field: the first says enough
@@ -169,8 +169,9 @@ def parse_scenario(data, where: str = "scenario") -> Scenario:
         raise ScenarioError(f"{where}: " + "; ".join(lines)) from None
 
 
-def load_scenario(path) -> Scenario:
-    """Read and validate a scenario YAML file (paths resolved against its folder)."""
+def load_scenario(path, model=Scenario) -> Scenario:
+    """Read and validate a scenario YAML file (paths resolved against its folder); ``model``: the schema
+    (a Scenario subclass such as the closed loop's)."""
     import yaml
     path = Path(path)
     if not path.is_file():
@@ -181,7 +182,7 @@ def load_scenario(path) -> Scenario:
         raise ScenarioError(f"{path}: not valid YAML ({str(e).splitlines()[0]} ...)") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: expected a mapping of scenario fields at the top level")
-    return parse_scenario(data, str(path)).resolve(path.parent)
+    return parse_scenario(data, str(path), model).resolve(path.parent)
 
 
 def save_scenario(scenario: Scenario, path) -> None:

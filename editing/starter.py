@@ -10,7 +10,7 @@ Box frame: x forward, y left, z up, origin at the centre of the bottom face.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 

@@ -25,12 +25,13 @@ import math
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import ClassVar, Dict, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 from numba import njit, prange
 
 from gsim.cameras import Camera, OpenCVCamera, PinholeCamera
+from gsim.config import Config
 from gsim.street import R_VEHICLE_CAMERA
 
 from .log import ActorTrack, LidarBeams, LogWriter
@@ -80,10 +81,9 @@ def _int_option(name: str, v, lo: int, hi: int) -> None:
 
 
 @dataclass(frozen=True)
-class SynthOptions:
+class SynthOptions(Config):
     """Generator settings; the defaults make the project's embedded log."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
     n_frames: int = 40  # 10 Hz
     width: int = 320  # every camera's image size, pixels
     height: int = 200
@@ -124,16 +124,6 @@ class SynthOptions:
         else:
             d["omit"] = list(self.omit)
         return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "SynthOptions":
-        if not isinstance(d, dict) or d.get("schema_version") != cls.SCHEMA_VERSION:
-            raise ValueError(f"SynthOptions.schema_version: expected {cls.SCHEMA_VERSION}, got "
-                             f"{d.get('schema_version') if isinstance(d, dict) else d!r}")
-        unknown = set(d) - {f.name for f in fields(cls)} - {"schema_version"}
-        if unknown:
-            raise ValueError(f"SynthOptions: unknown fields {sorted(unknown)}")
-        return cls(**{k: v for k, v in d.items() if k != "schema_version"})
 
 
 def _yaw_poses(positions: np.ndarray, yaw: np.ndarray) -> np.ndarray:

@@ -1,0 +1,161 @@
+"""Agents that come with gsim, and the interface a user's own agent implements.
+
+An agent is any object with ``act(observation) -> action`` (and optionally ``reset(info)``, called once
+before a run with the `LoopInfo`): the action is `Controls` (acceleration m/s^2, steering rate rad/s) or
+timed waypoints (K,3) (t_s from now, x, y in the ego's rear-axle frame), which the loop's tracking
+controller follows. `load_agent(name)` gives the built-in ones:
+
+- ``replay``: follows the logged ego path on the logged timing (waypoints from the log), whatever is there;
+- ``privileged``: IDM behind the nearest ground-truth actor in its lane (`Observation.actors`) and pure
+  pursuit on the route: a sanity baseline that should score near the top;
+- ``lidar-aeb``: sees only its LiDAR sweeps and the route: follows the route at the target speed and brakes
+  for returns in its path (automatic emergency braking).
+
+Or ``module:attribute`` names a user's agent class (or factory) importable from Python.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Optional
+
+import numpy as np
+
+from .dynamics import Controls, TrajectoryTracker, path_waypoints
+from .loop import LoopInfo, Observation
+
+WAYPOINT_TIMES_S = np.arange(0.5, 3.01, 0.5)
+
+
+class ReplayAgent:
+    """Drives the logged ego path on its timing (the open-loop log, re-driven through the dynamics); past
+    the log's end, on at the last logged velocity."""
+
+    name = "replay"
+
+    def reset(self, info: LoopInfo) -> None:
+        self.info = info
+        end = info.logged_until_us
+        self.end = info.logged_pose(end)[:3, 3]
+        self.velocity = (self.end - info.logged_pose(end - 100_000)[:3, 3]) / 0.1
+
+    def _logged(self, t_us: int) -> np.ndarray:
+        late = (t_us - self.info.logged_until_us) * 1e-6
+        return self.end + self.velocity * late if late > 0 else self.info.logged_pose(t_us)[:3, 3]
+
+    def act(self, obs: Observation) -> np.ndarray:
+        T_ve = np.linalg.inv(obs.T_world_vehicle)
+        wp = []
+        for t in WAYPOINT_TIMES_S:
+            p = self._logged(obs.timestamp_us + int(round(t * 1e6)))
+            q = T_ve[:3, :3] @ p + T_ve[:3, 3]
+            wp.append((t, q[0], q[1]))
+        return np.array(wp)
+
+
+def _lateral(route: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each ego-frame point's lateral offset from the ego-frame route polyline (K,2) (ahead of the ego)."""
+    if len(route) < 2:
+        return np.abs(y)
+    ry = np.interp(x, route[:, 0], route[:, 1])
+    return np.abs(y - ry)
+
+
+class _RouteFollower:
+    """Pure pursuit on the route at the target speed, with a tracker of its own for the longitudinal part."""
+
+    def reset(self, info: LoopInfo) -> None:
+        self.info = info
+        self.tracker = TrajectoryTracker(info.params)
+
+    def follow(self, obs: Observation) -> Controls:
+        wp = path_waypoints(self.info.route_xy, obs.ego, self.info.target_speed_mps)
+        return self.tracker.controls(obs.ego, wp, self.info.step_s)
+
+
+class PrivilegedAgent(_RouteFollower):
+    """IDM (intelligent driver model) behind the nearest actor in the ego's lane, from ground truth."""
+
+    name = "privileged"
+    MIN_GAP_M, HEADWAY_S, COMFORT_DECEL = 2.0, 1.2, 2.0
+
+    def act(self, obs: Observation) -> Controls:
+        base = self.follow(obs)
+        p = self.info.params
+        v, v0 = obs.ego.speed_mps, self.info.target_speed_mps
+        T_ve = np.linalg.inv(obs.T_world_vehicle)
+        gap, lead_v = math.inf, 0.0
+        for a in obs.actors:
+            q = T_ve[:3, :3] @ np.array([a.x, a.y, a.z]) + T_ve[:3, 3]
+            ahead = q[0] - p.rear_axle_to_centre_m - p.length_m / 2 - a.length / 2
+            if ahead > -p.length_m / 2 and _lateral(obs.route, q[:1], q[1:2])[0] < (p.width_m + a.width) / 2 + 0.3:
+                if ahead < gap:
+                    c, s = math.cos(obs.ego.yaw_rad), math.sin(obs.ego.yaw_rad)
+                    gap, lead_v = ahead, c * a.vx + s * a.vy
+        accel = p.max_accel_mps2 * (1 - (v / max(v0, 0.1)) ** 4)
+        if gap < math.inf:
+            s_star = self.MIN_GAP_M + v * self.HEADWAY_S + v * (v - lead_v) / (2 * math.sqrt(p.max_accel_mps2 * self.COMFORT_DECEL))
+            accel -= p.max_accel_mps2 * (max(s_star, 0.0) / max(gap, 0.1)) ** 2
+        return Controls(min(base.accel_mps2, accel), base.steer_rate_rps)
+
+
+class LidarAebAgent(_RouteFollower):
+    """Route following with automatic emergency braking on LiDAR returns in the ego's path."""
+
+    name = "lidar-aeb"
+    MARGIN_M, REACTION_S, BRAKE_MPS2, LOOKAHEAD_M = 0.3, 0.3, 6.0, 60.0
+    MIN_HEIGHT_M, MAX_HEIGHT_M = 0.3, 2.5  # above the ground: kerbs and the road are not obstacles
+
+    def act(self, obs: Observation) -> Controls:
+        base = self.follow(obs)
+        dist = self.obstacle_distance(obs)
+        v = obs.ego.speed_mps
+        stop = v * self.REACTION_S + v * v / (2 * self.BRAKE_MPS2) + 2.0  # what it needs, with 2 m to spare
+        if dist is None or dist > stop:
+            return base
+        room = max(dist - 1.5, 0.05)  # brake to stand 1.5 m short of the obstacle
+        decel = min(max(v * v / (2 * room), 1.0), self.info.params.max_decel_mps2)  # (1: hold it when stopped)
+        return Controls(-decel, base.steer_rate_rps)
+
+    def obstacle_distance(self, obs: Observation) -> Optional[float]:
+        """Metres from the front bumper to the nearest return inside the ego's path ahead (None: clear)."""
+        p = self.info.params
+        front = p.rear_axle_to_centre_m + p.length_m / 2
+        best = None
+        for name, pts in obs.lidars.items():
+            if len(pts) == 0:
+                continue
+            T = self.info.T_vehicle_lidar[name]
+            q = pts[:, :3].astype(np.float64) @ T[:3, :3].T + T[:3, 3]  # the rear-axle frame
+            near = (q[:, 0] > front) & (q[:, 0] < front + self.LOOKAHEAD_M)
+            q = q[near]
+            if len(q) == 0:
+                continue
+            ground = float(np.percentile(q[:, 2], 5))  # the road's height under the returns ahead
+            h = q[:, 2] - ground
+            hit = (h > self.MIN_HEIGHT_M) & (h < self.MAX_HEIGHT_M) & \
+                  (_lateral(obs.route, q[:, 0], q[:, 1]) < p.width_m / 2 + self.MARGIN_M)
+            if hit.any():
+                d = float(q[hit, 0].min() - front)
+                best = d if best is None else min(best, d)
+        return best
+
+
+BUILTIN = {"replay": ReplayAgent, "privileged": PrivilegedAgent, "lidar-aeb": LidarAebAgent}
+
+
+def load_agent(name: str):
+    """A built-in agent by name, or ``module:attribute`` (a class or factory called without arguments)."""
+    if name in BUILTIN:
+        return BUILTIN[name]()
+    if ":" in name:
+        mod, attr = name.split(":", 1)
+        try:
+            factory = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"agent {name!r}: cannot import it ({e})") from None
+        agent = factory()
+        if not callable(getattr(agent, "act", None)):
+            raise ValueError(f"agent {name!r}: the object has no act(observation) method")
+        return agent
+    raise ValueError(f"unknown agent {name!r}; built-in: {', '.join(BUILTIN)}, or module:attribute")

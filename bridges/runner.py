@@ -1,0 +1,100 @@
+"""Running closed-loop scenarios with agents: one run into a directory, or a batch (scenarios x agents x seeds)
+into one table. `gsim closed-loop` calls these."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from gsim.io import write_bytes, write_json
+
+from .agents import load_agent
+from .dynamics import ActionError
+from .loop import ClosedLoop, LoopError
+from .record import RunRecorder
+from .scenario import load_loop_scenario
+
+
+class AgentError(RuntimeError):
+    """The agent under test raised: the message names the step and the agent's error."""
+
+
+def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, max_steps: Optional[int] = None,
+        render: bool = True) -> dict:
+    """Run ``scenario`` (a file, a shipped name or a `LoopScenario`) with the agent ``agent_name`` into
+    ``out``; returns the run's metrics (also written to out/metrics.json). A failure (SUMO, an agent's
+    error or bad action) is raised after the run directory has been closed with every completed step."""
+    from tqdm import tqdm
+    sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
+    agent = load_agent(agent_name)  # an unknown agent fails before anything starts
+    t_start = time.perf_counter()
+    with ClosedLoop(sc, seed=seed, render=render, workdir=Path(out) / "sumo") as loop:
+        n = loop.n_steps if max_steps is None else min(loop.n_steps, max_steps)
+        rec = RunRecorder(out, loop)
+        error, done = None, 0
+        try:
+            obs = loop.reset()
+            if hasattr(agent, "reset"):
+                agent.reset(loop.info)
+            rec.step(obs, None, None, agent_name)
+            steps = tqdm(range(n), desc=f"{sc.name} / {agent_name}", unit="step", disable=not progress)
+            for k in steps:
+                try:
+                    with loop.timer("agent"):
+                        action = agent.act(obs)
+                except Exception as e:  # the agent under test: any error it raises is its own
+                    raise AgentError(f"step {k + 1}: agent {agent_name!r} raised {type(e).__name__}: {e}") from e
+                t_step = time.perf_counter()
+                obs, m, finished = loop.step(action)
+                with loop.timer("record"):
+                    rec.step(obs, loop.controls, m, agent_name)
+                loop.timings.setdefault("step", []).append(time.perf_counter() - t_step)
+                done = k + 1
+                if finished:
+                    break
+        except (LoopError, ActionError, AgentError) as e:
+            error = e
+        summary = loop.summary() if loop.metrics.steps else {"collision": False, "score": 0.0, "route_completion": 0.0,
+                                                             "steps": 0}
+        summary.update({"scenario": sc.name, "agent": agent_name, "seed": seed, "completed": error is None,
+                        "error": None if error is None else str(error), "steps": done,
+                        "wall_s": round(time.perf_counter() - t_start, 2),
+                        "timing_ms": {k: round(1e3 * float(np.median(v)), 2) for k, v in loop.timings.items()}})
+        rec.finish(summary, failed=error is not None)
+    if error is not None:
+        raise error
+    return summary
+
+
+def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[int], out,
+              progress: bool = True) -> List[dict]:
+    """Every scenario x agent x seed into out/<scenario>/<agent>/seed<k>, and out/table.md + table.json."""
+    for a in agents:
+        load_agent(a)  # unknown agents fail before anything starts
+    scs = [load_loop_scenario(s) for s in scenarios]
+    rows = []
+    for sc in scs:
+        for a in agents:
+            for seed in seeds:
+                d = Path(out) / sc.name / a / f"seed{seed}"
+                try:
+                    m = run(sc, a, d, seed=seed, progress=progress)
+                except (LoopError, ActionError, AgentError) as e:
+                    m = {**json.loads((d / "metrics.json").read_text()), "error": str(e)}
+                rows.append(m)
+    write_json(Path(out) / "table.json", rows)
+    write_bytes(Path(out) / "table.md", batch_table(rows).encode())
+    return rows
+
+
+def batch_table(rows: List[dict]) -> str:
+    cols = ("score", "collision", "route_completion", "no_collision", "drivable_area_compliance", "time_to_collision",
+            "ego_progress", "comfort")
+    out = ["| scenario | agent | seed | " + " | ".join(cols) + " |", "|---" * (3 + len(cols)) + "|"]
+    for r in rows:
+        vals = [f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols]
+        out.append(f"| {r['scenario']} | {r['agent']} | {r['seed']} | " + " | ".join(vals) + " |")
+    return "\n".join(out) + "\n"

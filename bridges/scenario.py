@@ -1,0 +1,109 @@
+"""Closed-loop scenario files: an editing scenario (`gsim.editing.scenario`: scene, log, edits, sensors)
+plus a ``closed_loop`` section: the run's length and step, the road SUMO builds, the traffic, what the log's
+own actors do, the ego vehicle and its target speed. A closed-loop run is such a scenario plus an agent.
+
+    closed_loop:
+      duration_s: 4.0              # default: the log's span from the start
+      step_s: 0.1
+      target_speed_mps: null       # what route-following agents aim for (default: the logged mean speed)
+      road: {lanes: 1, lane_width_m: 3.5, opposite_lanes: 1, ego_lane: 0, speed_limit_mps: 13.9}
+      # or a network of your own: road: {net: my.net.xml, T_world_net: [[...4x4...]]}
+      traffic:
+        density_per_km_lane: 0     # SUMO vehicles placed on every lane at the start (seeded)
+        vehicles: [{route: forward, lane: 0, pos_m: 60, speed_mps: 8, vclass: passenger}]
+      log_actors: {mode: replay}   # or {mode: sumo, handover_s: 1.0}: handed to SUMO then
+      vehicle: {wheelbase_m: 2.8}  # VehicleParams overrides
+
+Shipped scenarios (`SHIPPED`) live in the repository's ``scenarios/`` folder and run on the demo's street.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Literal, Optional, Tuple
+
+from pydantic import Field, model_validator
+
+from gsim.editing.scenario import Scenario, ScenarioError, _Strict, load_scenario
+
+SCENARIOS_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+SHIPPED = {"stopped-car": "stopped_car.yaml", "lead-car": "lead_car.yaml", "traffic": "traffic.yaml"}
+VCLASSES = ("passenger", "truck", "bus", "motorcycle")  # gsim.bridges.sumo.VEHICLE_CLASSES
+
+
+class RoadOptions(_Strict):
+    lanes: int = Field(1, ge=1, le=8)
+    lane_width_m: float = Field(3.5, gt=1.5, le=6.0)
+    opposite_lanes: int = Field(1, ge=0, le=8)
+    ego_lane: int = Field(0, ge=0)
+    speed_limit_mps: float = Field(13.9, gt=0, le=70)
+    net: Optional[str] = None  # a SUMO .net.xml of your own instead of one built from the log
+    T_world_net: Optional[List[List[float]]] = None  # 4x4, the net's frame in gsim's world frame
+
+    @model_validator(mode="after")
+    def _lane(self):
+        if self.ego_lane >= self.lanes:
+            raise ValueError(f"ego_lane {self.ego_lane} is not one of the {self.lanes} forward lanes (0 = rightmost)")
+        return self
+
+
+class Vehicle(_Strict):
+    route: Literal["forward", "opposite"] = "forward"
+    lane: int = Field(0, ge=0)
+    pos_m: float = Field(description="metres along the route from where the ego starts (forward) or from "
+                                     "the opposite route's start")
+    speed_mps: float = Field(0.0, ge=0)
+    vclass: Literal[VCLASSES] = "passenger"
+
+
+class Traffic(_Strict):
+    density_per_km_lane: float = Field(0.0, ge=0, le=200)
+    vclass_mix: Dict[Literal[VCLASSES], float] = {"passenger": 0.8, "truck": 0.1, "bus": 0.1}
+    keep_clear_m: Tuple[float, float] = (-15.0, 30.0)  # no spawned vehicle within this route span of the ego
+    vehicles: List[Vehicle] = []
+
+
+class LogActors(_Strict):
+    mode: Literal["replay", "sumo"] = "replay"
+    handover_s: float = Field(0.0, ge=0)  # sumo: the log's vehicles are handed to SUMO this long into the run
+
+
+class ClosedLoopSection(_Strict):
+    duration_s: Optional[float] = Field(None, gt=0, le=3600)
+    step_s: float = Field(0.1, ge=0.01, le=1.0)
+    target_speed_mps: Optional[float] = Field(None, gt=0, le=70)
+    road: RoadOptions = RoadOptions()
+    traffic: Traffic = Traffic()
+    log_actors: LogActors = LogActors()
+    vehicle: Dict[str, float] = {}
+
+
+class LoopScenario(Scenario):
+    output: Optional[str] = None  # a closed-loop run writes where `gsim closed-loop --out` says
+    closed_loop: ClosedLoopSection = ClosedLoopSection()
+
+    def resolve(self, base: Path) -> "LoopScenario":
+        out = self.model_copy(update={"output": self.output or "."})
+        out = Scenario.resolve(out, base)
+        road = self.closed_loop.road
+        if road.net is not None and not Path(road.net).is_absolute():
+            road = road.model_copy(update={"net": str((base / road.net).resolve())})
+        return out.model_copy(update={"closed_loop": self.closed_loop.model_copy(update={"road": road})})
+
+
+def shipped_path(name: str) -> Path:
+    return SCENARIOS_DIR / SHIPPED[name]
+
+
+def load_loop_scenario(name_or_path) -> LoopScenario:
+    """A closed-loop scenario from a YAML file or the name of a shipped one; clear errors (ScenarioError,
+    FileNotFoundError) naming the file and the field."""
+    p = Path(name_or_path)
+    if not p.suffix and str(name_or_path) in SHIPPED:
+        p = shipped_path(str(name_or_path))
+    elif not p.is_file():
+        raise FileNotFoundError(f"{name_or_path}: no such scenario file, and not a shipped scenario "
+                                f"(shipped: {', '.join(SHIPPED)})")
+    return load_scenario(p, model=LoopScenario)
+
+
+__all__ = ["LoopScenario", "ScenarioError", "load_loop_scenario", "SHIPPED", "shipped_path"]

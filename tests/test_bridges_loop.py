@@ -1,0 +1,172 @@
+"""The closed loop on a small synthetic street: replay of the unedited log, lidar-aeb against a car across
+its lane (and replay into it), reproducible SUMO traffic, the recorded run (metrics, video, log, MCAP),
+agent faults, bad scenarios and the Gymnasium environment."""
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sumolib")
+pytest.importorskip("libsumo")
+pytest.importorskip("trimesh")
+pytest.importorskip("gymnasium")
+yaml = pytest.importorskip("yaml")
+
+import gsim  # noqa: E402
+from gsim.bridges.dynamics import ActionError, Controls  # noqa: E402
+from gsim.bridges.runner import AgentError, run  # noqa: E402
+from gsim.bridges.scenario import ScenarioError, load_loop_scenario  # noqa: E402
+from gsim.editing import AssetLibrary, insert_actor  # noqa: E402
+from gsim.scenes.log import validate_log  # noqa: E402
+from gsim.scenes.synth import SynthOptions, synthesize  # noqa: E402
+from test_editing import plane, pose  # noqa: E402
+
+STREET = SynthOptions(n_frames=30, width=96, height=60, supersample=1, lidar_beams=16, lidar_azimuth_resolution_deg=1.0)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A 3 s synthetic log (the ego drives along +x in the lane at y = -1.75 from x = 0 to about 22 m) and a
+    scene: a ground plane with a parked sedan in the parking lane (x = 12, y = 4.75)."""
+    root = tmp_path_factory.mktemp("loop")
+    synthesize(root / "log", seed=0, options=STREET, progress=False)
+    sedan = AssetLibrary.builtin().get("sedan")
+    scene = insert_actor(gsim.Scene(background=plane(extent=70.0, spacing=0.5)), sedan, [0, 3_000_000],
+                         [pose(12.0, 4.75)] * 2, actor_id="parked")
+    scene.save(root / "scene")
+    return root
+
+
+def scenario(root, name: str, edits=(), **closed_loop) -> str:
+    d = {"schema_version": 1, "name": name, "scene": str(root / "scene"), "log": str(root / "log"),
+         "edits": list(edits), "sensors": {"cameras": ["front"], "lidars": ["top"]}, "closed_loop": closed_loop}
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
+
+
+ACROSS = [{"kind": "insert", "asset": "sedan", "id": "across",
+           "track": {"poses": [{"t_us": 0, "xyz": [15.0, -1.75, 0.0], "yaw_deg": 90.0}]}}]
+
+
+def steps(out):
+    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+
+
+def test_replay_of_the_unedited_log_drives_it_without_collision(base, tmp_path):
+    m = run(scenario(base, "free"), "replay", tmp_path / "r", progress=False)
+    assert m["collision"] is False and m["completed"] is True
+    assert m["route_completion"] > 0.97 and m["drivable_area_compliance"] == 1.0 and m["score"] > 0.9
+    # the replayed ego stays on the logged path
+    log = gsim.scenes.log.load_log(base / "log")
+    dev = [np.linalg.norm(np.array([s["ego"]["x_m"], s["ego"]["y_m"]]) - log.T_world_vehicle(s["t_us"])[:2, 3])
+           for s in steps(tmp_path / "r")]
+    assert max(dev) < 0.3
+
+
+def test_lidar_aeb_stops_before_a_car_across_its_lane_and_replay_hits_it(base, tmp_path):
+    path = scenario(base, "across", ACROSS)
+    aeb = run(path, "lidar-aeb", tmp_path / "aeb", progress=False)
+    assert aeb["collision"] is False
+    last = steps(tmp_path / "aeb")[-1]
+    assert last["ego"]["speed_mps"] < 0.05
+    front = last["ego_box"]["xyz"][0] + last["ego_box"]["size"][0] / 2
+    car = next(a for a in last["actors"] if a["id"] == "across")
+    assert 0.0 < car["xyz"][0] - car["size"][1] / 2 - front < 4.0  # stopped short of it, not far away
+    replay = run(path, "replay", tmp_path / "replay", progress=False)
+    assert replay["collision"] is True and replay["first_collision"]["with"] == ["across"]
+    assert replay["no_collision"] == 0.0 and replay["score"] == 0.0
+    priv = run(path, "privileged", tmp_path / "priv", progress=False)
+    assert priv["collision"] is False and priv["score"] > aeb["score"] - 1e-9
+
+
+def test_sumo_traffic_is_reproducible_for_a_seed(base, tmp_path):
+    path = scenario(base, "traffic", traffic={"density_per_km_lane": 40})
+    strip = lambda rows: [{k: r[k] for k in ("ego", "actors", "metrics")} for r in rows]  # noqa: E731
+    a = run(path, "privileged", tmp_path / "a", seed=3, progress=False, render=False)
+    b = run(path, "privileged", tmp_path / "b", seed=3, progress=False, render=False)
+    run(path, "privileged", tmp_path / "c", seed=4, progress=False, render=False)
+    ra, rb, rc = steps(tmp_path / "a"), steps(tmp_path / "b"), steps(tmp_path / "c")
+    assert len(ra[-1]["actors"]) > 2  # SUMO's vehicles are there as actors
+    assert strip(ra) == strip(rb) and a["score"] == b["score"]
+    assert strip(ra) != strip(rc)
+
+
+def test_a_run_writes_metrics_video_log_and_mcap(base, tmp_path):
+    out = tmp_path / "run"
+    m = run(scenario(base, "rec", ACROSS), "lidar-aeb", out, progress=False)
+    saved = json.loads((out / "metrics.json").read_text())
+    for k in ("collision", "score", "route_completion", "steps", "no_collision", "drivable_area_compliance",
+              "time_to_collision", "ego_progress", "comfort"):
+        assert k in saved
+    assert saved["score"] == m["score"] and 0.0 <= saved["score"] <= 1.0
+    assert "score" in (out / "metrics.md").read_text()
+    assert (out / "video.mp4").stat().st_size > 1000
+    log = validate_log(out / "log")
+    assert len(log.frames) == m["steps"] + 1 and {a.id for a in log.actors} >= {"across", "parked"}
+    from mcap.reader import make_reader
+    with open(out / "run.mcap", "rb") as f:
+        summary = make_reader(f).get_summary()
+    topics = {c.topic: summary.schemas[c.schema_id].name for c in summary.channels.values()}
+    assert topics["/camera/front"] == "foxglove.CompressedImage" and topics["/lidar/top"] == "foxglove.PointCloud"
+    assert topics["/tf"] == "foxglove.FrameTransform" and topics["/boxes"] == "foxglove.SceneUpdate"
+    assert "/step" in topics
+    counts = summary.statistics.channel_message_counts
+    by_topic = {summary.channels[k].topic: v for k, v in counts.items()}
+    assert by_topic["/camera/front"] == m["steps"] + 1
+
+
+class NaNAgent:
+    """Brakes, then returns NaN at its third step."""
+
+    def __init__(self):
+        self.k = 0
+
+    def act(self, obs):
+        self.k += 1
+        return Controls(float("nan") if self.k == 3 else -1.0, 0.0)
+
+
+class RaisingAgent:
+    def act(self, obs):
+        raise KeyError("boom")
+
+
+def test_agent_faults_stop_the_run_with_the_step_and_keep_what_was_done(base, tmp_path):
+    path = scenario(base, "faults")
+    with pytest.raises(ActionError, match="step 3"):
+        run(path, "test_bridges_loop:NaNAgent", tmp_path / "nan", progress=False, render=False)
+    saved = json.loads((tmp_path / "nan" / "metrics.json").read_text())
+    assert saved["completed"] is False and "step 3" in saved["error"] and saved["steps"] == 2
+    assert len(steps(tmp_path / "nan")) == 3  # the start and the two completed steps
+    with pytest.raises(AgentError, match="step 1.*KeyError"):
+        run(path, "test_bridges_loop:RaisingAgent", tmp_path / "raise", progress=False, render=False)
+    with pytest.raises(ValueError, match="unknown agent"):
+        run(path, "nobody", tmp_path / "nobody", progress=False)
+    assert not (tmp_path / "nobody").exists()
+
+
+def test_bad_closed_loop_scenarios_are_refused_naming_the_field(base, tmp_path):
+    with pytest.raises(ScenarioError, match="closed_loop.road"):
+        load_loop_scenario(scenario(base, "bad", road={"lanes": 1, "ego_lane": 2}))
+    with pytest.raises(ScenarioError, match="closed_loop.step_s"):
+        load_loop_scenario(scenario(base, "bad2", step_s=-1))
+    with pytest.raises(FileNotFoundError, match="shipped"):
+        load_loop_scenario("no-such-scenario")
+
+
+def test_gymnasium_environment_passes_check_env(base):
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env
+    import gsim.bridges  # noqa: F401  (registers gsim/ClosedLoop-v0)
+    env = gymnasium.make("gsim/ClosedLoop-v0", scenario=scenario(base, "gym", ACROSS))
+    check_env(env.unwrapped, skip_render_check=True)
+    obs, _ = env.reset(seed=1)
+    assert obs["cameras"]["front"].shape == (60, 96, 3) and obs["route"].shape == (61, 2)
+    total, done = 0.0, False
+    while not done:  # full braking: it never reaches the car
+        obs, r, term, trunc, info = env.step(np.array([-8.0, 0.0], np.float32))
+        total += r
+        done = term or trunc
+    assert trunc and not info["run"]["collision"]
+    env.close()
