@@ -11,12 +11,18 @@ controller follows. `load_agent(name)` gives the built-in ones:
 - ``lidar-aeb``: sees only its LiDAR sweeps and the route: follows the route at the target speed and brakes
   for returns in its path (automatic emergency braking).
 
-Or ``module:attribute`` names a user's agent class (or factory) importable from Python.
+Or ``module:attribute`` names a user's agent class (or factory) importable from Python, or ``exec:COMMAND``
+runs the agent as its own process (any language) over JSON lines on its stdin/stdout (`ProcessAgent`).
 """
 from __future__ import annotations
 
 import importlib
+import json
 import math
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -74,10 +80,15 @@ class _RouteFollower:
 
 
 class PrivilegedAgent(_RouteFollower):
-    """IDM (intelligent driver model) behind the nearest actor in the ego's lane, from ground truth."""
+    """IDM (intelligent driver model) behind the nearest actor in the ego's lane, from ground truth, its
+    acceleration changing by at most JERK_MPS3 (comfort) unless IDM asks for more than COMFORT_DECEL."""
 
     name = "privileged"
-    MIN_GAP_M, HEADWAY_S, COMFORT_DECEL = 2.0, 1.2, 2.0
+    MIN_GAP_M, HEADWAY_S, COMFORT_DECEL, JERK_MPS3 = 2.0, 1.2, 2.0, 3.5
+
+    def reset(self, info: LoopInfo) -> None:
+        super().reset(info)
+        self.accel = 0.0
 
     def act(self, obs: Observation) -> Controls:
         base = self.follow(obs)
@@ -96,7 +107,12 @@ class PrivilegedAgent(_RouteFollower):
         if gap < math.inf:
             s_star = self.MIN_GAP_M + v * self.HEADWAY_S + v * (v - lead_v) / (2 * math.sqrt(p.max_accel_mps2 * self.COMFORT_DECEL))
             accel -= p.max_accel_mps2 * (max(s_star, 0.0) / max(gap, 0.1)) ** 2
-        return Controls(min(base.accel_mps2, accel), base.steer_rate_rps)
+        want = max(min(base.accel_mps2, accel), -p.max_decel_mps2)
+        step = self.JERK_MPS3 * self.info.step_s
+        if want > -self.COMFORT_DECEL:  # no emergency: a smooth change
+            want = float(np.clip(want, self.accel - step, self.accel + step))
+        self.accel = want
+        return Controls(want, base.steer_rate_rps)
 
 
 class LidarAebAgent(_RouteFollower):
@@ -141,13 +157,95 @@ class LidarAebAgent(_RouteFollower):
         return best
 
 
+class ProcessAgent:
+    """An agent in its own process, over JSON lines (one object per line each way).
+
+    gsim writes ``{"type": "reset", "scenario", "step_s", "target_speed_mps", "vehicle": {...VehicleParams},
+    "route_xy": [[x, y], ...] (world)}`` once, then each step ``{"type": "observation", "step", "timestamp_us",
+    "ego": {...EgoState}, "T_world_vehicle": 4x4, "route": [[x, y], ...] (ego frame), "cameras": {name: path},
+    "lidars": {name: path}}`` where each path is a .npy file (uint8 (H,W,3) image; float32 (N,5) x, y, z,
+    intensity, time offset us in the sensor frame) valid until the next line; the agent answers each
+    observation with ``{"accel_mps2": a, "steer_rate_rps": r}`` or ``{"waypoints": [[t_s, x, y], ...]}``
+    (ego frame). Its stderr passes through; it is stopped when the run ends."""
+
+    name = "exec"
+
+    def __init__(self, command: str, timeout_s: float = 30.0):
+        self.command, self.timeout_s = command, timeout_s
+        self.proc = None
+
+    def reset(self, info: LoopInfo) -> None:
+        self.close()
+        self.dir = Path(tempfile.mkdtemp(prefix="gsim-agent-"))
+        try:
+            self.proc = subprocess.Popen(shlex.split(self.command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True, bufsize=1)
+        except OSError as e:
+            raise RuntimeError(f"agent process {self.command!r} could not start: {e}") from None
+        p = info.params
+        self._send({"type": "reset", "scenario": info.scenario, "step_s": info.step_s,
+                    "target_speed_mps": info.target_speed_mps, "vehicle": p.to_dict(),
+                    "route_xy": np.asarray(info.route_xy).tolist()})
+
+    def act(self, obs: Observation):
+        files = {}
+        for kind, arrays in (("cameras", obs.cameras), ("lidars", obs.lidars)):
+            files[kind] = {}
+            for n, a in arrays.items():
+                path = self.dir / f"{kind}_{n}.npy"
+                np.save(path, a)
+                files[kind][n] = str(path)
+        self._send({"type": "observation", "step": obs.step, "timestamp_us": obs.timestamp_us,
+                    "ego": obs.ego.to_dict(), "T_world_vehicle": obs.T_world_vehicle.tolist(),
+                    "route": obs.route.tolist(), **files})
+        reply = self._receive()
+        if "waypoints" in reply:
+            return np.asarray(reply["waypoints"], np.float64)
+        try:
+            return Controls(float(reply["accel_mps2"]), float(reply["steer_rate_rps"]))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"expected {{'accel_mps2', 'steer_rate_rps'}} or {{'waypoints'}}, got {reply}") from None
+
+    def _send(self, obj: dict) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(obj) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise RuntimeError(f"agent process {self.command!r} exited (code {self.proc.poll()})") from None
+
+    def _receive(self) -> dict:
+        import selectors
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(self.timeout_s):
+            raise TimeoutError(f"agent process {self.command!r} gave no answer in {self.timeout_s} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"agent process {self.command!r} exited (code {self.proc.wait()})")
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise ValueError(f"agent process {self.command!r} wrote a line that is not JSON: {line[:200]!r}") from None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
 BUILTIN = {"replay": ReplayAgent, "privileged": PrivilegedAgent, "lidar-aeb": LidarAebAgent}
 
 
 def load_agent(name: str):
-    """A built-in agent by name, or ``module:attribute`` (a class or factory called without arguments)."""
+    """A built-in agent by name, ``exec:COMMAND`` (`ProcessAgent`) or ``module:attribute`` (a class or
+    factory called without arguments)."""
     if name in BUILTIN:
         return BUILTIN[name]()
+    if name.startswith("exec:"):
+        if not name[5:].strip():
+            raise ValueError("agent 'exec:': give the command, e.g. exec:'python my_agent.py'")
+        return ProcessAgent(name[5:])
     if ":" in name:
         mod, attr = name.split(":", 1)
         try:
@@ -158,4 +256,4 @@ def load_agent(name: str):
         if not callable(getattr(agent, "act", None)):
             raise ValueError(f"agent {name!r}: the object has no act(observation) method")
         return agent
-    raise ValueError(f"unknown agent {name!r}; built-in: {', '.join(BUILTIN)}, or module:attribute")
+    raise ValueError(f"unknown agent {name!r}; built-in: {', '.join(BUILTIN)}, or module:attribute, or exec:COMMAND")

@@ -138,13 +138,14 @@ class ClosedLoop:
     """One closed-loop run of a scenario (see the module docstring). ``reset()`` gives the first
     observation, ``step(action)`` advances one step and returns (observation, step metrics, done);
     ``summary()`` the run's metrics. ``action``: `Controls` or timed ego-frame waypoints (K,3) (t_s, x, y),
-    which the built-in `TrajectoryTracker` turns into controls."""
+    which the built-in `TrajectoryTracker` turns into controls. ``client``: how SUMO runs: 'libsumo' (in
+    this process, the fastest, one simulation per process), 'traci' (a SUMO process) or 'gui' (sumo-gui)."""
 
     def __init__(self, scenario: LoopScenario, seed: int = 0, render: bool = True, client: str = "libsumo",
                  workdir: Optional[Path] = None, progress: bool = False):
         from gsim.editing.world import apply
         from gsim.editing.outputs import lidar_spec
-        self.scenario, self.seed, self.render_sensors = scenario, int(seed), render
+        self.scenario, self.seed, self.render_sensors, self.client = scenario, int(seed), render, client
         cl = scenario.closed_loop
         self.world = world = apply(scenario, progress=progress, ego_overlaps=True)
         log = self.log = world.log
@@ -345,7 +346,8 @@ class ClosedLoop:
             return
         from .sumo import SumoTraffic
         cl = self.scenario.closed_loop
-        self.traffic = SumoTraffic(self.network, step_s=self.dt, seed=self.seed, begin_s=self.t0 * 1e-6)
+        self.traffic = SumoTraffic(self.network, step_s=self.dt, seed=self.seed, begin_s=self.t0 * 1e-6,
+                                   client="traci" if self.client == "gui" else self.client, gui=self.client == "gui")
         cx, cy = self.state.box_centre_xy(self.params)
         self.traffic.add_ego(cx, cy, self.state.yaw_rad, self.state.speed_mps, self.params.length_m,
                              self.params.width_m)

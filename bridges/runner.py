@@ -23,7 +23,7 @@ class AgentError(RuntimeError):
 
 
 def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, max_steps: Optional[int] = None,
-        render: bool = True) -> dict:
+        render: bool = True, client: str = "libsumo") -> dict:
     """Run ``scenario`` (a file, a shipped name or a `LoopScenario`) with the agent ``agent_name`` into
     ``out``; returns the run's metrics (also written to out/metrics.json). A failure (SUMO, an agent's
     error or bad action) is raised after the run directory has been closed with every completed step."""
@@ -31,14 +31,17 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
     sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
     agent = load_agent(agent_name)  # an unknown agent fails before anything starts
     t_start = time.perf_counter()
-    with ClosedLoop(sc, seed=seed, render=render, workdir=Path(out) / "sumo") as loop:
+    with ClosedLoop(sc, seed=seed, render=render, client=client, workdir=Path(out) / "sumo") as loop:
         n = loop.n_steps if max_steps is None else min(loop.n_steps, max_steps)
         rec = RunRecorder(out, loop)
         error, done = None, 0
         try:
             obs = loop.reset()
             if hasattr(agent, "reset"):
-                agent.reset(loop.info)
+                try:
+                    agent.reset(loop.info)
+                except Exception as e:  # the agent under test
+                    raise AgentError(f"step 0: agent {agent_name!r} could not start: {type(e).__name__}: {e}") from e
             rec.step(obs, None, None, agent_name)
             steps = tqdm(range(n), desc=f"{sc.name} / {agent_name}", unit="step", disable=not progress)
             for k in steps:
@@ -64,6 +67,8 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
                         "wall_s": round(time.perf_counter() - t_start, 2),
                         "timing_ms": {k: round(1e3 * float(np.median(v)), 2) for k, v in loop.timings.items()}})
         rec.finish(summary, failed=error is not None)
+        if hasattr(agent, "close"):
+            agent.close()
     if error is not None:
         raise error
     return summary

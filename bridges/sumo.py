@@ -685,7 +685,7 @@ class SumoTraffic:
         sumolib = _sumolib()
         cmd = [sumolib.checkBinary("sumo-gui" if gui else "sumo"), "--net-file", str(network.path),
                "--step-length", repr(self._step_s), "--begin", repr(begin), "--seed", str(int(seed)),
-               "--default.action-step-length", repr(self._step_s), "--collision.action", "warn",
+               "--default.action-step-length", repr(self._step_s), "--collision.action", "none",
                "--time-to-teleport", "-1", "--lateral-resolution=-1", "--no-step-log", "true",
                "--error-log", str(self._log), "--xml-validation", "never", "--xml-validation.net", "never"]
         if gui:

@@ -299,7 +299,7 @@ def cmd_closed_loop(a) -> int:
         if sc in SHIPPED:
             _ensure_demo(load_loop_scenario(sc))
     if len(a.scenario) == 1 and len(agents) == 1 and len(seeds) == 1:
-        m = run(a.scenario[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps)
+        m = run(a.scenario[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo)
         print(f"{m['scenario']} / {m['agent']} (seed {m['seed']}): score {m['score']:.3f}, collision {m['collision']}, "
               f"route completion {m['route_completion']:.2f}, {m['steps']} steps in {m['wall_s']:.1f} s -> {a.out}")
         return 0
@@ -496,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "table.md)")
     cl.add_argument("--seed", default="0", help="SUMO's and the traffic's seed; comma-separated: a batch")
     cl.add_argument("--steps", type=_int_at_least(1), default=None, help="stop after this many steps")
+    cl.add_argument("--sumo", choices=("libsumo", "traci", "gui"), default="libsumo",
+                    help="how SUMO runs: in this process (libsumo, default), as a process (traci) or with its GUI")
     cl.set_defaults(fn=cmd_closed_loop)
     lb = sub.add_parser("library", help="the Gaussian asset library: list, show, render, add assets")
     lsub = lb.add_subparsers(dest="library_command", required=True, metavar="ACTION")

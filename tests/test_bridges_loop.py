@@ -146,6 +146,54 @@ def test_agent_faults_stop_the_run_with_the_step_and_keep_what_was_done(base, tm
     assert not (tmp_path / "nobody").exists()
 
 
+AGENT_SCRIPT = """
+import json, sys
+import numpy as np
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["type"] == "reset":
+        assert msg["vehicle"]["wheelbase_m"] > 0 and len(msg["route_xy"]) > 1
+        continue
+    pts = np.load(msg["lidars"]["top"])
+    assert pts.shape[1] == 5 and np.load(msg["cameras"]["front"]).shape == (60, 96, 3)
+    print(json.dumps({"accel_mps2": -6.0, "steer_rate_rps": 0.0}), flush=True)
+"""
+
+
+def test_an_agent_in_its_own_process_drives_over_json_lines(base, tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT_SCRIPT)
+    import sys
+    m = run(scenario(base, "exec", ACROSS), f"exec:{sys.executable} {script}", tmp_path / "exec", progress=False)
+    assert m["completed"] and not m["collision"]
+    assert steps(tmp_path / "exec")[-1]["ego"]["speed_mps"] == 0.0  # it braked all the way
+    with pytest.raises(AgentError, match="step 1.*exited"):
+        run(scenario(base, "exec2"), "exec:python -c pass", tmp_path / "exec2", progress=False, render=False)
+
+
+def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(base, tmp_path, monkeypatch):
+    """SUMO dying (gsim.bridges.sumo raises SumoError, tested with a killed SUMO in test_bridges_sumo) ends
+    the run with an error that names the step, after every completed step was recorded."""
+    from gsim.bridges import sumo
+    from gsim.bridges.loop import LoopError
+    real = sumo.SumoTraffic.step
+    calls = []
+
+    def dying(self):
+        calls.append(1)
+        if len(calls) == 4:
+            raise sumo.SumoError("Connection closed by SUMO (a stand-in for a crash)")
+        return real(self)
+
+    monkeypatch.setattr(sumo.SumoTraffic, "step", dying)
+    path = scenario(base, "sumo_dies", traffic={"density_per_km_lane": 20})
+    with pytest.raises(LoopError, match="step 4: SUMO failed"):
+        run(path, "privileged", tmp_path / "dies", progress=False, render=False)
+    saved = json.loads((tmp_path / "dies" / "metrics.json").read_text())
+    assert saved["completed"] is False and saved["steps"] == 3 and len(steps(tmp_path / "dies")) == 4
+    validate_log(tmp_path / "dies" / "log")
+
+
 def test_bad_closed_loop_scenarios_are_refused_naming_the_field(base, tmp_path):
     with pytest.raises(ScenarioError, match="closed_loop.road"):
         load_loop_scenario(scenario(base, "bad", road={"lanes": 1, "ego_lane": 2}))
