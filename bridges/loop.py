@@ -398,7 +398,8 @@ def _network(road, path: np.ndarray, workdir: Path):
     """The SUMO network of the run: the user's (road.net) or one built from the driven path."""
     from .sumo import RoadSpec, build_network, load_network
     if road.net is not None:
-        return load_network(road.net, None if road.T_world_net is None else np.asarray(road.T_world_net, float))
+        return load_network(road.net, None if road.T_world_net is None else np.asarray(road.T_world_net, float),
+                            road.forward_route, road.opposite_route, road.ego_lane)
     spec = RoadSpec(lanes=road.lanes, lane_width_m=road.lane_width_m, opposite_lanes=road.opposite_lanes,
                     ego_lane=road.ego_lane, speed_limit_mps=road.speed_limit_mps)
     return build_network(path, spec, workdir / "net")

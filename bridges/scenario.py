@@ -7,7 +7,8 @@ own actors do, the ego vehicle and its target speed. A closed-loop run is such a
       step_s: 0.1
       target_speed_mps: null       # what route-following agents aim for (default: the logged mean speed)
       road: {lanes: 1, lane_width_m: 3.5, opposite_lanes: 1, ego_lane: 0, speed_limit_mps: 13.9}
-      # or a network of your own: road: {net: my.net.xml, T_world_net: [[...4x4...]]}
+      # or a network of your own: road: {net: my.net.xml, T_world_net: [[...4x4...]],
+      #                                   forward_route: [edge ids], opposite_route: [edge ids]}
       traffic:
         density_per_km_lane: 0     # SUMO vehicles placed on every lane at the start (seeded)
         vehicles: [{route: forward, lane: 0, pos_m: 60, speed_mps: 8, vclass: passenger}]
@@ -38,6 +39,8 @@ class RoadOptions(_Strict):
     speed_limit_mps: float = Field(13.9, gt=0, le=70)
     net: Optional[str] = None  # a SUMO .net.xml of your own instead of one built from the log
     T_world_net: Optional[List[List[float]]] = None  # 4x4, the net's frame in gsim's world frame
+    forward_route: Optional[List[str]] = None  # your net's edge ids the ego drives along, in order
+    opposite_route: Optional[List[str]] = None  # and the other direction's (for traffic there)
 
     @model_validator(mode="after")
     def _lane(self):

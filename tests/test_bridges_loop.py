@@ -92,6 +92,28 @@ def test_sumo_traffic_is_reproducible_for_a_seed(base, tmp_path):
     assert strip(ra) != strip(rc)
 
 
+def test_a_network_of_your_own_with_its_transform(base, tmp_path):
+    """A user's .net.xml in its own frame (here: the street's network turned 90 degrees and shifted), with the
+    transform to the world and its routes: SUMO traffic lands on the road, the replay stays on it."""
+    import shutil
+    from gsim.bridges.sumo import RoadSpec, build_network
+    log = gsim.scenes.log.load_log(base / "log")
+    T = np.array([[0.0, -1, 0, 100], [1, 0, 0, -40], [0, 0, 1, 0], [0, 0, 0, 1]])  # T_net_world
+    path = log.ego_poses[:, :2, 3] @ T[:2, :2].T + T[:2, 3]
+    built = build_network(path, RoadSpec(), tmp_path / "net")
+    shutil.copy(built.path, tmp_path / "mine.net.xml")
+    road = {"net": str(tmp_path / "mine.net.xml"), "T_world_net": np.linalg.inv(T).tolist(),
+            "forward_route": built.forward_route, "opposite_route": built.opposite_route}
+    m = run(scenario(base, "own_net", road=road, traffic={"density_per_km_lane": 20}), "replay", tmp_path / "own",
+            progress=False, render=False)
+    assert m["drivable_area_compliance"] == 1.0 and m["route_completion"] > 0.97 and not m["collision"]
+    from gsim.bridges.road import Polyline
+    cars = np.array([a["xyz"][:2] for a in steps(tmp_path / "own")[-1]["actors"] if a["id"] != "parked"])
+    in_net = cars @ T[:2, :2].T + T[:2, 3]  # where they are in the net's own frame
+    lanes = [Polyline(c) for _, c, _ in built.lanes() if np.ptp(c, axis=0).max() > 0]
+    assert len(cars) > 3 and max(min(lane.project(p)[2][0] for lane in lanes) for p in in_net) < 0.3
+
+
 def test_a_run_writes_metrics_video_log_and_mcap(base, tmp_path):
     out = tmp_path / "run"
     m = run(scenario(base, "rec", ACROSS), "lidar-aeb", out, progress=False)
