@@ -6,8 +6,8 @@ timed waypoints (K,3) (t_s from now, x, y in the ego's rear-axle frame), which t
 controller follows. `load_agent(name)` gives the built-in ones:
 
 - ``replay``: follows the logged ego path on the logged timing (waypoints from the log), whatever is there;
-- ``privileged``: IDM behind the nearest ground-truth actor in its lane (`Observation.actors`) and pure
-  pursuit on the route: a sanity baseline that should score near the top;
+- ``privileged``: car following (an adaptive-cruise law) behind the nearest ground-truth actor in its path
+  (`Observation.actors`) and pure pursuit on the route: a sanity baseline that should score near the top;
 - ``lidar-aeb``: sees only its LiDAR sweeps and the route: follows the route at the target speed and brakes
   for returns in its path (automatic emergency braking).
 
@@ -80,11 +80,14 @@ class _RouteFollower:
 
 
 class PrivilegedAgent(_RouteFollower):
-    """IDM (intelligent driver model) behind the nearest actor in the ego's lane, from ground truth, its
-    acceleration changing by at most JERK_MPS3 (comfort) unless IDM asks for more than COMFORT_DECEL."""
+    """Car following on ground truth behind the nearest actor in the ego's path: an adaptive-cruise law
+    (0.25 /s^2 x the gap error to MIN_GAP_M + HEADWAY_S x the lead's speed, 0.8 /s x the speed error), never
+    less braking than it takes to come down to the lead's speed at MIN_GAP_M (with a smooth onset); the
+    acceleration changes by at most JERK_MPS3 (comfort) unless that takes more than EMERGENCY of the vehicle's
+    braking."""
 
     name = "privileged"
-    MIN_GAP_M, HEADWAY_S, COMFORT_DECEL, JERK_MPS3 = 2.0, 1.2, 2.0, 3.5
+    MIN_GAP_M, HEADWAY_S, JERK_MPS3, EMERGENCY = 2.0, 1.2, 3.5, 0.6
 
     def reset(self, info: LoopInfo) -> None:
         super().reset(info)
@@ -93,26 +96,43 @@ class PrivilegedAgent(_RouteFollower):
     def act(self, obs: Observation) -> Controls:
         base = self.follow(obs)
         p = self.info.params
-        v, v0 = obs.ego.speed_mps, self.info.target_speed_mps
-        T_ve = np.linalg.inv(obs.T_world_vehicle)
-        gap, lead_v = math.inf, 0.0
-        for a in obs.actors:
-            q = T_ve[:3, :3] @ np.array([a.x, a.y, a.z]) + T_ve[:3, 3]
-            ahead = q[0] - p.rear_axle_to_centre_m - p.length_m / 2 - a.length / 2
-            if ahead > -p.length_m / 2 and _lateral(obs.route, q[:1], q[1:2])[0] < (p.width_m + a.width) / 2 + 0.3:
-                if ahead < gap:
-                    c, s = math.cos(obs.ego.yaw_rad), math.sin(obs.ego.yaw_rad)
-                    gap, lead_v = ahead, c * a.vx + s * a.vy
-        accel = p.max_accel_mps2 * (1 - (v / max(v0, 0.1)) ** 4)
+        v = obs.ego.speed_mps
+        gap, lead_v = self.lead(obs)
+        want = base.accel_mps2
+        emergency = False
         if gap < math.inf:
-            s_star = self.MIN_GAP_M + v * self.HEADWAY_S + v * (v - lead_v) / (2 * math.sqrt(p.max_accel_mps2 * self.COMFORT_DECEL))
-            accel -= p.max_accel_mps2 * (max(s_star, 0.0) / max(gap, 0.1)) ** 2
-        want = max(min(base.accel_mps2, accel), -p.max_decel_mps2)
-        step = self.JERK_MPS3 * self.info.step_s
-        if want > -self.COMFORT_DECEL:  # no emergency: a smooth change
+            lead_v = max(lead_v, 0.0)
+            want = min(want, 0.25 * (gap - self.MIN_GAP_M - self.HEADWAY_S * lead_v) + 0.8 * (lead_v - v))
+            if v > lead_v:
+                need = (v * v - lead_v * lead_v) / (2 * max(gap - self.MIN_GAP_M, 0.1))
+                # the smooth onset (need / JERK_MPS3 seconds) covers about v t / 2 at little braking: plan with less room
+                room = gap - self.MIN_GAP_M - v * need / self.JERK_MPS3 / 2
+                need = (v * v - lead_v * lead_v) / (2 * max(room, 0.1))
+                want = min(want, -need)
+                emergency = need > self.EMERGENCY * p.max_decel_mps2
+        want = max(want, -p.max_decel_mps2)
+        if not emergency:  # a smooth change
+            step = self.JERK_MPS3 * self.info.step_s
             want = float(np.clip(want, self.accel - step, self.accel + step))
         self.accel = want
         return Controls(want, base.steer_rate_rps)
+
+    def lead(self, obs: Observation):
+        """(bumper-to-bumper gap m, speed along the ego's heading m/s) of the nearest actor whose footprint
+        reaches into the ego's path ahead (within half its width + 0.3 m of the route); (inf, 0) when none."""
+        p = self.info.params
+        T_ve = np.linalg.inv(obs.T_world_vehicle)
+        c, s = math.cos(obs.ego.yaw_rad), math.sin(obs.ego.yaw_rad)
+        front = p.rear_axle_to_centre_m + p.length_m / 2
+        gap, lead_v = math.inf, 0.0
+        for a in obs.actors:
+            xy = a.footprint() @ T_ve[:2, :2].T + T_ve[:2, 3]  # corners in the ego frame
+            off = xy[:, 1] - np.interp(xy[:, 0], obs.route[:, 0], obs.route[:, 1])
+            in_path = (off.min() < p.width_m / 2 + 0.3) and (off.max() > -p.width_m / 2 - 0.3)
+            ahead = float(xy[:, 0].min()) - front
+            if in_path and xy[:, 0].max() > front and ahead < gap:
+                gap, lead_v = max(ahead, 0.0), c * a.vx + s * a.vy
+        return gap, lead_v
 
 
 class LidarAebAgent(_RouteFollower):

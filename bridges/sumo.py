@@ -686,7 +686,7 @@ class SumoTraffic:
         cmd = [sumolib.checkBinary("sumo-gui" if gui else "sumo"), "--net-file", str(network.path),
                "--step-length", repr(self._step_s), "--begin", repr(begin), "--seed", str(int(seed)),
                "--default.action-step-length", repr(self._step_s), "--collision.action", "none",
-               "--time-to-teleport", "-1", "--lateral-resolution=-1", "--no-step-log", "true",
+               "--time-to-teleport", "-1", "--lateral-resolution=-1", "--no-step-log", "true", "--no-warnings", "true",
                "--error-log", str(self._log), "--xml-validation", "never", "--xml-validation.net", "never"]
         if gui:
             cmd += ["--start", "true", "--quit-on-end", "true"]

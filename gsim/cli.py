@@ -339,8 +339,9 @@ also get the ground-truth boxes) -> the ego's kinematic bicycle model advances o
 with the ego injected, so traffic reacts -> the log's actors (replayed on their tracks) and SUMO's vehicles
 (drawn with library assets) are placed -> the sensors render at the new pose -> metrics -> record.
 
-Agents: replay (the logged path and timing), privileged (IDM + pure pursuit on ground truth), lidar-aeb
-(route following, brakes for LiDAR returns in its path), or module:attribute (a class with act(obs)).
+Agents: replay (the logged path and timing), privileged (car following + pure pursuit on ground truth), lidar-aeb
+(route following, brakes for LiDAR returns in its path), module:attribute (a class with act(obs)) or
+exec:COMMAND (an agent process speaking JSON lines, see gsim.bridges.agents.ProcessAgent).
 Shipped scenarios (on the demo street, built on first use): stopped-car (a car stands in the ego's lane),
 lead-car (a slower car ahead), traffic (SUMO traffic at a density).
 
