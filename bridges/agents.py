@@ -28,9 +28,8 @@ from typing import Optional
 import numpy as np
 
 from .dynamics import Controls, TrajectoryTracker, path_waypoints
-from .loop import LoopInfo, Observation
-
-WAYPOINT_TIMES_S = np.arange(0.5, 3.01, 0.5)
+from .loop import WAYPOINT_TIMES_S, LoopInfo, Observation
+from .road import Polyline
 
 
 class ReplayAgent:
@@ -59,12 +58,11 @@ class ReplayAgent:
         return np.array(wp)
 
 
-def _lateral(route: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Each ego-frame point's lateral offset from the ego-frame route polyline (K,2) (ahead of the ego)."""
-    if len(route) < 2:
-        return np.abs(y)
-    ry = np.interp(x, route[:, 0], route[:, 1])
-    return np.abs(y - ry)
+def _offset(route: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each ego-frame point's signed offset (left positive) from the ego-frame route polyline (K,2)."""
+    if len(route) < 2 or np.ptp(route, axis=0).max() < 1e-6:
+        return np.asarray(y, np.float64)
+    return Polyline(route).project(np.c_[x, y])[1]
 
 
 class _RouteFollower:
@@ -127,7 +125,7 @@ class PrivilegedAgent(_RouteFollower):
         gap, lead_v = math.inf, 0.0
         for a in obs.actors:
             xy = a.footprint() @ T_ve[:2, :2].T + T_ve[:2, 3]  # corners in the ego frame
-            off = xy[:, 1] - np.interp(xy[:, 0], obs.route[:, 0], obs.route[:, 1])
+            off = _offset(obs.route, xy[:, 0], xy[:, 1])
             in_path = (off.min() < p.width_m / 2 + 0.3) and (off.max() > -p.width_m / 2 - 0.3)
             ahead = float(xy[:, 0].min()) - front
             if in_path and xy[:, 0].max() > front and ahead < gap:
@@ -170,7 +168,7 @@ class LidarAebAgent(_RouteFollower):
             ground = float(np.percentile(q[:, 2], 5))  # the road's height under the returns ahead
             h = q[:, 2] - ground
             hit = (h > self.MIN_HEIGHT_M) & (h < self.MAX_HEIGHT_M) & \
-                  (_lateral(obs.route, q[:, 0], q[:, 1]) < p.width_m / 2 + self.MARGIN_M)
+                  (np.abs(_offset(obs.route, q[:, 0], q[:, 1])) < p.width_m / 2 + self.MARGIN_M)
             if hit.any():
                 d = float(q[hit, 0].min() - front)
                 best = d if best is None else min(best, d)
@@ -200,6 +198,7 @@ class ProcessAgent:
         try:
             self.proc = subprocess.Popen(shlex.split(self.command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          text=True, bufsize=1)
+            self.buffer = b""  # its stdout is read raw (see _receive): the text wrapper is never used for reading
         except OSError as e:
             raise RuntimeError(f"agent process {self.command!r} could not start: {e}") from None
         p = info.params
@@ -234,14 +233,21 @@ class ProcessAgent:
             raise RuntimeError(f"agent process {self.command!r} exited (code {self.proc.poll()})") from None
 
     def _receive(self) -> dict:
-        import selectors
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        if not sel.select(self.timeout_s):
-            raise TimeoutError(f"agent process {self.command!r} gave no answer in {self.timeout_s} s")
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"agent process {self.command!r} exited (code {self.proc.wait()})")
+        """The agent's next line, read from its raw stdout against the deadline (a partial line never blocks)."""
+        import os
+        import select
+        import time
+        deadline = time.monotonic() + self.timeout_s
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError(f"agent process {self.command!r} gave no answer in {self.timeout_s} s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"agent process {self.command!r} exited (code {self.proc.wait()})")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
         try:
             return json.loads(line)
         except json.JSONDecodeError:
@@ -252,6 +258,8 @@ class ProcessAgent:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+            import shutil
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 BUILTIN = {"replay": ReplayAgent, "privileged": PrivilegedAgent, "lidar-aeb": LidarAebAgent}

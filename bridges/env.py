@@ -24,11 +24,9 @@ import numpy as np
 from gymnasium import spaces
 
 from .dynamics import Controls
-from .loop import ROUTE_POINTS, ClosedLoop
+from .loop import ROUTE_POINTS, WAYPOINT_TIMES_S, ClosedLoop
 from .record import frame_view
 from .scenario import load_loop_scenario
-
-WAYPOINT_TIMES_S = np.arange(0.5, 3.01, 0.5)
 
 
 class ClosedLoopEnv(gym.Env):

@@ -32,6 +32,7 @@ from .scenario import LoopScenario
 GROUND_CELL_M = 2.0
 ROUTE_AHEAD_M = 60.0  # an observation's route: this far ahead, a point a metre
 ROUTE_POINTS = int(ROUTE_AHEAD_M) + 1
+WAYPOINT_TIMES_S = np.arange(0.5, 3.01, 0.5)  # the times of waypoint actions (replay, the Gymnasium env)
 ASSETS_OF_VCLASS = {"passenger": ("sedan", "suv"), "truck": ("truck",), "bus": ("bus",), "motorcycle": ("cyclist",)}
 SUMO_CLASSES = ("car", "truck", "bus")  # the log's actors SUMO can take over (mode: sumo)
 VCLASS_OF = {"car": "passenger", "truck": "truck", "bus": "bus"}
@@ -162,10 +163,13 @@ class ClosedLoop:
         # the route: the (edited) ego path; the run's part is where the logged ego is over the run's time
         ts, poses = world.ego_timestamps_us, world.ego_poses
         path = poses[:, :2, 3]
+        self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="gsim-loop-"))
         self.network = _network(cl.road, path, self.workdir)
-        end = world.T_world_vehicle(self.t0 + self.n_steps * self.dt_us)[:2, 3]
-        start = world.T_world_vehicle(self.t0)[:2, 3]
+        # progress is measured at the ego box's centre, as the metrics do
+        centre = lambda P: P[:2, 3] + self.params.rear_axle_to_centre_m * P[:2, 0]  # noqa: E731
+        end = centre(world.T_world_vehicle(self.t0 + self.n_steps * self.dt_us))
+        start = centre(world.T_world_vehicle(self.t0))
         route = _extended(path, 200.0)
         self.road = Road.build(self.network.lanes(), route, start, end)
         self.ground = GroundGrid(world.scene.background, self.road)
@@ -205,12 +209,18 @@ class ClosedLoop:
         self.step_index = 0
         self.timings: Dict[str, List[float]] = {}
         self.tracker.reset()
-        self.metrics = MetricsTracker(self.road, self.dt, self.reference_progress)
         self._close_traffic()
         self.traffic_vehicles = []
-        self._handed = set()
-        self._start_traffic()
+        self._handed, self._handover_done = set(), False
+        from .sumo import SumoError
+        try:
+            self._start_traffic()
+        except (SumoError, ValueError) as e:
+            raise LoopError(f"step 0: SUMO could not start the scenario's traffic: {e}") from None
+        self.prev_T = self.ground.pose(*self._along(-self.dt), self.state.yaw_rad, self.lift)
         self.controls = Controls(0.0, 0.0)
+        kin = EgoKinematics(speed, 0.0, 0.0)
+        self.metrics = MetricsTracker(self.road, self.dt, self.reference_progress, kin)
         return self._observe()
 
     def step(self, action) -> Tuple[Observation, dict, bool]:
@@ -218,6 +228,14 @@ class ClosedLoop:
         k = self.step_index + 1
         if isinstance(action, Controls):
             controls = action
+            controls.check(k)
+            p = self.params
+            if not (-p.max_decel_mps2 - 1e-9 <= controls.accel_mps2 <= p.max_accel_mps2 + 1e-9
+                    and abs(controls.steer_rate_rps) <= p.max_steer_rate_rps + 1e-9):
+                from .dynamics import ActionError
+                raise ActionError(f"step {k}: the agent's controls (acceleration {controls.accel_mps2:.3g} m/s^2, "
+                                  f"steering rate {controls.steer_rate_rps:.3g} rad/s) leave the vehicle's limits "
+                                  f"[-{p.max_decel_mps2}, {p.max_accel_mps2}] m/s^2 and +-{p.max_steer_rate_rps} rad/s")
         else:
             try:
                 wp = np.asarray(action, np.float64)
@@ -227,6 +245,7 @@ class ClosedLoop:
                 raise ActionError(f"step {k}: the agent's waypoints are not usable ({e})") from None
         controls.check(k)
         self.controls = controls
+        self.prev_T = self.T_world_vehicle()
         with self.timer("dynamics"):
             self.state = self.model.step(self.state, controls, self.dt)
         self.step_index = k
@@ -243,6 +262,9 @@ class ClosedLoop:
 
     def close(self) -> None:
         self._close_traffic()
+        if self._own_workdir:
+            import shutil
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> "ClosedLoop":
         return self
@@ -263,16 +285,19 @@ class ClosedLoop:
                    s.speed_mps * math.cos(s.yaw_rad), s.speed_mps * math.sin(s.yaw_rad))
 
     def scene_at(self):
-        """The scene at the current step: the log's (edited) actors on their tracks, SUMO's vehicles as
-        library assets, each with a two-pose track (now, and one step ahead at constant velocity) so that a
-        rolling LiDAR sweep sees them move."""
+        """The scene at the current step: the log's (edited) actors on their tracks, SUMO's vehicles (a log
+        actor handed to SUMO keeps its own surfels, the others are library assets), each with a two-pose track
+        over the last step (back along its velocity, and now) so that a rolling LiDAR sweep sees it move."""
         t = self.state.timestamp_us
+        own = {a.id: a for a in self.world.scene.actors}
         actors = [a for a in self.world.scene.actors if a.id not in self._handed]
         for v in self.traffic_vehicles:
-            T0 = self.ground.pose(v.x, v.y, v.yaw, v.height_m / 2)
-            T1 = self.ground.pose(v.x + v.speed_mps * self.dt * math.cos(v.yaw),
-                                  v.y + v.speed_mps * self.dt * math.sin(v.yaw), v.yaw, v.height_m / 2)
-            actors.append(replace(self._template(v), id=v.id, track_timestamps_us=np.array([t, t + self.dt_us]),
+            base = own[v.id] if v.id in self._handed else self._template(v)
+            h = base.size[2] / 2
+            T0 = self.ground.pose(v.x - v.speed_mps * self.dt * math.cos(v.yaw),
+                                  v.y - v.speed_mps * self.dt * math.sin(v.yaw), v.yaw, h)
+            T1 = self.ground.pose(v.x, v.y, v.yaw, h)
+            actors.append(replace(base, id=v.id, track_timestamps_us=np.array([t - self.dt_us, t]),
                                   track_poses=np.stack([T0, T1])))
         return replace(self.world.scene, actors=tuple(actors))
 
@@ -309,11 +334,10 @@ class ClosedLoop:
             with self.timer("cameras"):
                 for n, (cam, T_vc) in self.cameras.items():
                     cams[n] = to_uint8(render_image(scene, cam, T @ T_vc, t, n)[0])
-            with self.timer("lidars"):
-                ahead = self.ground.pose(*self._ahead_xy(), self.state.yaw_rad, self.lift)
+            with self.timer("lidars"):  # a sweep over the last step: from the previous pose to this one
                 for n, (spec, T_vl) in self.lidars.items():
-                    f = render_lidar(scene, spec, (np.array([t, t + self.dt_us]), np.stack([T @ T_vl, ahead @ T_vl])),
-                                     timestamp_us=t)
+                    f = render_lidar(scene, spec, (np.array([t - self.dt_us, t]),
+                                                   np.stack([self.prev_T @ T_vl, T @ T_vl])), timestamp_us=t - self.dt_us)
                     inten = f.intensity if f.intensity is not None else np.zeros(len(f.ranges), np.float32)
                     lidars[n] = np.c_[f.points, inten, f.time_offset_us].astype(np.float32)
                     ranges[n] = f.range_image.astype(np.float32)
@@ -321,9 +345,10 @@ class ClosedLoop:
         return Observation(self.step_index, t, s, T, self.road.ahead((s.x_m, s.y_m), s.yaw_rad, ROUTE_AHEAD_M), cams,
                            lidars, ranges, boxes)
 
-    def _ahead_xy(self) -> Tuple[float, float]:
+    def _along(self, dt_s: float) -> Tuple[float, float]:
+        """The rear axle ``dt_s`` from now at the current speed and heading (x, y)."""
         s = self.state
-        return (s.x_m + s.speed_mps * self.dt * math.cos(s.yaw_rad), s.y_m + s.speed_mps * self.dt * math.sin(s.yaw_rad))
+        return (s.x_m + s.speed_mps * dt_s * math.cos(s.yaw_rad), s.y_m + s.speed_mps * dt_s * math.sin(s.yaw_rad))
 
     # ------------------------------------------------------------------ traffic
     def _template(self, v) -> Actor:
@@ -365,16 +390,17 @@ class ClosedLoop:
         from .sumo import SumoError
         la = self.scenario.closed_loop.log_actors
         t = self.state.timestamp_us
-        if la.mode == "sumo" and not self._handed and t >= self.t0 + la.handover_s * 1e6:
-            for a in self.world.scene.actors:
-                if a.category in SUMO_CLASSES and self.road.on_road(a.pose_at(t)[:2, 3][None])[0]:
-                    P, Q = a.pose_at(t), a.pose_at(t + self.dt_us)
-                    speed = float(np.linalg.norm(Q[:2, 3] - P[:2, 3]) / self.dt)
-                    self.traffic.add_at(a.id, P[0, 3], P[1, 3], math.atan2(P[1, 0], P[0, 0]), speed,
-                                        VCLASS_OF[a.category], a.size[0], a.size[1])
-                    self._handed.add(a.id)
-        cx, cy = self.state.box_centre_xy(self.params)
         try:
+            if la.mode == "sumo" and not self._handover_done and t >= self.t0 + la.handover_s * 1e6:
+                self._handover_done = True
+                for a in self.world.scene.actors:
+                    if a.category in SUMO_CLASSES and self.road.on_road(a.pose_at(t)[:2, 3][None])[0]:
+                        P, Q = a.pose_at(t), a.pose_at(t + self.dt_us)
+                        speed = float(np.linalg.norm(Q[:2, 3] - P[:2, 3]) / self.dt)
+                        self.traffic.add_at(a.id, P[0, 3], P[1, 3], math.atan2(P[1, 0], P[0, 0]), speed,
+                                            VCLASS_OF[a.category], a.size[0], a.size[1])
+                        self._handed.add(a.id)
+            cx, cy = self.state.box_centre_xy(self.params)
             self.traffic.set_ego(cx, cy, self.state.yaw_rad, self.state.speed_mps)
             self.traffic_vehicles = self.traffic.step()
         except SumoError as e:
@@ -386,10 +412,15 @@ class ClosedLoop:
             self.traffic = None
 
 
-def _extended(path: np.ndarray, extra_m: float) -> np.ndarray:
-    """The path with straight extensions of ``extra_m`` at both ends (along its end directions)."""
-    d0 = path[1] - path[0]
-    d1 = path[-1] - path[-2]
+def _extended(path: np.ndarray, extra_m: float, base_m: float = 2.0) -> np.ndarray:
+    """The path with straight extensions of ``extra_m`` at both ends, along the direction over its first and
+    last ``base_m`` (a standing or jittering ego's poses give no direction of their own)."""
+    dist0 = np.linalg.norm(path - path[0], axis=1)
+    dist1 = np.linalg.norm(path - path[-1], axis=1)
+    if dist0.max() < base_m:
+        raise LoopError(f"the logged ego moves {dist0.max():.2f} m in all: a route needs at least {base_m} m")
+    d0 = path[np.argmax(dist0 >= base_m)] - path[0]
+    d1 = path[-1] - path[len(path) - 1 - np.argmax(dist1[::-1] >= base_m)]
     d0, d1 = d0 / np.linalg.norm(d0), d1 / np.linalg.norm(d1)
     return np.vstack([path[0] - extra_m * d0, path, path[-1] + extra_m * d1])
 

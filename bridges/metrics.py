@@ -10,7 +10,7 @@ PDMS sub-scores), route completion and score = NC x DAC x (5 TTC + 5 EP + 2 C) /
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -90,10 +90,12 @@ class EgoKinematics:
 class MetricsTracker:
     """Accumulates the per-step metrics of one run; `summary` gives the run's."""
 
-    def __init__(self, road: Road, step_s: float, reference_progress_m: float):
+    def __init__(self, road: Road, step_s: float, reference_progress_m: float, initial: EgoKinematics):
+        """``initial``: the ego's motion at the start (the first step's jerk is measured from it)."""
         self.road, self.dt, self.reference = road, float(step_s), float(reference_progress_m)
         self.steps: List[Dict] = []
-        self._prev: Optional[Dict] = None
+        self._prev = {"lon_accel_mps2": initial.accel_mps2, "yaw_rate_rps": initial.yaw_rate_rps,
+                      "lat_accel_mps2": initial.speed_mps * initial.yaw_rate_rps}
 
     def step(self, t_us: int, ego: Box, kin: EgoKinematics, actors: Sequence[Box]) -> Dict:
         """The metrics of one step (also kept for `summary`)."""
@@ -117,11 +119,10 @@ class MetricsTracker:
              "progress_m": self.road.progress((ego.x, ego.y)), "speed_mps": kin.speed_mps,
              "lon_accel_mps2": kin.accel_mps2, "lat_accel_mps2": lat, "yaw_rate_rps": kin.yaw_rate_rps,
              "jerk_mps3": 0.0, "lon_jerk_mps3": 0.0, "yaw_accel_rps2": 0.0}
-        if self._prev is not None:
-            prev_acc = np.array([self._prev["lon_accel_mps2"], self._prev["lat_accel_mps2"]])
-            m["lon_jerk_mps3"] = (kin.accel_mps2 - self._prev["lon_accel_mps2"]) / self.dt
-            m["jerk_mps3"] = float(np.linalg.norm(acc - prev_acc)) / self.dt
-            m["yaw_accel_rps2"] = (kin.yaw_rate_rps - self._prev["yaw_rate_rps"]) / self.dt
+        prev_acc = np.array([self._prev["lon_accel_mps2"], self._prev["lat_accel_mps2"]])
+        m["lon_jerk_mps3"] = (kin.accel_mps2 - self._prev["lon_accel_mps2"]) / self.dt
+        m["jerk_mps3"] = float(np.linalg.norm(acc - prev_acc)) / self.dt
+        m["yaw_accel_rps2"] = (kin.yaw_rate_rps - self._prev["yaw_rate_rps"]) / self.dt
         m["comfortable"] = all(lo <= m[k] <= hi for k, (lo, hi) in COMFORT.items())
         self._prev = m
         self.steps.append(m)

@@ -14,6 +14,7 @@ from gsim.io import write_bytes, write_json
 from .agents import load_agent
 from .dynamics import ActionError
 from .loop import ClosedLoop, LoopError
+from .sumo import SumoError
 from .record import RunRecorder
 from .scenario import load_loop_scenario
 
@@ -26,7 +27,9 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
         render: bool = True, client: str = "libsumo") -> dict:
     """Run ``scenario`` (a file, a shipped name or a `LoopScenario`) with the agent ``agent_name`` into
     ``out``; returns the run's metrics (also written to out/metrics.json). A failure (SUMO, an agent's
-    error or bad action) is raised after the run directory has been closed with every completed step."""
+    error or bad action, Ctrl-C) is raised after the run directory has been closed with every completed step.
+    ``max_steps`` truncates the run (metrics.json says ``truncated``; EP still compares with the whole run's
+    reference progress)."""
     from tqdm import tqdm
     sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
     agent = load_agent(agent_name)  # an unknown agent fails before anything starts
@@ -58,24 +61,25 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
                 done = k + 1
                 if finished:
                     break
-        except (LoopError, ActionError, AgentError) as e:
+        except BaseException as e:  # whatever stops the run (Ctrl-C too): close the record first, then raise
             error = e
-        summary = loop.summary() if loop.metrics.steps else {"collision": False, "score": 0.0, "route_completion": 0.0,
-                                                             "steps": 0}
-        summary.update({"scenario": sc.name, "agent": agent_name, "seed": seed, "completed": error is None,
-                        "error": None if error is None else str(error), "steps": done,
-                        "wall_s": round(time.perf_counter() - t_start, 2),
-                        "timing_ms": {k: round(1e3 * float(np.median(v)), 2) for k, v in loop.timings.items()}})
-        rec.finish(summary, failed=error is not None)
-        if hasattr(agent, "close"):
-            agent.close()
+        finally:
+            if hasattr(agent, "close"):
+                agent.close()
+            summary = loop.summary() if loop.metrics.steps else {"collision": False, "score": 0.0,
+                                                                 "route_completion": 0.0}
+            summary.update({"scenario": sc.name, "agent": agent_name, "seed": seed, "completed": error is None,
+                            "error": None if error is None else f"{type(error).__name__}: {error}", "steps": done,
+                            "truncated": n < loop.n_steps, "wall_s": round(time.perf_counter() - t_start, 2),
+                            "timing_ms": {k: round(1e3 * float(np.median(v)), 2) for k, v in loop.timings.items()}})
+            rec.finish(summary, failed=error is not None)
     if error is not None:
         raise error
     return summary
 
 
 def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[int], out,
-              progress: bool = True) -> List[dict]:
+              progress: bool = True, max_steps: Optional[int] = None, client: str = "libsumo") -> List[dict]:
     """Every scenario x agent x seed into out/<scenario>/<agent>/seed<k>, and out/table.md + table.json."""
     for a in agents:
         load_agent(a)  # unknown agents fail before anything starts
@@ -86,9 +90,11 @@ def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[i
             for seed in seeds:
                 d = Path(out) / sc.name / a / f"seed{seed}"
                 try:
-                    m = run(sc, a, d, seed=seed, progress=progress)
-                except (LoopError, ActionError, AgentError) as e:
-                    m = {**json.loads((d / "metrics.json").read_text()), "error": str(e)}
+                    m = run(sc, a, d, seed=seed, progress=progress, max_steps=max_steps, client=client)
+                except (LoopError, ActionError, AgentError, SumoError) as e:  # the table shows the failed run
+                    saved = d / "metrics.json"
+                    m = {**(json.loads(saved.read_text()) if saved.is_file() else
+                            {"scenario": sc.name, "agent": a, "seed": seed}), "error": str(e)}
                 rows.append(m)
     write_json(Path(out) / "table.json", rows)
     write_bytes(Path(out) / "table.md", batch_table(rows).encode())

@@ -26,9 +26,11 @@ from pydantic import Field, model_validator
 
 from gsim.editing.scenario import Scenario, ScenarioError, _Strict, load_scenario
 
+from .sumo import VEHICLE_CLASSES
+
 SCENARIOS_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 SHIPPED = {"stopped-car": "stopped_car.yaml", "lead-car": "lead_car.yaml", "traffic": "traffic.yaml"}
-VCLASSES = ("passenger", "truck", "bus", "motorcycle")  # gsim.bridges.sumo.VEHICLE_CLASSES
+VCLASSES = tuple(VEHICLE_CLASSES)
 
 
 class RoadOptions(_Strict):

@@ -290,8 +290,11 @@ def cmd_closed_loop(a) -> int:
     from .bridges.agents import load_agent
     from .bridges.runner import run, run_batch
     from .bridges.scenario import SHIPPED, load_loop_scenario
-    agents = a.agent.split(",")
-    seeds = [int(x) for x in a.seed.split(",")]
+    agents = a.agent.split(",") if not a.agent.startswith("exec:") else [a.agent]
+    try:
+        seeds = [int(x) for x in a.seed.split(",")]
+    except ValueError:
+        raise ValueError(f"--seed: expected integers separated by commas, got {a.seed!r}") from None
     for name in agents:
         load_agent(name)  # bad input fails before anything starts
     for sc in a.scenario:
@@ -303,7 +306,7 @@ def cmd_closed_loop(a) -> int:
         print(f"{m['scenario']} / {m['agent']} (seed {m['seed']}): score {m['score']:.3f}, collision {m['collision']}, "
               f"route completion {m['route_completion']:.2f}, {m['steps']} steps in {m['wall_s']:.1f} s -> {a.out}")
         return 0
-    rows = run_batch(a.scenario, agents, seeds, a.out)
+    rows = run_batch(a.scenario, agents, seeds, a.out, max_steps=a.steps, client=a.sumo)
     print(f"{len(rows)} runs -> {Path(a.out) / 'table.md'}")
     return 0
 

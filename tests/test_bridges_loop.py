@@ -59,9 +59,12 @@ def test_replay_of_the_unedited_log_drives_it_without_collision(base, tmp_path):
     assert m["route_completion"] > 0.97 and m["drivable_area_compliance"] == 1.0 and m["score"] > 0.9
     # the replayed ego stays on the logged path
     log = gsim.scenes.log.load_log(base / "log")
+    rows = steps(tmp_path / "r")
     dev = [np.linalg.norm(np.array([s["ego"]["x_m"], s["ego"]["y_m"]]) - log.T_world_vehicle(s["t_us"])[:2, 3])
-           for s in steps(tmp_path / "r")]
+           for s in rows]
     assert max(dev) < 0.3
+    # progress counts from where the run starts, at the box centre: the first step's is the distance driven
+    assert abs(rows[1]["metrics"]["progress_m"] - 0.1 * rows[0]["ego"]["speed_mps"]) < 0.05
 
 
 def test_lidar_aeb_stops_before_a_car_across_its_lane_and_replay_hits_it(base, tmp_path):
@@ -135,7 +138,15 @@ def test_a_run_writes_metrics_video_log_and_mcap(base, tmp_path):
     assert "/step" in topics
     counts = summary.statistics.channel_message_counts
     by_topic = {summary.channels[k].topic: v for k, v in counts.items()}
-    assert by_topic["/camera/front"] == m["steps"] + 1
+    assert by_topic["/camera/front"] == m["steps"] + 1 and by_topic["/boxes"] == m["steps"] + 1
+    assert recording(out)["complete"] == "true"
+
+
+def recording(out) -> dict:
+    """The MCAP file's gsim.recording metadata (complete, reason)."""
+    from mcap.reader import make_reader
+    with open(out / "run.mcap", "rb") as f:
+        return next(dict(r.metadata) for r in make_reader(f).iter_metadata() if r.name == "gsim.recording")
 
 
 class NaNAgent:
@@ -147,6 +158,13 @@ class NaNAgent:
     def act(self, obs):
         self.k += 1
         return Controls(float("nan") if self.k == 3 else -1.0, 0.0)
+
+
+class FloorItAgent:
+    """Asks for more acceleration than the car has."""
+
+    def act(self, obs):
+        return Controls(20.0, 0.0)
 
 
 class RaisingAgent:
@@ -161,6 +179,9 @@ def test_agent_faults_stop_the_run_with_the_step_and_keep_what_was_done(base, tm
     saved = json.loads((tmp_path / "nan" / "metrics.json").read_text())
     assert saved["completed"] is False and "step 3" in saved["error"] and saved["steps"] == 2
     assert len(steps(tmp_path / "nan")) == 3  # the start and the two completed steps
+    assert recording(tmp_path / "nan")["complete"] == "false"  # run.mcap itself, finished, not a .part
+    with pytest.raises(ActionError, match="step 1.*limits"):
+        run(path, "test_bridges_loop:FloorItAgent", tmp_path / "range", progress=False, render=False)
     with pytest.raises(AgentError, match="step 1.*KeyError"):
         run(path, "test_bridges_loop:RaisingAgent", tmp_path / "raise", progress=False, render=False)
     with pytest.raises(ValueError, match="unknown agent"):
@@ -189,8 +210,9 @@ def test_an_agent_in_its_own_process_drives_over_json_lines(base, tmp_path):
     m = run(scenario(base, "exec", ACROSS), f"exec:{sys.executable} {script}", tmp_path / "exec", progress=False)
     assert m["completed"] and not m["collision"]
     assert steps(tmp_path / "exec")[-1]["ego"]["speed_mps"] == 0.0  # it braked all the way
-    with pytest.raises(AgentError, match="step 1.*exited"):
-        run(scenario(base, "exec2"), "exec:python -c pass", tmp_path / "exec2", progress=False, render=False)
+    with pytest.raises(AgentError, match="step [01].*exited"):  # at the reset line or the first step: a race
+        run(scenario(base, "exec2"), f"exec:{sys.executable} -c pass", tmp_path / "exec2", progress=False,
+            render=False)
 
 
 def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(base, tmp_path, monkeypatch):
@@ -214,6 +236,23 @@ def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(base, tmp_pat
     saved = json.loads((tmp_path / "dies" / "metrics.json").read_text())
     assert saved["completed"] is False and saved["steps"] == 3 and len(steps(tmp_path / "dies")) == 4
     validate_log(tmp_path / "dies" / "log")
+
+
+def test_log_actors_handed_to_sumo_keep_their_surfels_and_react(base, tmp_path):
+    from gsim.bridges.loop import ClosedLoop
+    lead = [{"kind": "insert", "asset": "suv", "id": "lead",
+             "track": {"path": [[12.0, -1.75], [60.0, -1.75]], "speed_mps": 8.0}}]
+    sc = load_loop_scenario(scenario(base, "handover", lead, log_actors={"mode": "sumo", "handover_s": 0.5}))
+    with ClosedLoop(sc, seed=0, render=False) as loop:
+        obs = loop.reset()
+        before = [a for a in loop.scene_at().actors if a.id == "lead"][0]
+        for _ in range(15):
+            obs, m, _ = loop.step(Controls(0.0, 0.0))
+        assert "lead" in {v.id for v in loop.traffic_vehicles}  # SUMO drives it now
+        drawn = [a for a in loop.scene_at().actors if a.id == "lead"]
+        assert len(drawn) == 1 and drawn[0].surfels is before.surfels  # its own surfels, not a library car
+        x = [a.x for a in obs.actors if a.id == "lead"][0]
+        assert x > 12.0 + 8.0 * 0.5 + 3.0  # it drove on under SUMO
 
 
 def test_bad_closed_loop_scenarios_are_refused_naming_the_field(base, tmp_path):
