@@ -32,14 +32,15 @@ from .scenario import load_loop_scenario
 class ClosedLoopEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
-    def __init__(self, scenario="stopped-car", action: str = "controls", render_mode: Optional[str] = None):
+    def __init__(self, scenario="stopped-car", action: str = "controls", render_mode: Optional[str] = None,
+                 client: str = "libsumo"):
         if action not in ("controls", "waypoints"):
             raise ValueError(f"ClosedLoopEnv: action must be 'controls' or 'waypoints', got {action!r}")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"ClosedLoopEnv: render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.scenario = load_loop_scenario(scenario) if not hasattr(scenario, "closed_loop") else scenario
         self.action_kind, self.render_mode = action, render_mode
-        self.loop = ClosedLoop(self.scenario, seed=0)
+        self.loop = ClosedLoop(self.scenario, seed=0, client=client)  # 'traci': several envs in one process
         p = self.loop.params
         if action == "controls":
             self.action_space = spaces.Box(np.array([-p.max_decel_mps2, -p.max_steer_rate_rps], np.float32),

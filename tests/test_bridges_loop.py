@@ -93,6 +93,11 @@ def test_sumo_traffic_is_reproducible_for_a_seed(base, tmp_path):
     assert len(ra[-1]["actors"]) > 2  # SUMO's vehicles are there as actors
     assert strip(ra) == strip(rb) and a["score"] == b["score"]
     assert strip(ra) != strip(rc)
+    # with the sensors rendered and an agent that reads them
+    path = scenario(base, "across_repro", ACROSS)
+    run(path, "lidar-aeb", tmp_path / "d", seed=1, progress=False)
+    run(path, "lidar-aeb", tmp_path / "e", seed=1, progress=False)
+    assert steps(tmp_path / "d") == steps(tmp_path / "e")
 
 
 def test_a_network_of_your_own_with_its_transform(base, tmp_path):
