@@ -167,8 +167,10 @@ class LidarAebAgent(_RouteFollower):
                 continue
             ground = float(np.percentile(q[:, 2], 5))  # the road's height under the returns ahead
             h = q[:, 2] - ground
-            hit = (h > self.MIN_HEIGHT_M) & (h < self.MAX_HEIGHT_M) & \
-                  (np.abs(_offset(obs.route, q[:, 0], q[:, 1])) < p.width_m / 2 + self.MARGIN_M)
+            reach = p.width_m / 2 + self.MARGIN_M
+            lo, hi = obs.route.min(0) - reach, obs.route.max(0) + reach  # cheap tests first: few points are left
+            q = q[(h > self.MIN_HEIGHT_M) & (h < self.MAX_HEIGHT_M) & np.all((q[:, :2] >= lo) & (q[:, :2] <= hi), 1)]
+            hit = np.abs(_offset(obs.route, q[:, 0], q[:, 1])) < reach
             if hit.any():
                 d = float(q[hit, 0].min() - front)
                 best = d if best is None else min(best, d)

@@ -10,8 +10,8 @@ columns) m, 0 = no return}, ``ego`` float32 [speed m/s, acceleration m/s^2, stee
 Actions: ``action="controls"`` (default) a Box [acceleration m/s^2, steering rate rad/s] within the vehicle's
 limits; ``action="waypoints"`` a Box (6,2) of ego-frame (x, y) m at 0.5, 1.0, ... 3.0 s, which the built-in
 tracking controller follows.
-Reward: metres of route progress this step / 10, minus 10 on a collision, minus 1 a step off the road.
-Terminated: a collision or the route completed; truncated: the scenario's step count. ``info`` holds the
+Reward: metres of route progress this step / 10, minus 10 on a collision, minus 1 off the road.
+Terminated: a collision, leaving the road or the route completed; truncated: the scenario's step count. ``info`` holds the
 step's metrics and, at the end, the run's (`gsim.bridges.metrics`). Seeding: ``reset(seed=k)`` restarts SUMO
 with seed k (the same seed gives the same run).
 """
@@ -82,7 +82,7 @@ class ClosedLoopEnv(gym.Env):
         reward = (m["progress_m"] - self._last_progress) / 10.0 - 10.0 * m["collision"] - (not m["on_road"])
         self._last_progress = m["progress_m"]
         completed = m["progress_m"] >= self.loop.road.length_m
-        terminated = bool(m["collision"] or completed)
+        terminated = bool(m["collision"] or not m["on_road"] or completed)
         info = {"metrics": m}
         if terminated or done:
             info["run"] = self.loop.summary()

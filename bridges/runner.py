@@ -48,12 +48,12 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
             rec.step(obs, None, None, agent_name)
             steps = tqdm(range(n), desc=f"{sc.name} / {agent_name}", unit="step", disable=not progress)
             for k in steps:
+                t_step = time.perf_counter()
                 try:
                     with loop.timer("agent"):
                         action = agent.act(obs)
                 except Exception as e:  # the agent under test: any error it raises is its own
                     raise AgentError(f"step {k + 1}: agent {agent_name!r} raised {type(e).__name__}: {e}") from e
-                t_step = time.perf_counter()
                 obs, m, finished = loop.step(action)
                 with loop.timer("record"):
                     rec.step(obs, loop.controls, m, agent_name)
