@@ -85,12 +85,14 @@ class _VehicleClass:
     max_speed_mps: float
 
 
-# SUMO's own default sizes for these vClasses; decelerations are unified (see _DECEL_MPS2).
+# The sizes of the starter assets that draw these vClasses in the closed loop (gsim.editing's sedan and SUV,
+# truck, bus, cyclist), so that SUMO follows the boxes the metrics see; SUMO's accelerations and top speeds;
+# decelerations are unified (see _DECEL_MPS2).
 VEHICLE_CLASSES: Mapping[str, _VehicleClass] = {
-    "passenger": _VehicleClass(5.0, 1.8, 1.5, 2.6, 55.56),
-    "truck": _VehicleClass(7.1, 2.4, 2.4, 1.3, 36.11),
-    "bus": _VehicleClass(12.0, 2.5, 3.4, 1.2, 27.78),
-    "motorcycle": _VehicleClass(2.2, 0.9, 1.5, 6.0, 55.56),
+    "passenger": _VehicleClass(4.7, 2.0, 1.6, 2.6, 55.56),
+    "truck": _VehicleClass(8.0, 2.5, 3.5, 1.3, 36.11),
+    "bus": _VehicleClass(12.1, 2.55, 3.1, 1.2, 27.78),
+    "motorcycle": _VehicleClass(1.7, 0.6, 1.85, 6.0, 55.56),
 }
 _DEFAULT_MIX: Mapping[str, float] = {"passenger": 0.8, "truck": 0.1, "bus": 0.1}
 

@@ -197,7 +197,7 @@ def test_vehicle_pose_conventions(heading_deg, tmp_path):
         # the forward route starts extend_m (150 m) before the path; its lane centre is the path
         np.testing.assert_allclose([fwd.x, fwd.y], (100.0 - 150.0) * u, atol=0.01)
         assert fwd.yaw == pytest.approx(heading, abs=1e-6)
-        assert (fwd.vclass, fwd.length_m, fwd.width_m, fwd.height_m) == ("truck", 7.1, 2.4, 2.4)
+        assert (fwd.vclass, fwd.length_m, fwd.width_m, fwd.height_m) == ("truck", 8.0, 2.5, 3.5)
         # the opposite lane is one lane width to the left, driving the other way
         np.testing.assert_allclose([opp.x, opp.y], (350.0 - 100.0) * u + W * left, atol=0.01)
         assert abs(math.cos(opp.yaw - (heading + math.pi)) - 1.0) < 1e-9
@@ -251,7 +251,7 @@ def test_add_at_hands_a_log_actor_to_sumo(straight_net):
         # actor's heading for this step: the box centre is within L/2 * sin(yaw error) of the lane centre
         assert (f.x, f.y, f.yaw, f.length_m, f.width_m) == pytest.approx((40.0, 0.0, 0.02, 4.4, 1.7), abs=0.05)
         assert f.speed_mps == pytest.approx(18.0)  # above the limit: kept (its speed factor is raised)
-        assert (o.x, o.y, o.length_m) == pytest.approx((60.0, W - 3.55 * math.sin(0.03), 7.1), abs=0.01)
+        assert (o.x, o.y, o.length_m) == pytest.approx((60.0, W - 4.0 * math.sin(0.03), 8.0), abs=0.01)
         assert o.yaw == pytest.approx(math.pi - 0.03, abs=1e-6)
         for _ in range(10):
             by_id = {v.id: v for v in traffic.step()}
