@@ -138,7 +138,9 @@ class RunRecorder:
         write_bytes(self.out / "metrics.md", metrics_markdown(summary).encode())
         if self.frames:
             write_video(self.out / "video.mp4", self.frames, 1.0 / self.loop.dt)
-        if self.log_writer is not None:
+        if self.log_writer is not None and not self.log_writer.frames:  # nothing rendered: no log to keep
+            self.log_writer.__exit__(RuntimeError, RuntimeError("no step recorded"), None)
+        elif self.log_writer is not None:
             w = self.log_writer
             for aid, items in self.tracks.items():
                 if aid == "ego":

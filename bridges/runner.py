@@ -40,12 +40,12 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
         error, done = None, 0
         try:
             obs = loop.reset()
+            rec.step(obs, None, None, agent_name)
             if hasattr(agent, "reset"):
                 try:
                     agent.reset(loop.info)
                 except Exception as e:  # the agent under test
                     raise AgentError(f"step 0: agent {agent_name!r} could not start: {type(e).__name__}: {e}") from e
-            rec.step(obs, None, None, agent_name)
             steps = tqdm(range(n), desc=f"{sc.name} / {agent_name}", unit="step", disable=not progress)
             for k in steps:
                 t_step = time.perf_counter()
