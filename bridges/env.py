@@ -13,7 +13,8 @@ tracking controller follows.
 Reward: metres of route progress this step / 10, minus 10 on a collision, minus 1 off the road.
 Terminated: a collision, leaving the road or the route completed; truncated: the scenario's step count. ``info`` holds the
 step's metrics and, at the end, the run's (`gsim.bridges.metrics`). Seeding: ``reset(seed=k)`` restarts SUMO
-with seed k (the same seed gives the same run).
+with seed k (the same seed gives the same run). ``client="traci"`` runs SUMO as a process, so that several
+environments can live in one Python process (libsumo, the default, allows one simulation per process).
 """
 from __future__ import annotations
 
