@@ -284,3 +284,14 @@ def test_gymnasium_environment_passes_check_env(base):
         done = term or trunc
     assert trunc and not info["run"]["collision"]
     env.close()
+
+
+def test_route_extensions_follow_the_path_over_metres_not_jitter():
+    from gsim.bridges.loop import LoopError, _extended
+    rng = np.random.default_rng(0)
+    path = np.c_[np.linspace(0.0, 20.0, 201), np.zeros(201)]
+    path[:5] = path[0] + rng.normal(0, 0.01, (5, 2))  # a standing start: centimetres of jitter
+    ext = _extended(path, 100.0)
+    assert np.allclose(ext[0], [-100.0, 0.0], atol=1.0) and np.allclose(ext[-1], [120.0, 0.0], atol=1.0)
+    with pytest.raises(LoopError, match="moves 0.0"):
+        _extended(np.zeros((10, 2)) + rng.normal(0, 0.01, (10, 2)), 100.0)
