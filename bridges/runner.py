@@ -103,7 +103,7 @@ def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[i
 
 def batch_table(rows: List[dict]) -> str:
     cols = ("score", "collision", "route_completion", "no_collision", "drivable_area_compliance", "time_to_collision",
-            "ego_progress", "comfort")
+            "ego_progress", "comfort", "steps", "truncated", "completed")
     out = ["| scenario | agent | seed | " + " | ".join(cols) + " |", "|---" * (3 + len(cols)) + "|"]
     for r in rows:
         vals = [f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols]
