@@ -24,7 +24,7 @@ import numpy as np
 
 from gsim.scene import Actor
 
-from .dynamics import BicycleModel, Controls, EgoState, TrajectoryTracker, VehicleParams, yaw_rate
+from .dynamics import ActionError, BicycleModel, Controls, EgoState, TrajectoryTracker, VehicleParams, yaw_rate
 from .metrics import Box, EgoKinematics, MetricsTracker
 from .road import Road
 from .scenario import LoopScenario
@@ -145,7 +145,7 @@ class ClosedLoop:
     def __init__(self, scenario: LoopScenario, seed: int = 0, render: bool = True, client: str = "libsumo",
                  workdir: Optional[Path] = None, progress: bool = False):
         from gsim.editing.world import apply
-        from gsim.editing.outputs import lidar_spec
+        from gsim.editing.outputs import sensor_rig
         self.scenario, self.seed, self.render_sensors, self.client = scenario, int(seed), render, client
         cl = scenario.closed_loop
         self.world = world = apply(scenario, progress=progress, ego_overlaps=True)
@@ -181,19 +181,9 @@ class ClosedLoop:
                              int(ts[-1]), {n: log.lidars[n].T_vehicle_lidar for n in log.lidars})
         self.model = BicycleModel(self.params)
         self.tracker = TrajectoryTracker(self.params)
-        sens = scenario.sensors
-        cams = sens.cameras if sens.cameras is not None else sorted(log.cameras)
-        lidars = sens.lidars if sens.lidars is not None else sorted(n for n in log.lidars if log.lidars[n].beams)
-        for n in cams:
-            if n not in log.cameras:
-                raise ValueError(f"sensors.cameras: the log has no camera {n!r}; it has {sorted(log.cameras)}")
-        for n in lidars:
-            if n not in log.lidars or lidar_spec(log, n) is None:
-                raise ValueError(f"sensors.lidars: the log has no LiDAR {n!r} with a beam model")
-        self.cameras = {n: (log.cameras[n].camera.downscaled(sens.downscale) if sens.downscale > 1
-                            else log.cameras[n].camera, log.cameras[n].T_vehicle_camera) for n in cams}
-        self.lidars = {n: (lidar_spec(log, n), log.lidars[n].T_vehicle_lidar) for n in lidars}
-        self.reference_progress = self.road.length_m
+        cameras, specs = sensor_rig(log, scenario.sensors)
+        self.cameras = {n: (cam, log.cameras[n].T_vehicle_camera) for n, cam in cameras.items()}
+        self.lidars = {n: (spec, log.lidars[n].T_vehicle_lidar) for n, spec in specs.items()}
         self.traffic = None
         self._templates: Dict[str, Actor] = {}
         self._handed = set()
@@ -220,7 +210,7 @@ class ClosedLoop:
         self.prev_T = self.ground.pose(*self._along(-self.dt), self.state.yaw_rad, self.lift)
         self.controls = Controls(0.0, 0.0)
         kin = EgoKinematics(speed, 0.0, 0.0)
-        self.metrics = MetricsTracker(self.road, self.dt, self.reference_progress, kin)
+        self.metrics = MetricsTracker(self.road, self.dt, self.road.length_m, kin)  # EP's reference: the log's
         return self._observe()
 
     def step(self, action) -> Tuple[Observation, dict, bool]:
@@ -228,22 +218,19 @@ class ClosedLoop:
         k = self.step_index + 1
         if isinstance(action, Controls):
             controls = action
-            controls.check(k)
-            p = self.params
-            if not (-p.max_decel_mps2 - 1e-9 <= controls.accel_mps2 <= p.max_accel_mps2 + 1e-9
-                    and abs(controls.steer_rate_rps) <= p.max_steer_rate_rps + 1e-9):
-                from .dynamics import ActionError
-                raise ActionError(f"step {k}: the agent's controls (acceleration {controls.accel_mps2:.3g} m/s^2, "
-                                  f"steering rate {controls.steer_rate_rps:.3g} rad/s) leave the vehicle's limits "
-                                  f"[-{p.max_decel_mps2}, {p.max_accel_mps2}] m/s^2 and +-{p.max_steer_rate_rps} rad/s")
         else:
             try:
-                wp = np.asarray(action, np.float64)
-                controls = self.tracker.controls(self.state, wp, self.dt)
+                controls = self.tracker.controls(self.state, np.asarray(action, np.float64), self.dt)
             except (TypeError, ValueError) as e:
-                from .dynamics import ActionError
                 raise ActionError(f"step {k}: the agent's waypoints are not usable ({e})") from None
         controls.check(k)
+        p = self.params
+        inside = (-p.max_decel_mps2 - 1e-9 <= controls.accel_mps2 <= p.max_accel_mps2 + 1e-9
+                  and abs(controls.steer_rate_rps) <= p.max_steer_rate_rps + 1e-9)
+        if isinstance(action, Controls) and not inside:  # (the tracker's own output is clipped by the model)
+            raise ActionError(f"step {k}: the agent's controls (acceleration {controls.accel_mps2:.3g} m/s^2, "
+                              f"steering rate {controls.steer_rate_rps:.3g} rad/s) leave the vehicle's limits "
+                              f"[-{p.max_decel_mps2}, {p.max_accel_mps2}] m/s^2 and +-{p.max_steer_rate_rps} rad/s")
         self.controls = controls
         self.prev_T = self.T_world_vehicle()
         with self.timer("dynamics"):

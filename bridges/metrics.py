@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from gsim.boxes import footprint, footprint_overlap
+from gsim.boxes import footprint, overlap
 
 from .road import Road
 
@@ -66,11 +66,10 @@ class Box:
 
 
 def _touch(a: Box, b: Box) -> bool:
-    if min(a.z + a.height / 2, b.z + b.height / 2) <= max(a.z - a.height / 2, b.z - b.height / 2):
-        return False
     if np.hypot(a.x - b.x, a.y - b.y) > 0.5 * (np.hypot(a.length, a.width) + np.hypot(b.length, b.width)):
-        return False
-    return footprint_overlap(a.footprint(), b.footprint()) > 1e-6
+        return False  # (most pairs: their bounding circles are apart)
+    shared, dz = overlap(a.T, a.size, b.T, b.size)
+    return dz > 0 and shared > 1e-6
 
 
 def _behind(ego: Box, other: Box) -> bool:

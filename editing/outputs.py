@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -102,15 +102,10 @@ def _calib(camera, T_camera_lidar: Optional[np.ndarray]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def render_world(world, scenario, backend: str = "auto", progress: bool = True) -> Path:
-    """Render ``world`` (`gsim.editing.world.apply`) as the scenario's sensors say, into scenario.output
-    (written in a temporary folder and renamed into place)."""
-    from tqdm import tqdm
-
-    from gsim.lidar import render_lidar
-    from gsim.scenes.evaluate import render_image
-    from gsim.scenes.log import ActorTrack, LogWriter
-    log, scene, sens = world.log, world.scene, scenario.sensors
+def sensor_rig(log, sens) -> Tuple[Dict[str, object], Dict[str, object]]:
+    """The cameras ({name: camera model, downscaled as ``sens`` says}) and LiDARs ({name: LidarSpec}) of the
+    log that a scenario's sensors section names (None: every camera; every LiDAR with a beam model); a
+    ValueError naming the field for a sensor the log lacks."""
     cams = sens.cameras if sens.cameras is not None else sorted(log.cameras)
     lidars = sens.lidars if sens.lidars is not None else sorted(n for n in log.lidars if log.lidars[n].beams)
     for c in cams:
@@ -125,6 +120,20 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True) 
             raise ValueError(f"sensors.lidars: LiDAR {n!r} has no beam model in the log; leave it out")
     cameras = {c: log.cameras[c].camera.downscaled(sens.downscale) if sens.downscale > 1 else log.cameras[c].camera
                for c in cams}
+    return cameras, specs
+
+
+def render_world(world, scenario, backend: str = "auto", progress: bool = True) -> Path:
+    """Render ``world`` (`gsim.editing.world.apply`) as the scenario's sensors say, into scenario.output
+    (written in a temporary folder and renamed into place)."""
+    from tqdm import tqdm
+
+    from gsim.lidar import render_lidar
+    from gsim.scenes.evaluate import render_image
+    from gsim.scenes.log import ActorTrack, LogWriter
+    log, scene, sens = world.log, world.scene, scenario.sensors
+    cameras, specs = sensor_rig(log, sens)
+    cams, lidars = list(cameras), list(specs)
     out = Path(scenario.output)
     with atomic_directory(out, "scenario.json") as tmp:
         scene.save(tmp / "scene")

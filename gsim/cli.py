@@ -298,9 +298,9 @@ def cmd_closed_loop(a) -> int:
     for name in agents:
         load_agent(name)  # bad input fails before anything starts
     for sc in a.scenario:
-        load_loop_scenario(sc)
+        loaded = load_loop_scenario(sc)
         if sc in SHIPPED:
-            _ensure_demo(load_loop_scenario(sc))
+            _ensure_demo(loaded)
     if len(a.scenario) == 1 and len(agents) == 1 and len(seeds) == 1:
         m = run(a.scenario[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo)
         print(f"{m['scenario']} / {m['agent']} (seed {m['seed']}): score {m['score']:.3f}, collision {m['collision']}, "
