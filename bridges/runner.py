@@ -23,6 +23,64 @@ class AgentError(RuntimeError):
     """The agent under test raised: the message names the step and the agent's error."""
 
 
+class Run:
+    """One recorded closed-loop run, advanced step by step by whoever acts: `run` with an agent in this
+    process, the network API's sessions with a remote one (the same record either way). ``start()`` gives
+    the first observation, ``step(action)`` records a step and returns (observation, step metrics, done),
+    ``finish(error)`` writes the run's metrics and closes the record (always call it: it keeps every
+    completed step after a failure). ``max_steps`` truncates the run."""
+
+    def __init__(self, scenario, out, agent_name: str, seed: int = 0, max_steps: Optional[int] = None,
+                 render: bool = True, client: str = "libsumo"):
+        self.scenario = sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
+        self.out, self.agent_name, self.seed = Path(out), agent_name, seed
+        self.t_start = time.perf_counter()
+        self.loop = loop = ClosedLoop(sc, seed=seed, render=render, client=client, workdir=self.out / "sumo")
+        self.n = loop.n_steps if max_steps is None else min(loop.n_steps, max_steps)
+        try:
+            self.rec = RunRecorder(out, loop)
+        except BaseException:
+            loop.close()
+            raise
+        self.done, self.summary = 0, None
+
+    def start(self):
+        obs = self.loop.reset()
+        self.rec.step(obs, None, None, self.agent_name)
+        return obs
+
+    def step(self, action, t_step: Optional[float] = None):
+        """One step with ``action``; ``t_step`` (perf_counter) when the step began, for its timing (now)."""
+        t_step = time.perf_counter() if t_step is None else t_step
+        loop = self.loop
+        obs, m, finished = loop.step(action)
+        with loop.timer("record"):
+            self.rec.step(obs, loop.controls, m, self.agent_name)
+        loop.timings.setdefault("step", []).append(time.perf_counter() - t_step)
+        self.done += 1
+        return obs, m, finished or self.done >= self.n
+
+    def finish(self, error: Optional[BaseException] = None) -> dict:
+        """Writes metrics.json (and the rest of the record) and closes the loop; returns the run's metrics."""
+        if self.summary is not None:
+            return self.summary
+        loop = self.loop
+        try:
+            summary = loop.summary() if loop.metrics.steps else {"collision": False, "score": 0.0,
+                                                                 "route_completion": 0.0}
+            summary.update({"scenario": self.scenario.name, "agent": self.agent_name, "seed": self.seed,
+                            "completed": error is None,
+                            "error": None if error is None else f"{type(error).__name__}: {error}",
+                            "steps": self.done, "truncated": self.n < loop.n_steps,
+                            "wall_s": round(time.perf_counter() - self.t_start, 2),
+                            "timing_ms": {k: round(1e3 * float(np.median(v)), 2) for k, v in loop.timings.items()}})
+            self.rec.finish(summary, failed=error is not None)
+        finally:
+            loop.close()
+        self.summary = summary
+        return summary
+
+
 def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, max_steps: Optional[int] = None,
         render: bool = True, client: str = "libsumo") -> dict:
     """Run ``scenario`` (a file, a shipped name or a `LoopScenario`) with the agent ``agent_name`` into
@@ -33,46 +91,31 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
     from tqdm import tqdm
     sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
     agent = load_agent(agent_name)  # an unknown agent fails before anything starts
-    t_start = time.perf_counter()
-    with ClosedLoop(sc, seed=seed, render=render, client=client, workdir=Path(out) / "sumo") as loop:
-        n = loop.n_steps if max_steps is None else min(loop.n_steps, max_steps)
-        rec = RunRecorder(out, loop)
-        error, done = None, 0
-        try:
-            obs = loop.reset()
-            rec.step(obs, None, None, agent_name)
-            if hasattr(agent, "reset"):
-                try:
-                    agent.reset(loop.info)
-                except Exception as e:  # the agent under test
-                    raise AgentError(f"step 0: agent {agent_name!r} could not start: {type(e).__name__}: {e}") from e
-            steps = tqdm(range(n), desc=f"{sc.name} / {agent_name}", unit="step", disable=not progress)
-            for k in steps:
-                t_step = time.perf_counter()
-                try:
-                    with loop.timer("agent"):
-                        action = agent.act(obs)
-                except Exception as e:  # the agent under test: any error it raises is its own
-                    raise AgentError(f"step {k + 1}: agent {agent_name!r} raised {type(e).__name__}: {e}") from e
-                obs, m, finished = loop.step(action)
-                with loop.timer("record"):
-                    rec.step(obs, loop.controls, m, agent_name)
-                loop.timings.setdefault("step", []).append(time.perf_counter() - t_step)
-                done = k + 1
-                if finished:
-                    break
-        except BaseException as e:  # whatever stops the run (Ctrl-C too): close the record first, then raise
-            error = e
-        finally:
-            if hasattr(agent, "close"):
-                agent.close()
-            summary = loop.summary() if loop.metrics.steps else {"collision": False, "score": 0.0,
-                                                                 "route_completion": 0.0}
-            summary.update({"scenario": sc.name, "agent": agent_name, "seed": seed, "completed": error is None,
-                            "error": None if error is None else f"{type(error).__name__}: {error}", "steps": done,
-                            "truncated": n < loop.n_steps, "wall_s": round(time.perf_counter() - t_start, 2),
-                            "timing_ms": {k: round(1e3 * float(np.median(v)), 2) for k, v in loop.timings.items()}})
-            rec.finish(summary, failed=error is not None)
+    r = Run(sc, out, agent_name, seed=seed, max_steps=max_steps, render=render, client=client)
+    error = None
+    try:
+        obs = r.start()
+        if hasattr(agent, "reset"):
+            try:
+                agent.reset(r.loop.info)
+            except Exception as e:  # the agent under test
+                raise AgentError(f"step 0: agent {agent_name!r} could not start: {type(e).__name__}: {e}") from e
+        for k in tqdm(range(r.n), desc=f"{sc.name} / {agent_name}", unit="step", disable=not progress):
+            t_step = time.perf_counter()
+            try:
+                with r.loop.timer("agent"):
+                    action = agent.act(obs)
+            except Exception as e:  # the agent under test: any error it raises is its own
+                raise AgentError(f"step {k + 1}: agent {agent_name!r} raised {type(e).__name__}: {e}") from e
+            obs, _, done = r.step(action, t_step)
+            if done:
+                break
+    except BaseException as e:  # whatever stops the run (Ctrl-C too): close the record first, then raise
+        error = e
+    finally:
+        if hasattr(agent, "close"):
+            agent.close()
+        summary = r.finish(error)
     if error is not None:
         raise error
     return summary

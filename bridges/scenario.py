@@ -111,4 +111,15 @@ def load_loop_scenario(name_or_path) -> LoopScenario:
     return load_scenario(p, model=LoopScenario)
 
 
-__all__ = ["LoopScenario", "ScenarioError", "load_loop_scenario", "SHIPPED", "shipped_path"]
+def ensure_demo(sc) -> None:
+    """A shipped scenario runs on the demo's street: build it on first use (it says how long that takes)."""
+    if Path(sc.scene, "scene.json").is_file() and Path(sc.log, "log.json").is_file():
+        return
+    demo = Path(sc.scene).parents[1]
+    print(f"scenario {sc.name} runs on the demo street {demo}, which is not built yet: building it now "
+          f"(synthesize + reconstruct on CPU, about 7 minutes on 2 cores; once)", flush=True)
+    from gsim.scenes.demo import run_demo
+    run_demo(demo)
+
+
+__all__ = ["LoopScenario", "ScenarioError", "load_loop_scenario", "ensure_demo", "SHIPPED", "shipped_path"]

@@ -289,7 +289,7 @@ def cmd_scenario(a) -> int:
 def cmd_closed_loop(a) -> int:
     from .bridges.agents import load_agent
     from .bridges.runner import run, run_batch
-    from .bridges.scenario import SHIPPED, load_loop_scenario
+    from .bridges.scenario import SHIPPED, ensure_demo, load_loop_scenario
     agents = a.agent.split(",") if not a.agent.startswith("exec:") else [a.agent]
     try:
         seeds = [int(x) for x in a.seed.split(",")]
@@ -300,7 +300,7 @@ def cmd_closed_loop(a) -> int:
     for sc in a.scenario:
         loaded = load_loop_scenario(sc)
         if sc in SHIPPED:
-            _ensure_demo(loaded)
+            ensure_demo(loaded)
     if len(a.scenario) == 1 and len(agents) == 1 and len(seeds) == 1:
         m = run(a.scenario[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo)
         print(f"{m['scenario']} / {m['agent']} (seed {m['seed']}): score {m['score']:.3f}, collision {m['collision']}, "
@@ -311,15 +311,38 @@ def cmd_closed_loop(a) -> int:
     return 0
 
 
-def _ensure_demo(sc) -> None:
-    """A shipped scenario runs on the demo's street: build it on first use (it says how long that takes)."""
-    if Path(sc.scene, "scene.json").is_file() and Path(sc.log, "log.json").is_file():
-        return
-    demo = Path(sc.scene).parents[1]
-    print(f"scenario {sc.name} runs on the demo street {demo}, which is not built yet: building it now "
-          f"(synthesize + reconstruct on CPU, about 7 minutes on 2 cores; once)")
-    from .scenes.demo import run_demo
-    run_demo(demo)
+def cmd_serve(a) -> int:
+    import os
+    # the server forks (ffmpeg for run videos, SUMO) while gRPC's threads run: gRPC's fork handlers would
+    # skip or hang there, and the children exec at once anyway (read when grpc is first imported)
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+    from .bridges.scenario import SCENARIOS_DIR, SHIPPED
+    from .bridges.server import Limits, load_served, serve_forever, start
+    if bool(a.tls_cert) != bool(a.tls_key):
+        raise ValueError("--tls-cert and --tls-key: give both (a PEM certificate chain and its private key)")
+    token = os.environ.get("GSIM_SERVE_TOKEN") or None
+    if a.token_file:
+        token = Path(a.token_file).read_text().strip()
+        if not token:
+            raise ValueError(f"--token-file {a.token_file}: the file is empty")
+    tls = (Path(a.tls_key).read_bytes(), Path(a.tls_cert).read_bytes()) if a.tls_cert else None
+    if not (a.session_timeout_s > 0):
+        raise ValueError(f"--session-timeout-s: expected a number of seconds > 0, got {a.session_timeout_s}")
+    served = {}
+    for arg in a.scene or [*SHIPPED, str(SCENARIOS_DIR.parent / "out" / "demo")]:  # (the scenarios build it)
+        t0 = time.perf_counter()
+        s = load_served(arg, progress=True)
+        if s.id in served:
+            raise ValueError(f"{arg}: a second scene with the id {s.id!r} (ids are folder or scenario names)")
+        served[s.id] = s
+        print(f"gsim serve: {s.kind} {s.id!r} ({len(s.scene.actors)} actors, cameras {sorted(s.cameras)}, LiDARs "
+              f"{sorted(s.lidars)}) loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    limits = Limits(workers=a.workers, queue=a.queue, max_sessions=a.max_sessions, session_idle_s=a.session_timeout_s)
+    server = start(served, a.host, a.port, token, tls, limits, a.sessions_dir, a.backend)
+    print(f"gsim serve: listening on {a.host}:{server.port} ({'TLS' if tls else 'plaintext'}, "
+          f"{'token required' if token else 'no token'}; {len(served)} scenes; SIGTERM or Ctrl-C stops)", flush=True)
+    serve_forever(server)
+    return 0
 
 
 def _int_at_least(low: int):
@@ -333,6 +356,17 @@ def _int_at_least(low: int):
             raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {v}")
         return v
     return parse
+
+
+SERVE_HELP = """Serve scenes over gRPC (the network sensor API: bridges/sensor.proto, docs/network_api.md).
+
+Services: gsim.sensor.v1.SensorService (ListScenes, DescribeScene, RenderCamera, RenderLidar, StartSession,
+StepSession, EndSession, GetServerInfo), grpc.health.v1.Health and server reflection (grpcurl works without
+the proto). Python: from gsim.bridges.client import SensorClient.
+
+Bound to 127.0.0.1 unless --host says otherwise; then a bearer token is required (--token-file or
+GSIM_SERVE_TOKEN) and TLS (--tls-cert, --tls-key) is advised.
+"""
 
 
 CLOSED_LOOP_HELP = """Drive an agent through a scenario in closed loop.
@@ -503,6 +537,26 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--sumo", choices=("libsumo", "traci", "gui"), default="libsumo",
                     help="how SUMO runs: in this process (libsumo, default), as a process (traci) or with its GUI")
     cl.set_defaults(fn=cmd_closed_loop)
+    sv = sub.add_parser("serve", formatter_class=argparse.RawDescriptionHelpFormatter,
+                        help="the network sensor API: render cameras and LiDAR and run closed-loop sessions over gRPC",
+                        description=SERVE_HELP)
+    sv.add_argument("scene", nargs="*", help="reconstruction or scene directories (id: the folder's name), scenario "
+                                             "files or shipped scenario names (default: out/demo and the shipped "
+                                             "closed-loop scenarios, built on first use)")
+    sv.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=_int_at_least(0), default=50051, help="0: any free port (printed)")
+    sv.add_argument("--token-file", default=None, help="a file holding the bearer token every call must carry "
+                                                       "(or GSIM_SERVE_TOKEN); required unless bound to localhost")
+    sv.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key): serve TLS")
+    sv.add_argument("--tls-key", default=None, help="PEM private key")
+    sv.add_argument("--workers", type=_int_at_least(1), default=1, help="renders at once (>1 with gsplat only)")
+    sv.add_argument("--queue", type=_int_at_least(0), default=16,
+                    help="calls admitted beyond the workers; more get RESOURCE_EXHAUSTED")
+    sv.add_argument("--max-sessions", type=_int_at_least(1), default=4)
+    sv.add_argument("--session-timeout-s", type=float, default=300.0, help="idle sessions are ended after this")
+    sv.add_argument("--sessions-dir", default="out/sessions", help="where closed-loop sessions are recorded")
+    sv.add_argument("--backend", default="auto", help="camera backend: auto, numba, torch, gsplat")
+    sv.set_defaults(fn=cmd_serve)
     lb = sub.add_parser("library", help="the Gaussian asset library: list, show, render, add assets")
     lsub = lb.add_subparsers(dest="library_command", required=True, metavar="ACTION")
     categories = ["car", "truck", "bus", "pedestrian", "cyclist", "motorcycle", "cone", "barrier", "sign", "other"]

@@ -24,7 +24,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from gsim.appearance import camera_ray_directions, compose
 from gsim.errors import GsimWarning
 from gsim.io import to_uint8, write_bytes, write_json, write_png
 from gsim.render import render_camera
@@ -38,10 +37,8 @@ from .views import View, make_views, split_frames
 
 def render_image(scene: Scene, camera, T_world_camera, timestamp_us: int, sensor: str, backend: str = "auto"):
     """(rgb with the sky and the camera sensor's affine, alpha, depth), numpy."""
-    f = render_camera(scene, camera, T_world_camera, backend=backend, timestamp_us=timestamp_us)
-    rgb = compose(f.rgb, f.alpha, scene.sky, camera_ray_directions(camera, T_world_camera),
-                  scene.appearance.get(sensor))
-    return np.clip(rgb, 0, 1), f.alpha, f.depth
+    f = render_camera(scene, camera, T_world_camera, backend=backend, timestamp_us=timestamp_us, sensor=sensor)
+    return f.rgb, f.alpha, f.depth
 
 
 def error_map(a: np.ndarray, b: np.ndarray, full_scale: float = 0.25) -> np.ndarray:

@@ -6,7 +6,7 @@ plus a probe that says why it cannot run here (None when it can).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Union
 
 import numpy as np
@@ -83,10 +83,12 @@ def _pick(backend: str, surfels: Surfels) -> Backend:
 def render_camera(scene_or_surfels: Union[Scene, Surfels],
                   camera: Union[PinholeCamera, OpenCVCamera, FisheyeCamera],
                   T_world_camera, backend: str = "auto", timestamp_us: Optional[int] = None,
-                  options: Optional[RenderOptions] = None) -> CameraFrame:
+                  options: Optional[RenderOptions] = None, sensor: Optional[str] = None) -> CameraFrame:
     """Render a camera image of a scene (at ``timestamp_us``) or of world-frame surfels.
 
-    ``T_world_camera`` maps OpenCV camera-frame points to world points (4x4). Returns a
+    ``T_world_camera`` maps OpenCV camera-frame points to world points (4x4). A scene's image is its
+    surfels over its sky (where it has one), through the appearance affine of the log camera ``sensor``
+    (where given and the scene has one), clipped to [0, 1]; alpha and depth are the surfels'. Returns a
     `CameraFrame`; its arrays are torch tensors when the surfels are tensors (differentiable
     with every backend but numba on non-CPU tensors), numpy arrays otherwise.
     """
@@ -110,9 +112,21 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     else:
         raise TypeError(f"render_camera: expected a Scene or Surfels, got {type(scene_or_surfels).__name__}")
     frame = b.render(what, camera, T, options)
+    if isinstance(scene_or_surfels, Scene):
+        frame = _composed(frame, scene_or_surfels, camera, T, sensor)
     if not surfels.is_torch:
         return frame_to_numpy(frame)
     if hasattr(frame.rgb, "detach"):
         return frame
     import torch
     return map_frame(frame, lambda x: torch.as_tensor(np.ascontiguousarray(x), device=surfels.means.device))
+
+
+def _composed(frame: CameraFrame, scene: Scene, camera, T_world_camera: np.ndarray, sensor: Optional[str]) -> CameraFrame:
+    """The frame's rgb over the scene's sky and through the camera's appearance affine (see `render_camera`)."""
+    affine = scene.appearance.get(sensor) if sensor is not None else None
+    if scene.sky is None and affine is None:
+        return frame
+    from ..appearance import camera_ray_directions, compose
+    rgb = compose(frame.rgb, frame.alpha, scene.sky, camera_ray_directions(camera, T_world_camera), affine)
+    return replace(frame, rgb=rgb.clamp(0, 1) if hasattr(rgb, "clamp") else np.clip(rgb, 0, 1))

@@ -1,0 +1,197 @@
+"""The network sensor API against a real `gsim serve` in a subprocess on 127.0.0.1 (an ephemeral port),
+reached only over the network: the committed generated modules are current, renders equal the in-process
+API's bit for bit, a remote session records what the same run records in process, status codes for bad
+input, and bearer tokens."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc")
+pytest.importorskip("grpc_health")
+pytest.importorskip("grpc_reflection")
+pytest.importorskip("sumolib")
+yaml = pytest.importorskip("yaml")
+
+import gsim  # noqa: E402
+from gsim.bridges import sensor_pb2 as pb  # noqa: E402
+from gsim.bridges.agents import load_agent  # noqa: E402
+from gsim.bridges.client import SensorClient  # noqa: E402
+from gsim.bridges.runner import run  # noqa: E402
+from test_bridges_loop import ACROSS, base, scenario  # noqa: E402,F401  (the module fixture: a synthetic street)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Served:
+    """A `gsim serve` subprocess: ``address``, ``stop()`` (SIGTERM, then its exit code and output)."""
+
+    def __init__(self, args, env=None, cwd=None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "gsim.cli", "serve", "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **(env or {})}, cwd=cwd)
+        self.lines = []
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(r"listening on ([\d.]+):(\d+)", line)
+            if m:
+                self.address = f"{m.group(1)}:{m.group(2)}"
+                return
+        raise RuntimeError("gsim serve did not start:\n" + "".join(self.lines))
+
+    def stop(self, timeout: float = 60.0):
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, "".join(self.lines) + out
+
+
+def start_server(root, *extra, env=None) -> Served:
+    path = scenario(root, "across", ACROSS)
+    return Served([str(root / "scene"), path, "--sessions-dir", str(root / "sessions"), *extra], env=env)
+
+
+@pytest.fixture(scope="module")
+def server(base):
+    s = start_server(base)
+    yield s
+    s.stop()
+
+
+def test_the_committed_grpc_modules_match_the_proto(tmp_path):
+    pytest.importorskip("grpc_tools")
+    from gsim.bridges.protogen import GENERATED, HERE, generate
+    generate(tmp_path)
+    for name in GENERATED:
+        assert (tmp_path / name).read_text() == (HERE / name).read_text(), \
+            f"bridges/{name} is stale: run python -m gsim.bridges.protogen"
+
+
+def test_scenes_are_listed_and_described(server, base):
+    with SensorClient(server.address) as c:
+        assert c.health() == "SERVING"
+        ids = {s.id: s for s in c.list_scenes()}
+        assert set(ids) == {"scene", "across"} and ids["across"].closed_loop and not ids["scene"].closed_loop
+        d = c.describe_scene("across")
+        log = gsim.scenes.log.load_log(base / "log")
+        assert set(d.cameras) == {"front"} and set(d.lidars) == {"top"}  # the scenario's sensors
+        assert np.array_equal(d.cameras["front"][1], log.cameras["front"].T_vehicle_camera)
+        assert {"parked", "across"} <= set(d.actors) and d.actors["across"][1] == pytest.approx((4.6, 1.9, 1.5), abs=0.5)
+        assert np.array_equal(d.ego[0], log.ego_timestamps_us)
+        info = c.server_info()
+        assert info["workers"] == 1 and "velodyne-hdl64e" in info["lidar_presets"]
+
+
+def test_renders_equal_the_in_process_api_bit_for_bit(server, base):
+    scene = gsim.load_scene(base / "scene")
+    log = gsim.scenes.log.load_log(base / "log")
+    t = 1_000_000
+    T_wv = log.T_world_vehicle(t)
+    cam = gsim.FisheyeCamera(80, 50, 30.0, 31.0, 40.0, 25.0, k1=0.05)
+    T_wc = T_wv @ log.cameras["front"].T_vehicle_camera
+    spec = gsim.LidarSpec.preset("velodyne-vlp16")
+    T_wl = T_wv @ log.lidars["top"].T_vehicle_lidar
+    moved = {"parked": T_wv @ np.diag([1.0, 1, 1, 1]) + np.c_[np.zeros((4, 3)), [8.0, 0, 0, 0]]}
+    with SensorClient(server.address) as c:
+        for camera, kw, ref_kw in ((cam, {}, {}), ("front", {}, {"sensor": "front"})):
+            ref_cam = cam if camera is cam else log.cameras["front"].camera
+            f = c.render_camera("scene", camera, T_wc, timestamp_us=t, **kw)
+            g = gsim.render_camera(scene, ref_cam, T_wc, timestamp_us=t, **ref_kw)
+            for k in ("rgb", "alpha", "depth"):
+                assert np.array_equal(getattr(f, k), getattr(g, k)), k
+        f = c.render_camera("scene", "front", T_world_vehicle=T_wv, timestamp_us=t, encoding="png")
+        assert np.abs(f.rgb - gsim.render_camera(scene, log.cameras["front"].camera, T_wc, timestamp_us=t,
+                                                 sensor="front").rgb).max() <= 0.5 / 255 + 1e-6
+        # an actor held elsewhere: the same as the scene with that actor's track replaced
+        f = c.render_camera("scene", cam, T_wc, timestamp_us=t, actor_poses=moved)
+        from dataclasses import replace
+        a = replace(scene.actors[0], track_timestamps_us=np.array([t]), track_poses=moved["parked"][None])
+        g = gsim.render_camera(replace(scene, actors=(a,)), cam, T_wc, timestamp_us=t)
+        assert np.array_equal(f.rgb, g.rgb)
+        # a rolling sweep of a moving sensor
+        T_end = log.T_world_vehicle(t + 100_000) @ log.lidars["top"].T_vehicle_lidar
+        r = c.render_lidar("scene", spec, T_wl, timestamp_us=t, T_world_lidar_end=T_end, end_timestamp_us=t + 100_000)
+        k = gsim.render_lidar(scene, spec, (np.array([t, t + 100_000]), np.stack([T_wl, T_end])), timestamp_us=t)
+        for name in ("points", "ranges", "ring", "column", "time_offset_us", "normals", "range_image",
+                     "expected_range_image", "alpha_image"):
+            assert np.array_equal(getattr(r, name), getattr(k, name)), name
+        assert len(r.ranges) > 100
+
+
+def test_a_remote_session_records_what_the_same_run_records_in_process(server, base, tmp_path):
+    path = scenario(base, "across", ACROSS)
+    local = run(path, "lidar-aeb", tmp_path / "local", progress=False, max_steps=12)
+    agent = load_agent("lidar-aeb")
+    with SensorClient(server.address) as c:
+        with c.session("across", agent_name="lidar-aeb", max_steps=12) as s:
+            agent.reset(s.info)
+            obs = s.observation
+            while not s.done:
+                obs, m, done = s.step(agent.act(obs))
+    remote = Path(s.record_dir)
+    assert (remote / "steps.jsonl").read_text() == (tmp_path / "local" / "steps.jsonl").read_text()
+    wall = ("wall_s", "timing_ms")
+    saved = json.loads((remote / "metrics.json").read_text())
+    assert {k: v for k, v in saved.items() if k not in wall} == {k: v for k, v in local.items() if k not in wall}
+    assert s.metrics["steps"] == 12 and (remote / "run.mcap").is_file() and (remote / "log" / "log.json").is_file()
+
+
+def test_bad_requests_get_meaningful_status_codes(server, base):
+    T = np.eye(4)
+    cam = gsim.PinholeCamera(32, 24, 20.0, 20.0, 16.0, 12.0)
+    with SensorClient(server.address) as c:
+        def code(fn, *a, **kw):
+            with pytest.raises(grpc.RpcError) as e:
+                fn(*a, **kw)
+            return e.value.code(), e.value.details()
+        assert code(c.render_camera, "nope", cam, T, timestamp_us=0)[0] == grpc.StatusCode.NOT_FOUND
+        assert code(c.render_camera, "scene", "rear", T, timestamp_us=0)[0] == grpc.StatusCode.NOT_FOUND
+        st, msg = code(c.render_camera, "scene", cam, T)
+        assert st == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("timestamp_us")
+        bad = T.copy()
+        bad[0, 3] = np.nan
+        st, msg = code(c.render_camera, "scene", cam, bad, timestamp_us=0)
+        assert st == grpc.StatusCode.INVALID_ARGUMENT and "T_world_camera" in msg
+        st, msg = code(c.render_lidar, "scene", "no-such-lidar", T, timestamp_us=0)
+        assert st == grpc.StatusCode.NOT_FOUND and msg.startswith("lidar_name")
+        huge = pb.RenderCameraRequest(scene_id="scene", camera_model=pb.CameraModel(
+            model="pinhole", width=100000, height=100000, fx=1, fy=1), T_world_camera=pb.Transform(m=T.ravel()),
+            timestamp_us=0)
+        st, msg = code(c.stub.RenderCamera, huge)
+        assert st == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("camera_model")
+        st, msg = code(c.stub.StepSession, pb.StepSessionRequest(session_id="0", controls=pb.Controls()))
+        assert st == grpc.StatusCode.NOT_FOUND and msg.startswith("session_id")
+        with c.session("across", max_steps=2) as s:
+            st, msg = code(s.step, np.array([[0.1, np.nan, 0.0]]))
+            assert st == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("action")
+            s.step(np.array([[0.5, 2.0, 0.0], [1.0, 4.0, 0.0]]))  # the session goes on after a refused action
+            s.step(np.array([[0.5, 2.0, 0.0], [1.0, 4.0, 0.0]]))
+            assert s.done
+            assert code(s.step, np.array([[0.5, 2.0, 0.0]]))[0] == grpc.StatusCode.FAILED_PRECONDITION
+        assert s.metrics["steps"] == 2 and s.metrics["completed"]
+
+
+def test_a_token_is_required_when_set_and_off_localhost(base, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    s = Served([str(base / "scene"), "--token-file", str(token)])
+    try:
+        for given, ok in ((None, False), ("wrong", False), ("s3cret", True)):
+            with SensorClient(s.address, token=given) as c:
+                if ok:
+                    assert c.list_scenes()[0].id == "scene" and c.health() == "SERVING"
+                else:
+                    for call in (c.list_scenes, c.health):
+                        with pytest.raises(grpc.RpcError) as e:
+                            call()
+                        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        assert s.stop()[0] == 0
+    p = subprocess.run([sys.executable, "-m", "gsim.cli", "serve", str(base / "scene"), "--host", "0.0.0.0"],
+                       capture_output=True, text=True, env={k: v for k, v in os.environ.items()
+                                                            if k != "GSIM_SERVE_TOKEN"})
+    assert p.returncode == 2 and "needs a bearer token" in p.stderr
