@@ -351,3 +351,34 @@ def test_compositing_stops_at_the_transmittance_floor(backend):
     assert np.allclose(f.alpha, 0.999, atol=1e-6)
     assert np.allclose(f.rgb[32, 32], [0.999, 0.0, 0.001], atol=1e-6)
     assert np.allclose(f.depth, 2.0, atol=1e-5)
+
+
+def test_rolling_shutter_bands_render_at_their_rows_times():
+    from dataclasses import replace
+    from gsim.render import ROLLING_SHUTTER_BANDS
+    from gsim.street import demo_camera, street_surfels
+    s = street_surfels(20000)
+    cam = demo_camera(96, 64)
+    T0 = np.eye(4)
+    T0[:3, :3] = [[0, 0, 1], [-1, 0, 0], [0, -1, 0]]  # looking along +x
+    T0[:3, 3] = [0.0, -1.5, 1.5]
+    T1 = T0.copy()
+    T1[0, 3] += 2.0
+    traj = (np.array([0, 100_000]), np.stack([T0, T1]))
+    still = gsim.render_camera(s, cam, T0)
+    assert np.array_equal(gsim.render_camera(s, cam, T0, readout_us=30_000).rgb, still.rgb)  # no motion, no change
+    assert np.array_equal(gsim.render_camera(s, cam, traj, timestamp_us=0).rgb, still.rgb)  # global shutter: at t0
+    f = gsim.render_camera(s, cam, traj, timestamp_us=0, readout_us=60_000)
+    rows = 64 // ROLLING_SHUTTER_BANDS
+    for b in (0, ROLLING_SHUTTER_BANDS - 1):  # each band is the image at its middle row's time, exactly
+        r0 = b * rows
+        t = int(round(60_000 * (2 * r0 + rows) / (2 * 64)))
+        T = T0.copy()
+        T[0, 3] += 2.0 * t / 100_000
+        g = gsim.render_camera(s, replace(cam, height=rows, cy=cam.cy - r0), T)
+        assert np.allclose(f.rgb[r0:r0 + rows], g.rgb, atol=1e-6) and np.allclose(f.depth[r0:r0 + rows], g.depth, atol=1e-5)
+    assert np.abs(f.rgb[-rows:] - still.rgb[-rows:]).max() > 0.1  # the last rows moved 1.1 m on
+    with pytest.raises(ValueError, match="readout_us"):
+        gsim.render_camera(s, cam, T0, readout_us=-1)
+    with pytest.raises(ValueError, match="timestamp_us"):
+        gsim.render_camera(s, cam, traj, readout_us=1000)

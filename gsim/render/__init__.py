@@ -14,7 +14,7 @@ import numpy as np
 from ..cameras import FisheyeCamera, OpenCVCamera, PinholeCamera
 from ..scene import Scene, world_surfels
 from ..surfels import Surfels
-from ..transforms import check_pose
+from ..transforms import check_pose, interpolate_pose
 from .common import CameraFrame, RenderOptions, frame_to_numpy, map_frame, resolve_options
 
 
@@ -79,14 +79,21 @@ def _pick(backend: str, surfels: Surfels) -> Backend:
         raise RuntimeError(f"backend {backend!r} is not available: {reason}")
     return b
 
+ROLLING_SHUTTER_BANDS = 16  # bands of rows of a rolling-shutter image, each rendered at its own pose and time
+
 
 def render_camera(scene_or_surfels: Union[Scene, Surfels],
                   camera: Union[PinholeCamera, OpenCVCamera, FisheyeCamera],
                   T_world_camera, backend: str = "auto", timestamp_us: Optional[int] = None,
-                  options: Optional[RenderOptions] = None, sensor: Optional[str] = None) -> CameraFrame:
+                  options: Optional[RenderOptions] = None, sensor: Optional[str] = None,
+                  readout_us: int = 0) -> CameraFrame:
     """Render a camera image of a scene (at ``timestamp_us``) or of world-frame surfels.
 
-    ``T_world_camera`` maps OpenCV camera-frame points to world points (4x4). A scene's image is its
+    ``T_world_camera`` maps OpenCV camera-frame points to world points (4x4), or is a trajectory
+    (timestamps_us (K,), poses (K,4,4)) interpolated at the exposure time. ``readout_us`` > 0: a rolling
+    shutter whose rows are exposed from ``timestamp_us`` (row 0) to ``timestamp_us + readout_us`` (the last
+    row); the image is rendered in `ROLLING_SHUTTER_BANDS` bands of rows, each exactly (a cropped camera) at
+    the camera pose and actor poses of its middle row's time. A scene's image is its
     surfels over its sky (where it has one), through the appearance affine of the log camera ``sensor``
     (where given and the scene has one), clipped to [0, 1]; alpha and depth are the surfels'. Returns a
     `CameraFrame`; its arrays are torch tensors when the surfels are tensors (differentiable
@@ -94,6 +101,10 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     """
     if not isinstance(camera, (PinholeCamera, OpenCVCamera, FisheyeCamera)):
         raise TypeError(f"render_camera: expected a gsim camera model, got {type(camera).__name__}")
+    if not isinstance(readout_us, (int, np.integer)) or readout_us < 0:
+        raise ValueError(f"render_camera: readout_us must be an integer >= 0 microseconds, got {readout_us!r}")
+    if readout_us or isinstance(T_world_camera, tuple):
+        return _rolling(scene_or_surfels, camera, T_world_camera, backend, timestamp_us, options, sensor, readout_us)
     T = check_pose(T_world_camera, "T_world_camera")
     options = resolve_options(options)
     if isinstance(scene_or_surfels, Scene):  # actors with a level of detail: as many surfels as this view needs
@@ -120,6 +131,41 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
         return frame
     import torch
     return map_frame(frame, lambda x: torch.as_tensor(np.ascontiguousarray(x), device=surfels.means.device))
+
+
+def _rolling(scene_or_surfels, camera, trajectory, backend, timestamp_us, options, sensor, readout_us) -> CameraFrame:
+    """`render_camera` with a pose trajectory or a rolling shutter: bands of rows, each a cropped camera."""
+    if isinstance(trajectory, tuple):
+        if len(trajectory) != 2:
+            raise ValueError("render_camera: a trajectory T_world_camera is (timestamps_us (K,), poses (K,4,4))")
+        ts, poses = np.asarray(trajectory[0]), np.asarray(trajectory[1], np.float64)
+        if ts.ndim != 1 or len(ts) == 0 or ts.dtype.kind not in "iu" or np.any(np.diff(ts) <= 0) \
+                or poses.shape != (len(ts), 4, 4):
+            raise ValueError("render_camera: a trajectory T_world_camera needs strictly increasing integer "
+                             f"timestamps_us (K,) and poses (K,4,4), got {ts.shape} {ts.dtype} and {poses.shape}")
+        for i, P in enumerate(poses):
+            check_pose(P, f"T_world_camera poses[{i}]")
+        if timestamp_us is None:
+            raise ValueError("render_camera: a trajectory T_world_camera needs timestamp_us (the exposure's start)")
+    else:
+        ts, poses = np.zeros(1, np.int64), check_pose(trajectory, "T_world_camera")[None]
+    t0 = 0 if timestamp_us is None else int(timestamp_us)
+    if not readout_us:
+        return render_camera(scene_or_surfels, camera, interpolate_pose(ts, poses, t0), backend, timestamp_us,
+                             options, sensor)
+    edges = np.linspace(0, camera.height, min(ROLLING_SHUTTER_BANDS, camera.height) + 1).round().astype(int)
+    bands = []
+    for r0, r1 in zip(edges[:-1], edges[1:]):
+        t = t0 + int(round(readout_us * (r0 + r1) / (2 * camera.height)))
+        band = replace(camera, height=int(r1 - r0), cy=camera.cy - float(r0))
+        bands.append(render_camera(scene_or_surfels, band, interpolate_pose(ts, poses, t), backend,
+                                   None if timestamp_us is None else t, options, sensor))
+    cat = np.concatenate
+    if hasattr(bands[0].rgb, "detach"):
+        import torch
+        cat = torch.cat
+    return CameraFrame(**{k: None if getattr(bands[0], k) is None else cat([getattr(b, k) for b in bands])
+                          for k in ("rgb", "alpha", "depth", "normal", "distortion")})
 
 
 def _composed(frame: CameraFrame, scene: Scene, camera, T_world_camera: np.ndarray, sensor: Optional[str]) -> CameraFrame:
