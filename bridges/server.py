@@ -34,6 +34,9 @@ from .wire import (WireError, encode_image, from_array, from_camera_model, from_
 
 LOCALHOST = ("127.0.0.1", "localhost", "::1", "[::1]")
 SERVICE = pb.DESCRIPTOR.services_by_name["SensorService"].full_name
+# An error message's length at most: it travels percent-encoded (up to 12 bytes a character) in the trailing
+# metadata, which clients refuse beyond 16 KiB (they would see RESOURCE_EXHAUSTED instead of the status).
+MAX_DETAILS_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -144,11 +147,44 @@ class _Session:
         self.over = False
 
 
+class _Undecodable:
+    """What a request's bytes became when they do not parse as its message: the handler answers
+    INVALID_ARGUMENT with ``why`` (gRPC itself would answer INTERNAL, "Exception deserializing request!")."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+def _request_parser(message_class):
+    def parse(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except Exception as e:  # DecodeError: truncated, a wrong wire type, a string that is not UTF-8, ...
+            return _Undecodable(f"request: {len(data)} bytes that are not a {message_class.DESCRIPTOR.full_name} "
+                                f"message ({type(e).__name__}: {e})")
+    return parse
+
+
+def _add_service(servicer, server) -> None:
+    """`sensor_pb2_grpc.add_SensorServiceServicer_to_server`, with request parsers that let the handler answer
+    INVALID_ARGUMENT for bytes that are not the request's message."""
+    handlers = {}
+    for m in pb.DESCRIPTOR.services_by_name["SensorService"].methods:
+        request, response = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
+        handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, m.name), request_deserializer=_request_parser(request),
+            response_serializer=response.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
 def _rpc(method):
     """Maps gsim's errors to status codes; everything else is a bug in gsim (INTERNAL)."""
     @functools.wraps(method)
     def wrapped(self, request, context):
         try:
+            if isinstance(request, _Undecodable):
+                raise WireError(request.why)
             return method(self, request, context)
         except NotFound as e:
             code, msg = grpc.StatusCode.NOT_FOUND, str(e)
@@ -164,6 +200,8 @@ def _rpc(method):
             code, msg = e.code, str(e)
         except Exception as e:  # a bug in gsim, not the caller's
             code, msg = grpc.StatusCode.INTERNAL, f"gsim failed: {type(e).__name__}: {e} (please report it)"
+        if len(msg) > MAX_DETAILS_CHARS:  # (messages quote request fields, which may be megabytes long)
+            msg = msg[:MAX_DETAILS_CHARS] + f"... ({len(msg) - MAX_DETAILS_CHARS} more characters)"
         context.abort(code, msg)
     return wrapped
 
@@ -564,7 +602,7 @@ def start(served: Dict[str, Served], host: str = "127.0.0.1", port: int = 50051,
                          options=[("grpc.max_receive_message_length", limits.max_request_bytes),
                                   ("grpc.max_send_message_length", limits.max_response_bytes)])
     servicer = SensorServicer(served, limits, Path(sessions_dir), backend)
-    pb_grpc.add_SensorServiceServicer_to_server(servicer, server)
+    _add_service(servicer, server)  # (the generated registration would answer INTERNAL to undecodable bytes)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -589,3 +627,51 @@ def serve_forever(server: Server, grace_s: float = 30.0) -> None:
     print("gsim serve: stopping (in-flight calls finish, sessions are recorded)", flush=True)
     server.stop(grace_s)
     print("gsim serve: stopped", flush=True)
+
+
+class ServerProcess:
+    """`gsim serve ARGS --port 0` in a subprocess (for tests, benchmarks and scripts): ``address`` once it
+    listens, ``lines`` (its output, read on a thread so that a full pipe never blocks it), ``stop()`` (SIGTERM,
+    then its exit code and output). A context manager."""
+
+    def __init__(self, args, env=None, cwd=None, start_timeout_s: float = 900.0):
+        import os
+        import re
+        import subprocess
+        import sys
+        self.proc = subprocess.Popen([sys.executable, "-m", "gsim.cli", "serve", "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **(env or {})}, cwd=cwd)
+        self.lines = []
+        listening = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                m = re.search(r"listening on (\S+):(\d+) ", line)
+                if m and not listening.is_set():
+                    self.address = f"{m.group(1)}:{m.group(2)}"
+                    listening.set()
+            listening.set()  # (it exited)
+        self.drainer = threading.Thread(target=read, daemon=True)
+        self.drainer.start()
+        listening.wait(start_timeout_s)
+        if not hasattr(self, "address"):
+            self.proc.kill()
+            raise RuntimeError("gsim serve did not start:\n" + "".join(self.lines))
+
+    def stop(self, timeout: float = 60.0) -> Tuple[int, str]:
+        self.proc.terminate()
+        rc = self.proc.wait(timeout)
+        self.drainer.join(10)
+        return rc, "".join(self.lines)
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.stop()
+            except Exception:
+                self.proc.kill()

@@ -111,8 +111,11 @@ def from_camera_model(m: pb.CameraModel, field: str, max_pixels: int):
          "cy": m.cy, **{k: getattr(m, k) for k in coeffs}}
     try:
         return camera_from_dict(d, field)
-    except ValueError as e:
-        raise WireError(str(e).replace(f"{type(e).__name__}", "")) from None
+    except ValueError as e:  # the model's own checks name its class: name the request's field instead
+        msg = str(e)
+        for cls in ("PinholeCamera", "OpenCVCamera", "FisheyeCamera"):
+            msg = msg.replace(cls, field)
+        raise WireError(msg if msg.startswith(field) else f"{field}: {msg}") from None
 
 
 def to_lidar_spec(spec: LidarSpec) -> pb.LidarSpec:

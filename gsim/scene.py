@@ -139,7 +139,7 @@ class Actor:
         if self.lod_spacing_m is not None and eye is not None:
             dist = max(float(np.linalg.norm(T_world_actor[:3, 3] - eye)) - 0.5 * float(np.linalg.norm(self.size)),
                        1e-3)
-            px = focal_px * self.lod_spacing_m / dist
+            px = max(focal_px * self.lod_spacing_m / dist, 1e-30)  # (a far eye: the coarsest level, no log of 0)
             if px < LOD_PIXELS:
                 level = max(math.floor(-4 * math.log2(px / LOD_PIXELS)), 0)  # (px/LOD_PIXELS)^2 <= 2^(-level/2)
         return _detail_level(self.surfels, self.shadow_surfels, level)

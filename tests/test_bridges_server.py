@@ -4,7 +4,6 @@ API's bit for bit, a remote session records what the same run records in process
 input, and bearer tokens."""
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,31 +22,10 @@ from gsim.bridges import sensor_pb2 as pb  # noqa: E402
 from gsim.bridges.agents import load_agent  # noqa: E402
 from gsim.bridges.client import SensorClient  # noqa: E402
 from gsim.bridges.runner import run  # noqa: E402
+from gsim.bridges.server import ServerProcess as Served  # noqa: E402
 from test_bridges_loop import ACROSS, base, scenario  # noqa: E402,F401  (the module fixture: a synthetic street)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Served:
-    """A `gsim serve` subprocess: ``address``, ``stop()`` (SIGTERM, then its exit code and output)."""
-
-    def __init__(self, args, env=None, cwd=None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "gsim.cli", "serve", "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(env or {})}, cwd=cwd)
-        self.lines = []
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            m = re.search(r"listening on ([\d.]+):(\d+)", line)
-            if m:
-                self.address = f"{m.group(1)}:{m.group(2)}"
-                return
-        raise RuntimeError("gsim serve did not start:\n" + "".join(self.lines))
-
-    def stop(self, timeout: float = 60.0):
-        self.proc.terminate()
-        out, _ = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, "".join(self.lines) + out
 
 
 def start_server(root, *extra, env=None) -> Served:
