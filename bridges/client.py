@@ -69,6 +69,19 @@ def _actor_poses(actor_poses: Optional[Dict[str, np.ndarray]]):
     return [pb.ActorPose(actor_id=k, T_world_actor=to_transform(T)) for k, T in (actor_poses or {}).items()]
 
 
+def _poses(req, **poses) -> None:
+    for name, T in poses.items():
+        if T is not None:
+            getattr(req, name).CopyFrom(to_transform(T))
+
+
+def _times(req, timestamp_us: Optional[int], end_timestamp_us: Optional[int]) -> None:
+    if timestamp_us is not None:
+        req.timestamp_us = int(timestamp_us)
+    if end_timestamp_us is not None:
+        req.end_timestamp_us = int(end_timestamp_us)
+
+
 def _encoding(name: str) -> int:
     if name not in ENCODINGS:
         raise ValueError(f"encoding: expected one of {', '.join(ENCODINGS)}, got {name!r}")
@@ -135,23 +148,23 @@ class SensorClient:
     def render_camera(self, scene_id: str, camera, T_world_camera=None, timestamp_us: Optional[int] = None,
                       encoding: str = "raw", depth: bool = True, alpha: bool = True,
                       actor_poses: Optional[Dict[str, np.ndarray]] = None, T_world_vehicle=None,
-                      jpeg_quality: int = 90, backend: str = "auto"):
+                      jpeg_quality: int = 90, backend: str = "auto", readout_us: int = 0, T_world_camera_end=None,
+                      T_world_vehicle_end=None, end_timestamp_us: Optional[int] = None):
         """A `CameraFrame` (normal None). ``camera``: a camera of the scene by name, or a gsim camera model;
         ``T_world_camera`` (camera -> world), or ``T_world_vehicle`` with a named camera. ``encoding`` of rgb:
-        "raw" (the render's float32, bit for bit), "png" or "jpeg" (8 bits, returned as float32 / 255)."""
+        "raw" (the render's float32, bit for bit), "png" or "jpeg" (8 bits, returned as float32 / 255).
+        A rolling shutter: ``readout_us``; a moving camera: its end pose at ``end_timestamp_us`` (as
+        `gsim.render_camera` with a trajectory)."""
         req = pb.RenderCameraRequest(scene_id=scene_id, encoding=_encoding(encoding), depth=depth, alpha=alpha,
                                      jpeg_quality=jpeg_quality, backend="" if backend == "auto" else backend,
-                                     actor_poses=_actor_poses(actor_poses))
+                                     actor_poses=_actor_poses(actor_poses), readout_us=readout_us)
         if isinstance(camera, str):
             req.camera_name = camera
         else:
             req.camera_model.CopyFrom(to_camera_model(camera))
-        if T_world_camera is not None:
-            req.T_world_camera.CopyFrom(to_transform(T_world_camera))
-        if T_world_vehicle is not None:
-            req.T_world_vehicle.CopyFrom(to_transform(T_world_vehicle))
-        if timestamp_us is not None:
-            req.timestamp_us = int(timestamp_us)
+        _poses(req, T_world_camera=T_world_camera, T_world_vehicle=T_world_vehicle,
+               T_world_camera_end=T_world_camera_end, T_world_vehicle_end=T_world_vehicle_end)
+        _times(req, timestamp_us, end_timestamp_us)
         return camera_frame(self._call("RenderCamera", req))
 
     def render_lidar(self, scene_id: str, spec, T_world_lidar=None, timestamp_us: Optional[int] = None,
@@ -170,14 +183,9 @@ class SensorClient:
             req.preset = spec
         else:
             req.lidar_name = spec
-        for name, T in (("T_world_lidar", T_world_lidar), ("T_world_lidar_end", T_world_lidar_end),
-                        ("T_world_vehicle", T_world_vehicle), ("T_world_vehicle_end", T_world_vehicle_end)):
-            if T is not None:
-                getattr(req, name).CopyFrom(to_transform(T))
-        if timestamp_us is not None:
-            req.timestamp_us = int(timestamp_us)
-        if end_timestamp_us is not None:
-            req.end_timestamp_us = int(end_timestamp_us)
+        _poses(req, T_world_lidar=T_world_lidar, T_world_lidar_end=T_world_lidar_end, T_world_vehicle=T_world_vehicle,
+               T_world_vehicle_end=T_world_vehicle_end)
+        _times(req, timestamp_us, end_timestamp_us)
         return lidar_frame(self._call("RenderLidar", req))
 
     # ------------------------------------------------------------------------------------------ sessions

@@ -190,7 +190,7 @@ class ActorPose(_message.Message):
     def __init__(self, actor_id: _Optional[str] = ..., T_world_actor: _Optional[_Union[Transform, _Mapping]] = ...) -> None: ...
 
 class RenderCameraRequest(_message.Message):
-    __slots__ = ("scene_id", "camera_name", "camera_model", "T_world_camera", "T_world_vehicle", "timestamp_us", "actor_poses", "depth", "alpha", "encoding", "jpeg_quality", "backend")
+    __slots__ = ("scene_id", "camera_name", "camera_model", "T_world_camera", "T_world_vehicle", "timestamp_us", "actor_poses", "depth", "alpha", "encoding", "jpeg_quality", "backend", "readout_us", "T_world_camera_end", "T_world_vehicle_end", "end_timestamp_us")
     SCENE_ID_FIELD_NUMBER: _ClassVar[int]
     CAMERA_NAME_FIELD_NUMBER: _ClassVar[int]
     CAMERA_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,10 @@ class RenderCameraRequest(_message.Message):
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     JPEG_QUALITY_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    READOUT_US_FIELD_NUMBER: _ClassVar[int]
+    T_WORLD_CAMERA_END_FIELD_NUMBER: _ClassVar[int]
+    T_WORLD_VEHICLE_END_FIELD_NUMBER: _ClassVar[int]
+    END_TIMESTAMP_US_FIELD_NUMBER: _ClassVar[int]
     scene_id: str
     camera_name: str
     camera_model: CameraModel
@@ -215,7 +219,11 @@ class RenderCameraRequest(_message.Message):
     encoding: ImageEncoding
     jpeg_quality: int
     backend: str
-    def __init__(self, scene_id: _Optional[str] = ..., camera_name: _Optional[str] = ..., camera_model: _Optional[_Union[CameraModel, _Mapping]] = ..., T_world_camera: _Optional[_Union[Transform, _Mapping]] = ..., T_world_vehicle: _Optional[_Union[Transform, _Mapping]] = ..., timestamp_us: _Optional[int] = ..., actor_poses: _Optional[_Iterable[_Union[ActorPose, _Mapping]]] = ..., depth: _Optional[bool] = ..., alpha: _Optional[bool] = ..., encoding: _Optional[_Union[ImageEncoding, str]] = ..., jpeg_quality: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+    readout_us: int
+    T_world_camera_end: Transform
+    T_world_vehicle_end: Transform
+    end_timestamp_us: int
+    def __init__(self, scene_id: _Optional[str] = ..., camera_name: _Optional[str] = ..., camera_model: _Optional[_Union[CameraModel, _Mapping]] = ..., T_world_camera: _Optional[_Union[Transform, _Mapping]] = ..., T_world_vehicle: _Optional[_Union[Transform, _Mapping]] = ..., timestamp_us: _Optional[int] = ..., actor_poses: _Optional[_Iterable[_Union[ActorPose, _Mapping]]] = ..., depth: _Optional[bool] = ..., alpha: _Optional[bool] = ..., encoding: _Optional[_Union[ImageEncoding, str]] = ..., jpeg_quality: _Optional[int] = ..., backend: _Optional[str] = ..., readout_us: _Optional[int] = ..., T_world_camera_end: _Optional[_Union[Transform, _Mapping]] = ..., T_world_vehicle_end: _Optional[_Union[Transform, _Mapping]] = ..., end_timestamp_us: _Optional[int] = ...) -> None: ...
 
 class EncodedImage(_message.Message):
     __slots__ = ("encoding", "raw", "data")

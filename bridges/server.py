@@ -294,6 +294,18 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             return from_transform(getattr(request, vehicle_field), vehicle_field) @ T_vehicle_sensor
         return None
 
+    def _motion(self, request, T: np.ndarray, t: Optional[int], end_field: str, T_vehicle_sensor, what: str):
+        """The sensor's pose, or its trajectory (timestamps_us, poses) from the start to the end pose."""
+        T_end = self._pose(request, end_field, "T_world_vehicle_end", T_vehicle_sensor, what)
+        if T_end is None and not request.HasField("end_timestamp_us"):
+            return T
+        if T_end is None or not request.HasField("end_timestamp_us") or t is None:
+            raise WireError(f"end_timestamp_us: a moving sensor needs timestamp_us, end_timestamp_us and the end pose "
+                            f"({end_field} or T_world_vehicle_end)")
+        if request.end_timestamp_us <= t:
+            raise WireError(f"end_timestamp_us: must be after timestamp_us ({request.end_timestamp_us} <= {t})")
+        return np.array([t, request.end_timestamp_us], np.int64), np.stack([T, T_end])
+
     # ---------------------------------------------------------------------------------------- scenes
     @_rpc
     def ListScenes(self, request, context):
@@ -349,6 +361,9 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         if T is None:
             raise WireError("T_world_camera: the camera's pose is needed (or T_world_vehicle with camera_name)")
         t = self._time(request, "timestamp_us", s.scene)
+        pose = self._motion(request, T, t, "T_world_camera_end", T_vc, "camera")
+        if request.readout_us > 10_000_000:
+            raise WireError(f"readout_us: expected at most 10 s of readout, got {request.readout_us} us")
         if request.encoding not in (pb.RAW, pb.PNG, pb.JPEG):
             raise WireError(f"encoding: unknown value {request.encoding}; RAW, PNG or JPEG")
         if request.jpeg_quality > 100:
@@ -358,7 +373,8 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         self._slot(context)
         try:
             t0 = time.perf_counter()
-            f = render_camera(scene, camera, T, backend=backend, timestamp_us=t, sensor=sensor)
+            f = render_camera(scene, camera, pose, backend=backend, timestamp_us=t, sensor=sensor,
+                              readout_us=int(request.readout_us))
             ms = (time.perf_counter() - t0) * 1e3
         finally:
             self.slots.release()
@@ -391,15 +407,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         if T is None:
             raise WireError("T_world_lidar: the LiDAR's pose is needed (or T_world_vehicle with lidar_name)")
         t = self._time(request, "timestamp_us", s.scene)
-        T_end = self._pose(request, "T_world_lidar_end", "T_world_vehicle_end", T_vl, "LiDAR")
-        pose = T
-        if T_end is not None or request.HasField("end_timestamp_us"):
-            if T_end is None or not request.HasField("end_timestamp_us") or t is None:
-                raise WireError("end_timestamp_us: a moving sensor needs timestamp_us, end_timestamp_us and the "
-                                "end pose (T_world_lidar_end or T_world_vehicle_end)")
-            if request.end_timestamp_us <= t:
-                raise WireError(f"end_timestamp_us: must be after timestamp_us ({request.end_timestamp_us} <= {t})")
-            pose = (np.array([t, request.end_timestamp_us], np.int64), np.stack([T, T_end]))
+        pose = self._motion(request, T, t, "T_world_lidar_end", T_vl, "LiDAR")
         hit_alpha = request.hit_alpha or 0.5
         if not 0 < hit_alpha < 1:
             raise WireError(f"hit_alpha: expected a value in (0, 1) (0: 0.5), got {request.hit_alpha}")

@@ -90,6 +90,13 @@ def test_renders_equal_the_in_process_api_bit_for_bit(server, base):
         a = replace(scene.actors[0], track_timestamps_us=np.array([t]), track_poses=moved["parked"][None])
         g = gsim.render_camera(replace(scene, actors=(a,)), cam, T_wc, timestamp_us=t)
         assert np.array_equal(f.rgb, g.rgb)
+        # a rolling shutter on a moving camera
+        T_wc_end = log.T_world_vehicle(t + 50_000) @ log.cameras["front"].T_vehicle_camera
+        f = c.render_camera("scene", cam, T_wc, timestamp_us=t, readout_us=30_000, T_world_camera_end=T_wc_end,
+                            end_timestamp_us=t + 50_000)
+        g = gsim.render_camera(scene, cam, (np.array([t, t + 50_000]), np.stack([T_wc, T_wc_end])), timestamp_us=t,
+                               readout_us=30_000)
+        assert np.array_equal(f.rgb, g.rgb) and np.array_equal(f.depth, g.depth)
         # a rolling sweep of a moving sensor
         T_end = log.T_world_vehicle(t + 100_000) @ log.lidars["top"].T_vehicle_lidar
         r = c.render_lidar("scene", spec, T_wl, timestamp_us=t, T_world_lidar_end=T_end, end_timestamp_us=t + 100_000)
