@@ -180,3 +180,13 @@ def test_a_token_is_required_when_set_and_off_localhost(base, tmp_path):
                        capture_output=True, text=True, env={k: v for k, v in os.environ.items()
                                                             if k != "GSIM_SERVE_TOKEN"})
     assert p.returncode == 2 and "needs a bearer token" in p.stderr
+
+
+def test_reflection_describes_the_service_without_the_proto(server):
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+    with grpc.insecure_channel(server.address) as ch:
+        db = ProtoReflectionDescriptorDatabase(ch)
+        services = set(db.get_services())
+        assert {"gsim.sensor.v1.SensorService", "grpc.health.v1.Health"} <= services
+        f = db.FindFileContainingSymbol("gsim.sensor.v1.SensorService")
+        assert {m.name for m in f.service[0].method} >= {"RenderCamera", "RenderLidar", "StartSession"}
