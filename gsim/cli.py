@@ -166,11 +166,16 @@ def cmd_reconstruct(a) -> int:
 
 def cmd_eval(a) -> int:
     from .scenes.evaluate import evaluate
-    m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend)
+    m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend,
+                 shifts=a.shifts, ahead=a.ahead)
     lidar = (f", LiDAR depth |err| median {m['lidar_depth_median_abs_m']:.3f} m mean {m['lidar_depth_mean_abs_m']:.3f} m"
              if "lidar_depth_median_abs_m" in m else "")
     print(f"held-out views: {len(m['views'])} at downscale {m['downscale']}; PSNR {m['psnr']:.2f} dB, "
           f"SSIM {m['ssim']:.4f}{lidar} -> {a.out}/metrics.json")
+    for row in m.get("lane_shift", []) + m.get("ahead", []):
+        where = f"shifted {row['shift_m']:g} m (both sides)" if "shift_m" in row else f"{row['ahead_m']:g} m ahead"
+        print(f"{where}: PSNR {row['psnr']:.2f} dB, SSIM {row['ssim']:.4f}, alpha < 0.5 on "
+              f"{row['low_alpha_fraction']:.1%} ({row['views']} views)")
     return 0
 
 
@@ -345,6 +350,17 @@ def cmd_serve(a) -> int:
     return 0
 
 
+def _distances(text: str) -> tuple:
+    """An argparse type: comma-separated distances in (0, 50] metres."""
+    try:
+        d = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected metres separated by commas (e.g. 1,2,3), got {text!r}") from None
+    if not all(0 < x <= 50 for x in d):
+        raise argparse.ArgumentTypeError(f"expected distances in (0, 50] metres, got {text!r}")
+    return d
+
+
 def _int_at_least(low: int):
     """An argparse type: an integer >= ``low`` (argparse's error names the option)."""
     def parse(text: str) -> int:
@@ -464,6 +480,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="box-average the images by this factor (default: the training downscale recorded in the "
                          "scene, else 1; another one is allowed, with a warning)")
     ev.add_argument("--backend", default="auto", choices=backends)
+    ev.add_argument("--shifts", type=_distances, default=(), help="comma-separated metres, e.g. 1,2,3: also the "
+                    "held-out views shifted sideways (both sides) against the synthetic street's exact images")
+    ev.add_argument("--ahead", type=_distances, default=(), help="comma-separated metres: the last held-out frame "
+                    "moved ahead beyond the driven path (synthetic logs)")
     ev.set_defaults(fn=cmd_eval)
 
     d = sub.add_parser("street", help="build the procedural surfel street and render a drive through it")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -84,13 +84,22 @@ def _lidar_sweeps(scene: Scene, log, held, out: Path, progress: bool, write_imag
 
 
 def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optional[int] = None,
-             backend: str = "auto", progress: bool = True, write_images: bool = True) -> dict:
+             backend: str = "auto", progress: bool = True, write_images: bool = True,
+             shifts: Sequence[float] = (), ahead: Sequence[float] = ()) -> dict:
     """Held-out metrics of the scene at ``scene_path`` on the log at ``log_path``, written to ``out``.
 
     Images are box-averaged by ``downscale``; None takes the scene's training downscale (1 when the
     scene has none recorded). A different explicit factor is allowed (evaluating at another
-    resolution on purpose) but warned about: its metrics do not compare with the training's."""
+    resolution on purpose) but warned about: its metrics do not compare with the training's.
+    ``shifts`` (m) and ``ahead`` (m): also the held-out views shifted sideways (both sides) and the last one
+    moved ahead, against the synthetic street's exact images (`gsim.scenes.lane_shift`; metrics.json
+    ``lane_shift`` and ``ahead``); a real log has no ground truth there (a ValueError before any work)."""
     scene, log = load_scene(scene_path), load_log(log_path)
+    if shifts or ahead:
+        from .lane_shift import street_of
+        street_of(log)  # a log without ground truth off the path fails here, not after the held-out views
+        if any(not (isinstance(d, (int, float)) and 0 < d <= 50) for d in (*shifts, *ahead)):
+            raise ValueError(f"shifts / ahead: expected distances in (0, 50] metres, got {list(shifts)} / {list(ahead)}")
     if downscale is None:
         downscale = scene.train_downscale or 1
     elif scene.train_downscale is not None and downscale != scene.train_downscale:
@@ -136,6 +145,10 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
             if vals:
                 metrics[f"lidar_{k}"] = float(np.nanmean(vals))
         metrics["lidar_sweeps"] = sweeps
+    if shifts or ahead:
+        from .lane_shift import evaluate_offsets
+        metrics.update(evaluate_offsets(scene, log, views, shifts, ahead, downscale, out, backend, write_images,
+                                        progress))
     metrics["views"] = per_view
     write_json(out / "metrics.json", metrics)
     write_bytes(out / "metrics.md", _table(metrics).encode())

@@ -1,0 +1,61 @@
+"""Lane-shift ground truth: the synthetic street re-created from its log renders the logged images exactly,
+shifted poses differ, `evaluate(..., shifts=, ahead=)` reports both sides and the extension, and a log
+without ground truth off the driven path is a clear error."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import gsim
+from gsim.scenes.evaluate import evaluate
+from gsim.scenes.lane_shift import offset_pose, street_of, truth
+from gsim.scenes.log import load_log
+from gsim.scenes.synth import SynthOptions, synthesize
+
+SMALL = SynthOptions(n_frames=9, width=48, height=32, supersample=1, lidar_beams=8, lidar_azimuth_resolution_deg=2.0)
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory):
+    return synthesize(tmp_path_factory.mktemp("shift") / "log", seed=3, options=SMALL, progress=False)
+
+
+def test_the_recreated_street_renders_the_logged_images_and_shifted_views_differ(log_dir):
+    log = load_log(log_dir)
+    street, options = street_of(log)
+    assert options == SMALL
+    for f in (log.frames[0], log.frames[8]):
+        obs = f.cameras["front"]
+        T = offset_pose(log, "front", f.timestamp_us)
+        assert np.allclose(T, log.T_world_camera(obs))
+        assert np.array_equal(truth(street, options, log, "front", T, f.timestamp_us), log.image(obs))
+        left = truth(street, options, log, "front", offset_pose(log, "front", f.timestamp_us, left_m=2.0), f.timestamp_us)
+        assert np.abs(left - log.image(obs)).mean() > 0.02
+    half = truth(street, options, log, "front", T, f.timestamp_us, downscale=2)
+    assert half.shape == (16, 24, 3) and np.allclose(half, gsim.cameras.downscale_image(log.image(obs), 2))
+
+
+def test_evaluate_reports_both_sides_of_each_shift_and_the_path_ahead(log_dir, tmp_path):
+    from gsim.street import street_surfels
+    gsim.Scene(background=street_surfels(3000)).save(tmp_path / "scene")
+    m = evaluate(tmp_path / "scene", log_dir, tmp_path / "eval", progress=False, shifts=(1.0, 2.0), ahead=(5.0,))
+    views = len(m["views"])  # held-out frames 0 and 8, three cameras
+    assert [r["shift_m"] for r in m["lane_shift"]] == [1.0, 2.0]
+    assert all(r["views"] == 2 * views for r in m["lane_shift"])
+    assert m["ahead"][0]["ahead_m"] == 5.0 and m["ahead"][0]["views"] == 3  # the last held-out frame's cameras
+    for r in m["lane_shift"] + m["ahead"]:
+        assert np.isfinite(r["psnr"]) and 0 <= r["low_alpha_fraction"] <= 1 and -1 <= r["ssim"] <= 1
+    saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert saved["lane_shift"] == m["lane_shift"]
+    assert len(list((tmp_path / "eval" / "offsets").glob("lane_shift_*.png"))) == 2 * 2 * views
+
+
+def test_a_log_without_ground_truth_off_the_path_is_refused_before_any_work(log_dir, tmp_path):
+    real = dataclasses.replace(load_log(log_dir), source="gsim.scenes.kitti_raw")
+    with pytest.raises(ValueError, match="no ground truth off the driven path"):
+        street_of(real)
+    gsim.Scene(background=gsim.street.street_surfels(100)).save(tmp_path / "scene")
+    with pytest.raises(ValueError, match="distances"):
+        evaluate(tmp_path / "scene", log_dir, tmp_path / "eval", progress=False, shifts=(-1.0,))
+    assert not (tmp_path / "eval").exists()
