@@ -212,6 +212,15 @@ def cmd_trajectory(a) -> int:
     return 0
 
 
+def cmd_truth(a) -> int:
+    from .scenes.lane_shift import render_truth
+    from .scenes.log import load_log
+    from .trajectory import load_trajectory
+    n = render_truth(load_log(a.log), load_trajectory(a.trajectory), a.out)
+    print(f"wrote {n} exact frames of the synthetic street to {a.out}/rgb and {a.out}/depth")
+    return 0
+
+
 def _library(a):
     from .editing import AssetLibrary
     return AssetLibrary.builtin() if a.library == "builtin" else AssetLibrary(a.library)
@@ -485,6 +494,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--ahead", type=_distances, default=(), help="comma-separated metres: the last held-out frame "
                     "moved ahead beyond the driven path (synthetic logs)")
     ev.set_defaults(fn=cmd_eval)
+
+    gt = sub.add_parser("truth", help="a synthetic log's exact images along any trajectory (e.g. `gsim trajectory "
+                                      "--shift-m 2`): ground truth off the driven path")
+    gt.add_argument("log", help="a log written by gsim synth (its street is re-created from the log)")
+    gt.add_argument("--trajectory", required=True)
+    gt.add_argument("--out", required=True)
+    gt.set_defaults(fn=cmd_truth)
 
     d = sub.add_parser("street", help="build the procedural surfel street and render a drive through it")
     d.add_argument("--out", default="out/street")

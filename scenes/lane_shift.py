@@ -15,6 +15,7 @@ import numpy as np
 from gsim.cameras import downscale_image
 
 from . import synth
+from .render_path import offset_pose
 
 OPTIONS_NOTE = "options: "
 
@@ -33,20 +34,29 @@ def street_of(log) -> Tuple[object, "synth.SynthOptions"]:
     return synth.build_street(seed, options), options
 
 
-def offset_pose(log, sensor: str, timestamp_us: int, ahead_m: float = 0.0, left_m: float = 0.0) -> np.ndarray:
-    """T_world_camera of the log camera ``sensor`` with the vehicle moved ``ahead_m`` forward and ``left_m``
-    to its left (its own frame) at ``timestamp_us``."""
-    offset = np.eye(4)
-    offset[:2, 3] = ahead_m, left_m
-    return log.T_world_vehicle(timestamp_us) @ offset @ log.cameras[sensor].T_vehicle_camera
-
-
 def truth(street, options, log, sensor: str, T_world_camera: np.ndarray, timestamp_us: int,
           downscale: int = 1) -> np.ndarray:
     """(H,W,3) float32 in [0,1]: the synthetic street's exact image from a pose, as the log's images are
     made (the log camera at full size, box-averaged by ``downscale`` like the evaluation's)."""
     rgb, _ = synth.render_camera(street, log.cameras[sensor].camera, T_world_camera, timestamp_us, options.supersample)
     return downscale_image(rgb.astype(np.float32) / 255.0, downscale)
+
+
+def render_truth(log, trajectory, out: Path, progress: bool = True) -> int:
+    """The synthetic street's exact images along any camera ``trajectory`` (e.g. `gsim trajectory --shift-m`):
+    out/rgb/NNNNNN.png and out/depth/NNNNNN.png (16-bit, metres x 256, 0 = sky), as `gsim render` writes a
+    reconstruction's; returns the number of frames."""
+    from gsim.io import write_depth_png, write_png
+    street, options = street_of(log)
+    items = list(zip(trajectory.timestamps_us, trajectory.poses))
+    if progress:
+        from tqdm import tqdm
+        items = tqdm(items, desc="ground truth", unit="frame")
+    for i, (t, T) in enumerate(items):
+        rgb, depth = synth.render_camera(street, trajectory.camera, T, int(t), options.supersample)
+        write_png(Path(out) / "rgb" / f"{i:06d}.png", rgb)
+        write_depth_png(Path(out) / "depth" / f"{i:06d}.png", depth)
+    return len(trajectory.poses)
 
 
 def offsets(shifts: Sequence[float], ahead: Sequence[float]) -> List[Tuple[str, float, float, float]]:

@@ -47,10 +47,15 @@ def camera_path(log: DrivingLog, sensor: Optional[str] = None, shift_m: float = 
     chosen = chosen[::every]
     if not chosen:
         raise ValueError(f"{log.root}: no {frames} frames (held out: frame index % {holdout_every} == 0)")
-    cam = log.cameras[sensor]
-    shift = np.eye(4)
-    shift[1, 3] = shift_m
     times = np.array([f.cameras[sensor].timestamp_us if sensor in f.cameras else f.timestamp_us for f in chosen],
                      dtype=np.int64)
-    poses = np.stack([log.T_world_vehicle(int(t)) @ shift @ cam.T_vehicle_camera for t in times])
-    return Trajectory(cam.camera.downscaled(downscale), times, poses)
+    poses = np.stack([offset_pose(log, sensor, int(t), left_m=shift_m) for t in times])
+    return Trajectory(log.cameras[sensor].camera.downscaled(downscale), times, poses)
+
+
+def offset_pose(log: DrivingLog, sensor: str, timestamp_us: int, ahead_m: float = 0.0, left_m: float = 0.0) -> np.ndarray:
+    """T_world_camera of the log camera ``sensor`` at ``timestamp_us`` with the vehicle moved ``ahead_m``
+    forward and ``left_m`` to its left, in its own frame."""
+    offset = np.eye(4)
+    offset[:2, 3] = ahead_m, left_m
+    return log.T_world_vehicle(timestamp_us) @ offset @ log.cameras[sensor].T_vehicle_camera

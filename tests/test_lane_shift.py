@@ -9,7 +9,8 @@ import pytest
 
 import gsim
 from gsim.scenes.evaluate import evaluate
-from gsim.scenes.lane_shift import offset_pose, street_of, truth
+from gsim.scenes.lane_shift import street_of, truth
+from gsim.scenes.render_path import offset_pose
 from gsim.scenes.log import load_log
 from gsim.scenes.synth import SynthOptions, synthesize
 
@@ -59,3 +60,17 @@ def test_a_log_without_ground_truth_off_the_path_is_refused_before_any_work(log_
     with pytest.raises(ValueError, match="distances"):
         evaluate(tmp_path / "scene", log_dir, tmp_path / "eval", progress=False, shifts=(-1.0,))
     assert not (tmp_path / "eval").exists()
+
+
+def test_gsim_truth_renders_a_shifted_trajectory(log_dir, tmp_path):
+    from gsim.cli import main
+    assert main(["trajectory", str(log_dir), str(tmp_path / "t.json"), "--shift-m", "2"]) == 0
+    assert main(["truth", str(log_dir), "--trajectory", str(tmp_path / "t.json"), "--out", str(tmp_path / "gt")]) == 0
+    log = load_log(log_dir)
+    street, options = street_of(log)
+    f = log.frames[4]
+    want = truth(street, options, log, "front", offset_pose(log, "front", f.timestamp_us, left_m=2.0), f.timestamp_us)
+    from PIL import Image
+    got = np.asarray(Image.open(tmp_path / "gt" / "rgb" / "000004.png"), np.float32) / 255
+    assert np.array_equal(got, want) and len(list((tmp_path / "gt" / "depth").glob("*.png"))) == SMALL.n_frames
+    assert main(["truth", str(log_dir), "--trajectory", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")]) == 2
