@@ -167,15 +167,26 @@ def cmd_reconstruct(a) -> int:
 def cmd_eval(a) -> int:
     from .scenes.evaluate import evaluate
     m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend,
-                 shifts=a.shifts, ahead=a.ahead)
+                 shifts=a.shifts, ahead=a.ahead, repair=a.repair)
     lidar = (f", LiDAR depth |err| median {m['lidar_depth_median_abs_m']:.3f} m mean {m['lidar_depth_mean_abs_m']:.3f} m"
              if "lidar_depth_median_abs_m" in m else "")
     print(f"held-out views: {len(m['views'])} at downscale {m['downscale']}; PSNR {m['psnr']:.2f} dB, "
           f"SSIM {m['ssim']:.4f}{lidar} -> {a.out}/metrics.json")
-    for row in m.get("lane_shift", []) + m.get("ahead", []):
-        where = f"shifted {row['shift_m']:g} m (both sides)" if "shift_m" in row else f"{row['ahead_m']:g} m ahead"
-        print(f"{where}: PSNR {row['psnr']:.2f} dB, SSIM {row['ssim']:.4f}, alpha < 0.5 on "
-              f"{row['low_alpha_fraction']:.1%} ({row['views']} views)")
+    rows = [("held-out views", m)] + [(f"shifted {r['shift_m']:g} m (both sides)", r) for r in m.get("lane_shift", [])] \
+        + [(f"{r['ahead_m']:g} m ahead", r) for r in m.get("ahead", [])]
+    for where, r in rows[1:] if a.repair is None else rows:
+        fixed = f"; repaired: PSNR {r['repaired_psnr']:.2f} dB, SSIM {r['repaired_ssim']:.4f}" if a.repair else ""
+        alpha = f", alpha < 0.5 on {r['low_alpha_fraction']:.1%} ({r['views']} views)" if "views" in r else ""
+        print(f"{where}: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}{alpha}{fixed}")
+    return 0
+
+
+def cmd_diffusion_train(a) -> int:
+    from .diffusion.train import TrainOptions, train
+    opts = TrainOptions(steps=a.steps, crop=a.crop, seed=a.seed)
+    card = train(a.scene, a.log, a.out, opts, resume=a.resume)
+    print(f"wrote the repair model {a.out}: {card['steps']} steps, loss {card['loss_first_100']:.4f} -> "
+          f"{card['loss_last_100']:.4f}, {card['wall_s']:.0f} s (pairs: {card['pairs']})")
     return 0
 
 
@@ -493,7 +504,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "held-out views shifted sideways (both sides) against the synthetic street's exact images")
     ev.add_argument("--ahead", type=_distances, default=(), help="comma-separated metres: the last held-out frame "
                     "moved ahead beyond the driven path (synthetic logs)")
+    ev.add_argument("--repair", default=None, help="a repair model directory (gsim diffusion train): also measure "
+                                                   "every render repaired")
     ev.set_defaults(fn=cmd_eval)
+    df = sub.add_parser("diffusion", help="the repair model: a conditional diffusion model trained on your log")
+    dsub = df.add_subparsers(dest="diffusion_command", required=True, metavar="ACTION")
+    dt = dsub.add_parser("train", help="train a repair model on a log's own renders (degraded reconstructions made "
+                                       "on the way) -> a diffusers model directory with a card")
+    dt.add_argument("scene")
+    dt.add_argument("log")
+    dt.add_argument("--out", required=True, help="the model directory (its work files go to OUT-work)")
+    dt.add_argument("--steps", type=_int_at_least(1), default=2000)
+    dt.add_argument("--crop", type=_int_at_least(8), default=96, help="training crops' side, a multiple of 8")
+    dt.add_argument("--seed", type=int, default=0)
+    dt.add_argument("--resume", action="store_true", help="go on from OUT-work's checkpoint")
+    dt.set_defaults(fn=cmd_diffusion_train)
 
     gt = sub.add_parser("truth", help="a synthetic log's exact images along any trajectory (e.g. `gsim trajectory "
                                       "--shift-m 2`): ground truth off the driven path")

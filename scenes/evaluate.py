@@ -41,6 +41,12 @@ def render_image(scene: Scene, camera, T_world_camera, timestamp_us: int, sensor
     return f.rgb, f.alpha, f.depth
 
 
+def image_metrics(rgb: np.ndarray, truth: np.ndarray) -> dict:
+    """PSNR (dB) and SSIM of an (H,W,3) image against the truth."""
+    return {"psnr": psnr(rgb, truth),
+            "ssim": float(ssim(torch.from_numpy(rgb.astype(np.float32)), torch.from_numpy(truth.astype(np.float32))))}
+
+
 def error_map(a: np.ndarray, b: np.ndarray, full_scale: float = 0.25) -> np.ndarray:
     """(H,W,3) uint8 heat map of the mean absolute RGB error (black 0 -> red -> yellow -> white at full_scale)."""
     e = np.abs(a - b).mean(-1) / full_scale
@@ -85,7 +91,7 @@ def _lidar_sweeps(scene: Scene, log, held, out: Path, progress: bool, write_imag
 
 def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optional[int] = None,
              backend: str = "auto", progress: bool = True, write_images: bool = True,
-             shifts: Sequence[float] = (), ahead: Sequence[float] = ()) -> dict:
+             shifts: Sequence[float] = (), ahead: Sequence[float] = (), repair=None) -> dict:
     """Held-out metrics of the scene at ``scene_path`` on the log at ``log_path``, written to ``out``.
 
     Images are box-averaged by ``downscale``; None takes the scene's training downscale (1 when the
@@ -93,8 +99,13 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
     resolution on purpose) but warned about: its metrics do not compare with the training's.
     ``shifts`` (m) and ``ahead`` (m): also the held-out views shifted sideways (both sides) and the last one
     moved ahead, against the synthetic street's exact images (`gsim.scenes.lane_shift`; metrics.json
-    ``lane_shift`` and ``ahead``); a real log has no ground truth there (a ValueError before any work)."""
+    ``lane_shift`` and ``ahead``); a real log has no ground truth there (a ValueError before any work).
+    ``repair``: a repair model directory (`gsim.diffusion.repair`): every render is also repaired and measured
+    (``repaired_psnr``, ``repaired_ssim`` beside each PSNR and SSIM)."""
     scene, log = load_scene(scene_path), load_log(log_path)
+    if repair is not None:
+        from gsim.diffusion.repair import RepairModel
+        repair = RepairModel.load(repair)
     if shifts or ahead:
         from .lane_shift import street_of
         street_of(log)  # a log without ground truth off the path fails here, not after the held-out views
@@ -119,8 +130,10 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         rgb, alpha, depth = render_image(scene, v.camera, v.T_world_camera, v.timestamp_us, v.sensor, backend)
         name = f"{v.frame:06d}_{v.sensor}"
         m = {"name": name, "frame": v.frame, "sensor": v.sensor, "timestamp_us": v.timestamp_us,
-             "psnr": psnr(rgb, v.image),
-             "ssim": float(ssim(torch.from_numpy(rgb.astype(np.float32)), torch.from_numpy(v.image)))}
+             **image_metrics(rgb, v.image)}
+        if repair is not None:
+            fixed = repair.repair_image(rgb, alpha, depth)
+            m.update({f"repaired_{k}": x for k, x in image_metrics(fixed, v.image).items()})
         if has_lidar:
             err = np.abs(depth.reshape(-1)[v.lidar_pix] - v.lidar_depth)
             m.update(lidar_points=int(len(err)),
@@ -133,8 +146,8 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
     metrics = {"scene": str(scene_path), "log": str(log_path), "holdout_every": holdout_every, "downscale": downscale,
                "train_downscale": scene.train_downscale,
                "held_out_frames": [f.index for f in held],
-               "psnr": float(np.mean([m["psnr"] for m in per_view])),
-               "ssim": float(np.mean([m["ssim"] for m in per_view]))}
+               **{k: float(np.mean([m[k] for m in per_view])) for k in per_view[0]
+                  if k in ("psnr", "ssim", "repaired_psnr", "repaired_ssim")}}
     if has_lidar:
         for k in ("lidar_depth_median_abs_m", "lidar_depth_mean_abs_m"):
             metrics[k] = float(np.nanmean([m[k] for m in per_view]))
@@ -148,7 +161,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
     if shifts or ahead:
         from .lane_shift import evaluate_offsets
         metrics.update(evaluate_offsets(scene, log, views, shifts, ahead, downscale, out, backend, write_images,
-                                        progress))
+                                        progress, repair))
     metrics["views"] = per_view
     write_json(out / "metrics.json", metrics)
     write_bytes(out / "metrics.md", _table(metrics).encode())

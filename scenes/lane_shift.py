@@ -68,15 +68,14 @@ def offsets(shifts: Sequence[float], ahead: Sequence[float]) -> List[Tuple[str, 
 
 
 def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence[float], downscale: int, out: Path,
-                     backend: str = "auto", write_images: bool = True, progress: bool = True) -> dict:
+                     backend: str = "auto", write_images: bool = True, progress: bool = True, repair=None) -> dict:
     """Renders ``scene`` at each held-out view moved sideways by every shift (both sides) and, from the last
     held-out frame, ahead by every distance; returns {"lane_shift": [{shift_m, psnr, ssim,
     low_alpha_fraction, views}], "ahead": [{ahead_m, ...}]} (both sides averaged) and writes side-by-side
-    images (render | truth | error) to out/offsets/."""
-    import torch
+    images (render | truth | error) to out/offsets/. ``repair``: a `RepairModel`; the repaired renders are
+    measured too (``repaired_psnr``, ``repaired_ssim``) and drawn after the render."""
     from gsim.io import to_uint8, write_png
-    from .evaluate import error_map, render_image
-    from .losses import psnr, ssim
+    from .evaluate import error_map, image_metrics, render_image
     street, options = street_of(log)
     last = max(v.frame for v in views)
     jobs = [(k, d, dx, dy, v) for k, d, dx, dy in offsets(shifts, ahead) for v in views
@@ -87,17 +86,21 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
     rows = {}
     for kind, dist, dx, dy, v in jobs:
         T = offset_pose(log, v.sensor, v.timestamp_us, dx, dy)
-        rgb, alpha, _ = render_image(scene, v.camera, T, v.timestamp_us, v.sensor, backend)
+        rgb, alpha, depth = render_image(scene, v.camera, T, v.timestamp_us, v.sensor, backend)
         gt = truth(street, options, log, v.sensor, T, v.timestamp_us, downscale)
-        m = {"psnr": psnr(rgb, gt), "ssim": float(ssim(torch.from_numpy(rgb.astype(np.float32)), torch.from_numpy(gt))),
-             "low_alpha_fraction": float(np.mean(alpha < 0.5))}
+        m = {**image_metrics(rgb, gt), "low_alpha_fraction": float(np.mean(alpha < 0.5))}
+        shown = [rgb]
+        if repair is not None:
+            fixed = repair.repair_image(rgb, alpha, depth)
+            m.update({f"repaired_{k}": x for k, x in image_metrics(fixed, gt).items()})
+            shown.append(fixed)
         rows.setdefault((kind, dist), []).append(m)
         if write_images:
             write_png(out / "offsets" / f"{kind}_{dx:+.1f}_{dy:+.1f}_{v.frame:06d}_{v.sensor}.png",
-                      np.concatenate([to_uint8(rgb), to_uint8(gt), error_map(rgb, gt)], 1))
+                      np.concatenate([to_uint8(x) for x in shown] + [to_uint8(gt), error_map(shown[-1], gt)], 1))
     result = {"lane_shift": [], "ahead": []}
     for (kind, dist), ms in rows.items():
         key = "shift_m" if kind == "lane_shift" else "ahead_m"
         result[kind].append({key: dist, "views": len(ms),
-                             **{k: float(np.mean([m[k] for m in ms])) for k in ("psnr", "ssim", "low_alpha_fraction")}})
+                             **{k: float(np.mean([m[k] for m in ms])) for k in ms[0]}})
     return result

@@ -1,0 +1,144 @@
+"""The repair model: a small conditional diffusion model, built from diffusers' components, that turns a
+render of a view (rgb, alpha, depth) into the image the camera would have taken.
+
+Difix-style: the model predicts the clean image from a noised image and the render; training draws the noise
+level at random (a denoising diffusion objective), repair starts from the render itself noised to a fixed
+level ``repair_t`` and takes one network pass, so a repair costs one UNet evaluation. Images are in [-1, 1]
+(pixel space: the renders are small and the model must run on 2 CPU cores); the condition is the render's
+rgb, its alpha and its inverse depth (``depth_scale_m / depth``, 0 where nothing was hit).
+
+A model directory is diffusers' format: ``unet/`` (UNet2DModel), ``scheduler/`` (DDPMScheduler) and
+``gsim_repair.json`` (this module's settings), plus ``README.md`` (the model card, `gsim.diffusion.train`)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Tuple
+
+import numpy as np
+import torch
+
+from gsim.config import Config
+from gsim.io import atomic_directory
+
+CONDITION_CHANNELS = 5  # rgb, alpha, inverse depth
+SETTINGS = "gsim_repair.json"
+
+
+@dataclass(frozen=True)
+class RepairConfig(Config):
+    """channels: the UNet's widths per level (each level halves the resolution: image sides must divide by
+    2^(levels-1)); train_timesteps: the noise schedule's length; repair_t: the noise level repair starts from
+    (of train_timesteps); depth_scale_m: the condition's inverse-depth scale."""
+
+    channels: Tuple[int, ...] = (32, 64, 64, 128)
+    layers_per_block: int = 1
+    train_timesteps: int = 1000
+    repair_t: int = 200
+    depth_scale_m: float = 5.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "channels", tuple(int(c) for c in self.channels))
+        if not self.channels or any(c < 8 or c % 8 for c in self.channels):
+            raise ValueError(f"RepairConfig.channels: expected widths that are multiples of 8, got {self.channels}")
+        if not 0 < self.repair_t < self.train_timesteps:
+            raise ValueError(f"RepairConfig.repair_t: expected 0 < repair_t < train_timesteps "
+                             f"({self.train_timesteps}), got {self.repair_t}")
+
+    @property
+    def multiple(self) -> int:
+        """Image sides must be multiples of this."""
+        return 2 ** (len(self.channels) - 1)
+
+
+class RepairModel:
+    """``loss(real, rgb, alpha, depth)`` for training; ``repair(rgb, alpha, depth)`` in one pass. Arrays:
+    rgb (B,3,H,W) in [0,1], alpha (B,1,H,W), depth (B,1,H,W) metres (torch, float32)."""
+
+    def __init__(self, unet, scheduler, config: RepairConfig):
+        self.unet, self.scheduler, self.config = unet, scheduler, config
+
+    @classmethod
+    def new(cls, config: RepairConfig = RepairConfig(), seed: int = 0) -> "RepairModel":
+        from diffusers import DDPMScheduler, UNet2DModel
+        torch.manual_seed(seed)
+        n = len(config.channels)
+        unet = UNet2DModel(sample_size=None, in_channels=3 + CONDITION_CHANNELS, out_channels=3,
+                           block_out_channels=config.channels, down_block_types=("DownBlock2D",) * n,
+                           up_block_types=("UpBlock2D",) * n, layers_per_block=config.layers_per_block,
+                           norm_num_groups=8)
+        scheduler = DDPMScheduler(num_train_timesteps=config.train_timesteps, prediction_type="sample",
+                                  clip_sample=False)
+        return cls(unet, scheduler, config)
+
+    def condition(self, rgb, alpha, depth) -> torch.Tensor:
+        inv = torch.where(depth > 0, self.config.depth_scale_m / depth.clamp_min(1e-3), torch.zeros_like(depth))
+        return torch.cat([rgb * 2 - 1, alpha * 2 - 1, inv.clamp(0, 4) - 1], 1)
+
+    def _check(self, rgb) -> None:
+        m = self.config.multiple
+        if rgb.ndim != 4 or rgb.shape[1] != 3 or rgb.shape[2] % m or rgb.shape[3] % m:
+            raise ValueError(f"repair model: expected rgb (B,3,H,W) with H and W multiples of {m}, got "
+                             f"{tuple(rgb.shape)} (pad or crop the image)")
+
+    def loss(self, real, rgb, alpha, depth, weight=None, generator=None) -> torch.Tensor:
+        """The denoising loss at random noise levels: predict the real image from it noised, given the render.
+        ``weight`` (B,1,H,W): per-pixel weights (None: all 1)."""
+        self._check(rgb)
+        x0 = real * 2 - 1
+        noise = torch.randn(x0.shape, generator=generator)
+        t = torch.randint(0, self.config.train_timesteps, (len(x0),), generator=generator)
+        xt = self.scheduler.add_noise(x0, noise, t)
+        pred = self.unet(torch.cat([xt, self.condition(rgb, alpha, depth)], 1), t).sample
+        err = (pred - x0).abs()
+        return err.mean() if weight is None else (err * weight).sum() / (weight.sum() * 3).clamp_min(1e-6)
+
+    @torch.no_grad()
+    def repair(self, rgb, alpha, depth, seed: int = 0) -> torch.Tensor:
+        """(B,3,H,W) in [0,1]: the render noised to ``repair_t`` and denoised in one pass, given the render."""
+        self._check(rgb)
+        g = torch.Generator().manual_seed(seed)
+        t = torch.full((len(rgb),), self.config.repair_t, dtype=torch.long)
+        xt = self.scheduler.add_noise(rgb * 2 - 1, torch.randn(rgb.shape, generator=g), t)
+        pred = self.unet(torch.cat([xt, self.condition(rgb, alpha, depth)], 1), t).sample
+        return ((pred.clamp(-1, 1) + 1) / 2).float()
+
+    def repair_image(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, seed: int = 0) -> np.ndarray:
+        """One (H,W,3) numpy render repaired (edge-padded to the UNet's multiple, then cropped back)."""
+        m = self.config.multiple
+        H, W = rgb.shape[:2]
+        ph, pw = -H % m, -W % m
+        pad = lambda a: np.pad(a, ((0, ph), (0, pw)) + ((0, 0),) * (a.ndim - 2), mode="edge")  # noqa: E731
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(pad(a), np.float32)).reshape(1, H + ph, W + pw, -1) \
+            .permute(0, 3, 1, 2)  # noqa: E731
+        out = self.repair(t(rgb), t(alpha), t(depth), seed)
+        return out[0].permute(1, 2, 0).numpy()[:H, :W]
+
+    def save(self, path, card: str = "") -> None:
+        """Writes the model directory atomically (a crash leaves the previous one)."""
+        with atomic_directory(path, SETTINGS) as tmp:
+            self.unet.save_pretrained(tmp / "unet")
+            self.scheduler.save_pretrained(tmp / "scheduler")
+            (tmp / "README.md").write_text(card)
+            (tmp / SETTINGS).write_text(json.dumps(self.config.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path) -> "RepairModel":
+        """A model directory `save` wrote; clear errors for a missing or incomplete one."""
+        from diffusers import DDPMScheduler, UNet2DModel
+        p = Path(path)
+        if not (p / SETTINGS).is_file():
+            raise FileNotFoundError(f"{p}: no repair model here (no {SETTINGS}); train one with `gsim diffusion "
+                                    f"train SCENE LOG --out {p}`")
+        for sub in ("unet", "scheduler"):
+            if not (p / sub).is_dir():
+                raise FileNotFoundError(f"{p}: incomplete repair model: no {sub}/ folder")
+        try:
+            config = RepairConfig.from_dict(json.loads((p / SETTINGS).read_text()))
+            unet = UNet2DModel.from_pretrained(p / "unet", local_files_only=True)
+            scheduler = DDPMScheduler.from_pretrained(p / "scheduler", local_files_only=True)
+        except (OSError, ValueError, json.JSONDecodeError) as e:
+            raise ValueError(f"{p}: unreadable repair model ({type(e).__name__}: {e})") from None
+        unet.eval()
+        return cls(unet, scheduler, config)

@@ -1,0 +1,180 @@
+"""Training the repair model (`gsim.diffusion.repair`) on a user's own log: ``gsim diffusion train``.
+
+Training pairs come from the log itself (as FreeSim and ReconDreamer make theirs): renders of the training
+views by deliberately degraded reconstructions (trained briefly on a subset of the frames, so that most views
+are ones they never saw: the artefacts of novel views) and by the scene itself (good renders the model must
+leave alone), each against the real image. Held-out frames are never used. Random crops, AdamW, a cosine
+schedule; a checkpoint every ``checkpoint_every`` steps in the work directory makes it resumable."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from gsim.config import Config
+from gsim.io import atomic_path
+
+from .repair import RepairConfig, RepairModel
+
+
+@dataclass(frozen=True)
+class TrainOptions(Config):
+    """degraded: (holdout_every, iterations) of each degraded reconstruction (trained on the frames whose
+    index is not a multiple of holdout_every); crop: training crops' side (a multiple of the UNet's)."""
+
+    steps: int = 2000
+    batch: int = 4
+    crop: int = 96
+    lr: float = 5e-4
+    seed: int = 0
+    checkpoint_every: int = 250
+    degraded: Tuple[Tuple[int, int], ...] = ((2, 500), (4, 250))
+
+    def __post_init__(self):
+        object.__setattr__(self, "degraded", tuple(tuple(int(x) for x in d) for d in self.degraded))
+        for name in ("steps", "batch", "crop", "checkpoint_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"TrainOptions.{name}: expected a positive integer, got {getattr(self, name)!r}")
+        if any(len(d) != 2 or d[0] < 2 or d[1] < 1 for d in self.degraded):
+            raise ValueError(f"TrainOptions.degraded: expected (holdout_every >= 2, iterations >= 1) pairs, got "
+                             f"{self.degraded}")
+
+
+@dataclass
+class Pairs:
+    """Renders and real images of training views: rgb (N,H,W,3) uint8, alpha (N,H,W) uint8, depth (N,H,W)
+    float16 m, real (N,H,W,3) uint8, source (N,) the scene each render came from."""
+
+    rgb: np.ndarray
+    alpha: np.ndarray
+    depth: np.ndarray
+    real: np.ndarray
+    source: List[str]
+
+
+def _render_pairs(scene, log, views, name: str):
+    from gsim.io import to_uint8
+    from gsim.scenes.evaluate import render_image
+    out = []
+    for v in views:
+        rgb, alpha, depth = render_image(scene, v.camera, v.T_world_camera, v.timestamp_us, v.sensor)
+        out.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(v.image), name))
+    return out
+
+
+def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_every: int = 8,
+               progress: bool = True) -> Pairs:
+    """The training pairs (cached in work/pairs.npz): the degraded reconstructions are trained into
+    work/degraded-<k>/ (kept, so a rerun reuses them)."""
+    from gsim.scene import load_scene
+    from gsim.scenes.log import load_log
+    from gsim.scenes.train import preset, reconstruct
+    from gsim.scenes.views import make_views, split_frames
+    cache = work / "pairs.npz"
+    if cache.is_file():
+        z = np.load(cache, allow_pickle=False)
+        return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], list(z["source"]))
+    log = load_log(log_path)
+    scene = load_scene(scene_path)
+    downscale = scene.train_downscale or 1
+    train_frames, _ = split_frames(log, holdout_every)
+    views = make_views(log, train_frames, downscale)
+    items = _render_pairs(scene, log, views, "scene")
+    for k, (every, iterations) in enumerate(options.degraded):
+        d = work / f"degraded-{k}"
+        if not (d / "scene" / "scene.json").is_file():
+            print(f"degraded reconstruction {k + 1}/{len(options.degraded)}: {iterations} iterations on the frames "
+                  f"whose index is not a multiple of {every}", flush=True)
+            reconstruct(log_path, d, preset("cpu", iterations=iterations, holdout_every=every, downscale=downscale,
+                                            seed=options.seed + k), progress=progress)
+        items += _render_pairs(load_scene(d / "scene"), log, views, f"degraded-{k}")
+    pairs = Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items])
+    with atomic_path(cache, ".npz") as tmp:
+        np.savez(tmp, rgb=pairs.rgb, alpha=pairs.alpha, depth=pairs.depth, real=pairs.real,
+                 source=np.array(pairs.source))
+    return pairs
+
+
+def _batch(pairs: Pairs, options: TrainOptions, rng: np.random.Generator):
+    n, H, W = pairs.rgb.shape[:3]
+    c = options.crop
+    if c > H or c > W:
+        raise ValueError(f"TrainOptions.crop: {c} is larger than the images ({W}x{H})")
+    idx = rng.integers(0, n, options.batch)
+    ys, xs = rng.integers(0, H - c + 1, options.batch), rng.integers(0, W - c + 1, options.batch)
+    crop = lambda a: np.stack([a[i, y:y + c, x:x + c] for i, y, x in zip(idx, ys, xs)])  # noqa: E731
+    t = lambda a, s: torch.from_numpy(crop(a).astype(np.float32) * s).reshape(options.batch, c, c, -1) \
+        .permute(0, 3, 1, 2).contiguous()  # noqa: E731
+    return t(pairs.real, 1 / 255), t(pairs.rgb, 1 / 255), t(pairs.alpha, 1 / 255), t(pairs.depth, 1.0)
+
+
+def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), config: RepairConfig = RepairConfig(),
+          work: Optional[Path] = None, resume: bool = False, progress: bool = True) -> dict:
+    """Trains a repair model on ``log_path`` with the reconstruction ``scene_path`` and writes it to ``out``
+    (diffusers' directory format with a model card); returns the card's numbers. ``work`` (default
+    out + "-work") holds the pairs, the degraded reconstructions and the resumable checkpoint."""
+    from tqdm import tqdm
+    out = Path(out)
+    work = Path(work) if work is not None else out.parent / f"{out.name}-work"
+    work.mkdir(parents=True, exist_ok=True)
+    if options.crop % config.multiple:
+        raise ValueError(f"TrainOptions.crop: {options.crop} must be a multiple of {config.multiple} (the UNet's)")
+    t0 = time.perf_counter()
+    pairs = make_pairs(scene_path, log_path, work, options, progress=progress)
+    model = RepairModel.new(config, seed=options.seed)
+    opt = torch.optim.AdamW(model.unet.parameters(), lr=options.lr, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s / options.steps, 1))))
+    rng, gen = np.random.default_rng(options.seed), torch.Generator().manual_seed(options.seed)
+    ckpt, step, losses = work / "checkpoint.pt", 0, []
+    if resume and ckpt.is_file():
+        state = torch.load(ckpt, weights_only=False)
+        model.unet.load_state_dict(state["unet"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        rng.bit_generator.state, step, losses = state["rng"], state["step"], state["losses"]
+        gen.set_state(state["gen"])
+    model.unet.train()
+    bar = tqdm(range(step, options.steps), desc="train repair model", unit="step", disable=not progress,
+               initial=step, total=options.steps)
+    for step in bar:
+        real, rgb, alpha, depth = _batch(pairs, options, rng)
+        loss = model.loss(real, rgb, alpha, depth, generator=gen)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+        if (step + 1) % options.checkpoint_every == 0 or step + 1 == options.steps:
+            with atomic_path(ckpt, ".pt") as tmp:
+                torch.save({"unet": model.unet.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                            "rng": rng.bit_generator.state, "gen": gen.get_state(), "step": step + 1,
+                            "losses": losses}, tmp)
+    model.unet.eval()
+    H, W = pairs.rgb.shape[1:3]
+    card = {"scene": str(Path(scene_path).resolve()), "log": str(Path(log_path).resolve()),
+            "pairs": {s: pairs.source.count(s) for s in dict.fromkeys(pairs.source)}, "image_size": [W, H],
+            "options": options.to_dict(), "config": config.to_dict(), "steps": options.steps,
+            "loss_first_100": float(np.mean(losses[:100])), "loss_last_100": float(np.mean(losses[-100:])),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+    model.save(out, _card(card))
+    (Path(out) / "card.json").write_text(json.dumps(card, indent=1))
+    return card
+
+
+def _card(c: dict) -> str:
+    return (f"# gsim repair model\n\nA conditional diffusion model (diffusers UNet2DModel + DDPMScheduler, pixel space) "
+            f"that repairs renders of a reconstruction; one network pass from the render noised to step "
+            f"{c['config']['repair_t']} of {c['config']['train_timesteps']}.\n\n"
+            f"- Data: log `{c['log']}`, scene `{c['scene']}`; pairs (render, real image) of the training views "
+            f"(held-out frames never used): {c['pairs']}\n"
+            f"- Training: {c['steps']} steps of {c['options']['batch']} random {c['options']['crop']}-pixel crops of "
+            f"{c['image_size'][0]}x{c['image_size'][1]} images; L1 denoising loss {c['loss_first_100']:.4f} (first 100 "
+            f"steps) -> {c['loss_last_100']:.4f} (last 100); {c['wall_s']:.0f} s in all\n"
+            f"- Made by `gsim diffusion train`; settings in card.json and gsim_repair.json\n")
