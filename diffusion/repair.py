@@ -134,11 +134,16 @@ class RepairModel:
         for sub in ("unet", "scheduler"):
             if not (p / sub).is_dir():
                 raise FileNotFoundError(f"{p}: incomplete repair model: no {sub}/ folder")
+        from diffusers.utils import logging
+        level = logging.get_verbosity()
+        logging.set_verbosity_error()  # (diffusers advises installing accelerate on every load: not needed here)
         try:
             config = RepairConfig.from_dict(json.loads((p / SETTINGS).read_text()))
             unet = UNet2DModel.from_pretrained(p / "unet", local_files_only=True)
             scheduler = DDPMScheduler.from_pretrained(p / "scheduler", local_files_only=True)
         except (OSError, ValueError, json.JSONDecodeError) as e:
             raise ValueError(f"{p}: unreadable repair model ({type(e).__name__}: {e})") from None
+        finally:
+            logging.set_verbosity(level)
         unet.eval()
         return cls(unet, scheduler, config)

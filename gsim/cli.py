@@ -176,7 +176,7 @@ def cmd_eval(a) -> int:
         + [(f"{r['ahead_m']:g} m ahead", r) for r in m.get("ahead", [])]
     for where, r in rows[1:] if a.repair is None else rows:
         fixed = f"; repaired: PSNR {r['repaired_psnr']:.2f} dB, SSIM {r['repaired_ssim']:.4f}" if a.repair else ""
-        alpha = f", alpha < 0.5 on {r['low_alpha_fraction']:.1%} ({r['views']} views)" if "views" in r else ""
+        alpha = f", alpha < 0.5 on {r['low_alpha_fraction']:.1%} ({r['views']} views)" if "low_alpha_fraction" in r else ""
         print(f"{where}: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}{alpha}{fixed}")
     return 0
 
