@@ -30,13 +30,14 @@ SETTINGS = "gsim_repair.json"
 class RepairConfig(Config):
     """channels: the UNet's widths per level (each level halves the resolution: image sides must divide by
     2^(levels-1)); train_timesteps: the noise schedule's length; repair_t: the noise level repair starts from
-    (of train_timesteps); depth_scale_m: the condition's inverse-depth scale."""
+    (of train_timesteps); depth_scale_m: the condition's inverse-depth scale; residual: see the field."""
 
     channels: Tuple[int, ...] = (32, 64, 64, 128)
     layers_per_block: int = 1
     train_timesteps: int = 1000
     repair_t: int = 200
     depth_scale_m: float = 5.0
+    residual: bool = True  # the UNet predicts the correction to the render (a fresh model leaves renders as they are)
 
     def __post_init__(self):
         object.__setattr__(self, "channels", tuple(int(c) for c in self.channels))
@@ -70,6 +71,9 @@ class RepairModel:
                            norm_num_groups=8)
         scheduler = DDPMScheduler(num_train_timesteps=config.train_timesteps, prediction_type="sample",
                                   clip_sample=False)
+        if config.residual:  # a zero correction to begin with (as ControlNet's zero convolutions)
+            torch.nn.init.zeros_(unet.conv_out.weight)
+            torch.nn.init.zeros_(unet.conv_out.bias)
         return cls(unet, scheduler, config)
 
     def condition(self, rgb, alpha, depth) -> torch.Tensor:
@@ -90,8 +94,7 @@ class RepairModel:
         noise = torch.randn(x0.shape, generator=generator)
         t = torch.randint(0, self.config.train_timesteps, (len(x0),), generator=generator)
         xt = self.scheduler.add_noise(x0, noise, t)
-        pred = self.unet(torch.cat([xt, self.condition(rgb, alpha, depth)], 1), t).sample
-        err = (pred - x0).abs()
+        err = (self._predict(xt, t, rgb, alpha, depth) - x0).abs()
         return err.mean() if weight is None else (err * weight).sum() / (weight.sum() * 3).clamp_min(1e-6)
 
     @torch.no_grad()
@@ -101,8 +104,12 @@ class RepairModel:
         g = torch.Generator().manual_seed(seed)
         t = torch.full((len(rgb),), self.config.repair_t, dtype=torch.long)
         xt = self.scheduler.add_noise(rgb * 2 - 1, torch.randn(rgb.shape, generator=g), t)
-        pred = self.unet(torch.cat([xt, self.condition(rgb, alpha, depth)], 1), t).sample
-        return ((pred.clamp(-1, 1) + 1) / 2).float()
+        return ((self._predict(xt, t, rgb, alpha, depth).clamp(-1, 1) + 1) / 2).float()
+
+    def _predict(self, xt, t, rgb, alpha, depth) -> torch.Tensor:
+        """The clean image in [-1, 1] the UNet predicts from the noised one and the render."""
+        out = self.unet(torch.cat([xt, self.condition(rgb, alpha, depth)], 1), t).sample
+        return rgb * 2 - 1 + out if self.config.residual else out
 
     def repair_image(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, seed: int = 0) -> np.ndarray:
         """One (H,W,3) numpy render repaired (edge-padded to the UNet's multiple, then cropped back)."""

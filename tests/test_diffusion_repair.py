@@ -27,8 +27,9 @@ def batch(seed=0, n=2, s=16):
 def test_the_loss_falls_and_repair_keeps_shapes_and_ranges():
     torch.manual_seed(0)
     m = RepairModel.new(TINY)
-    opt = torch.optim.Adam(m.unet.parameters(), 3e-3)
     real, rgb, alpha, depth = batch()
+    assert torch.allclose(m.repair(rgb, alpha, depth), rgb, atol=1e-6)  # residual: an untrained model changes nothing
+    opt = torch.optim.Adam(m.unet.parameters(), 3e-3)
     losses = []
     for _ in range(60):
         loss = m.loss(real, rgb, alpha, depth, generator=torch.Generator().manual_seed(len(losses)))
@@ -38,6 +39,7 @@ def test_the_loss_falls_and_repair_keeps_shapes_and_ranges():
         losses.append(loss.item())
     assert np.mean(losses[-10:]) < 0.7 * np.mean(losses[:10])
     out = m.repair(rgb, alpha, depth)
+    assert (out - rgb).abs().mean() > 1e-3  # what it learned, not the render passed through
     assert out.shape == rgb.shape and out.dtype == torch.float32 and 0 <= out.min() and out.max() <= 1
     img = m.repair_image(np.random.rand(13, 21, 3), np.ones((13, 21)), np.full((13, 21), 3.0))  # padded, cropped back
     assert img.shape == (13, 21, 3)
