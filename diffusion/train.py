@@ -79,7 +79,7 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_
     cache = work / "pairs.npz"
     if cache.is_file():
         z = np.load(cache, allow_pickle=False)
-        return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], list(z["source"]))
+        return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]])
     log = load_log(log_path)
     scene = load_scene(scene_path)
     downscale = scene.train_downscale or 1
