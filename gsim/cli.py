@@ -10,8 +10,10 @@ from pathlib import Path
 from .errors import GsimWarning
 
 
-def _render_sequence(scene, trajectory, out: Path, backend: str, fps: float, depth: bool, video: bool) -> dict:
-    """Render every frame of ``trajectory``: rgb/NNNNNN.png, optional depth/NNNNNN.png, video.mp4."""
+def _render_sequence(scene, trajectory, out: Path, backend: str, fps: float, depth: bool, video: bool,
+                     repair=None) -> dict:
+    """Render every frame of ``trajectory``: rgb/NNNNNN.png, optional depth/NNNNNN.png, video.mp4. ``repair``: a
+    `RepairModel`; rgb/ and the video then hold the repaired frames, render/ the renders as they were."""
     import numpy as np
     from tqdm import tqdm
 
@@ -25,6 +27,9 @@ def _render_sequence(scene, trajectory, out: Path, backend: str, fps: float, dep
         f = render_camera(scene, trajectory.camera, T, backend=backend, timestamp_us=int(t_us))
         times.append(time.perf_counter() - t0)
         rgb = to_uint8(f.rgb)
+        if repair is not None:
+            write_png(out / "render" / f"{i:06d}.png", rgb)
+            rgb = to_uint8(repair.repair_image(f.rgb, f.alpha, f.depth))
         write_png(out / "rgb" / f"{i:06d}.png", rgb)
         if depth:
             write_depth_png(out / "depth" / f"{i:06d}.png", f.depth)
@@ -40,7 +45,11 @@ def cmd_render(a) -> int:
     from .trajectory import load_trajectory
     scene = load_scene(a.scene)
     traj = load_trajectory(a.trajectory)
-    stats = _render_sequence(scene, traj, Path(a.out), a.backend, a.fps, a.depth, not a.no_video)
+    repair = None
+    if a.repair:
+        from .diffusion.repair import RepairModel
+        repair = RepairModel.load(a.repair)
+    stats = _render_sequence(scene, traj, Path(a.out), a.backend, a.fps, a.depth, not a.no_video, repair)
     print(f"wrote {stats['frames']} frames to {a.out} (median {stats['median_frame_ms']} ms/frame)")
     return 0
 
@@ -438,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fps", type=float, default=10.0)
     r.add_argument("--depth", action="store_true", help="also write 16-bit depth PNGs (metres * 256)")
     r.add_argument("--no-video", action="store_true")
+    r.add_argument("--repair", default=None, help="a repair model directory (gsim diffusion train): rgb/ and the "
+                                                  "video hold every frame repaired, render/ the renders")
     r.set_defaults(fn=cmd_render)
 
     i = sub.add_parser("info", help="summarize a scene and the available backends")

@@ -78,3 +78,25 @@ def test_train_end_to_end_resumes_and_writes_a_card(tmp_path):
     assert again["steps"] == 8 and RepairModel.load(tmp_path / "model").config == first.config
     with pytest.raises(ValueError, match="crop"):
         train(tmp_path / "scene", log, tmp_path / "m2", TrainOptions(crop=15), TINY, progress=False)
+
+
+def test_gsim_render_repair_writes_repaired_frames_beside_the_renders(tmp_path):
+    from gsim.cli import main
+    from gsim.street import street_surfels
+    from gsim.trajectory import Trajectory
+    gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
+    T = np.eye(4)
+    T[:3, :3] = [[0, 0, 1], [-1, 0, 0], [0, -1, 0]]
+    T[:3, 3] = [0.0, -1.5, 1.5]
+    Trajectory(gsim.PinholeCamera(30, 20, 20.0, 20.0, 15.0, 10.0), np.array([0, 100_000]), np.stack([T, T])) \
+        .save(tmp_path / "t.json")
+    m = RepairModel.new(TINY)
+    torch.nn.init.normal_(m.unet.conv_out.weight, std=0.1)  # a model that changes things
+    m.save(tmp_path / "model")
+    assert main(["render", str(tmp_path / "scene"), "--trajectory", str(tmp_path / "t.json"), "--out",
+                 str(tmp_path / "r"), "--repair", str(tmp_path / "model"), "--no-video"]) == 0
+    from PIL import Image
+    a, b = (np.asarray(Image.open(tmp_path / "r" / d / "000001.png"), np.float32) for d in ("render", "rgb"))
+    assert a.shape == b.shape == (20, 30, 3) and np.abs(a - b).mean() > 1
+    assert main(["render", str(tmp_path / "scene"), "--trajectory", str(tmp_path / "t.json"), "--out",
+                 str(tmp_path / "r2"), "--repair", str(tmp_path / "none")]) == 2
