@@ -37,6 +37,9 @@ SERVICE = pb.DESCRIPTOR.services_by_name["SensorService"].full_name
 # An error message's length at most: it travels percent-encoded (up to 12 bytes a character) in the trailing
 # metadata, which clients refuse beyond 16 KiB (they would see RESOURCE_EXHAUSTED instead of the status).
 MAX_DETAILS_CHARS = 1000
+# What one render may span (bounds on its work: a sweep's columns are traced in bundles of like poses)
+MAX_MOTION_US, MAX_MOTION_M = 10_000_000, 200.0
+MIN_SPIN_HZ, MAX_SPIN_HZ = 1.0, 100.0
 
 
 @dataclass(frozen=True)
@@ -304,6 +307,10 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                             f"({end_field} or T_world_vehicle_end)")
         if request.end_timestamp_us <= t:
             raise WireError(f"end_timestamp_us: must be after timestamp_us ({request.end_timestamp_us} <= {t})")
+        if request.end_timestamp_us - t > MAX_MOTION_US:
+            raise WireError(f"end_timestamp_us: at most {MAX_MOTION_US} us after timestamp_us (one exposure or sweep)")
+        if np.linalg.norm(T_end[:3, 3] - T[:3, 3]) > MAX_MOTION_M:
+            raise WireError(f"{end_field}: the sensor moves more than {MAX_MOTION_M:g} m within one exposure or sweep")
         return np.array([t, request.end_timestamp_us], np.int64), np.stack([T, T_end])
 
     # ---------------------------------------------------------------------------------------- scenes
@@ -401,6 +408,8 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             spec = from_lidar_spec(request.spec, "spec", self.limits.max_rays)
         else:
             raise WireError("lidar: give preset, lidar_name or spec")
+        if not MIN_SPIN_HZ <= spec.spin_hz <= MAX_SPIN_HZ:  # (a slow spin stretches one sweep over minutes of motion)
+            raise WireError(f"{which}: spin_hz {spec.spin_hz:g} is outside [{MIN_SPIN_HZ:g}, {MAX_SPIN_HZ:g}] Hz")
         if spec.lasers * spec.columns > self.limits.max_rays:
             raise WireError(f"{which}: {spec.lasers * spec.columns} rays is more than max_rays ({self.limits.max_rays})")
         T = self._pose(request, "T_world_lidar", "T_world_vehicle", T_vl, "LiDAR")
@@ -412,8 +421,8 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         if not 0 < hit_alpha < 1:
             raise WireError(f"hit_alpha: expected a value in (0, 1) (0: 0.5), got {request.hit_alpha}")
         backend = request.backend or "auto"
-        if backend not in ("auto", "numba", "torch"):
-            raise WireError(f"backend: expected auto, numba or torch for LiDAR, got {backend!r}")
+        if backend not in ("auto", "numba"):  # (the torch twin is a binning-free test reference: minutes a sweep)
+            raise WireError(f"backend: expected auto or numba for LiDAR, got {backend!r}")
         scene = self._with_poses(s.scene, request.actor_poses, t)
         self._slot(context)
         try:
