@@ -611,8 +611,9 @@ def start(served: Dict[str, Served], host: str = "127.0.0.1", port: int = 50051,
         raise ValueError(f"--host {host}: a server reachable from other machines needs a bearer token "
                          f"(--token-file or GSIM_SERVE_TOKEN)")
     if limits.workers > 1 and backend != "gsplat":
-        raise ValueError(f"--workers {limits.workers}: the CPU kernels use every core for one render and numba's "
-                         f"threading layer runs one parallel kernel at a time; more workers need --backend gsplat")
+        raise ValueError(f"--workers {limits.workers}: the CPU kernels already use every core for one render (more "
+                         f"workers add no throughput there, and numba's workqueue threading layer, where it is the "
+                         f"one in use, cannot run two at once); more workers need --backend gsplat")
     admitted = limits.workers + limits.queue
     server = grpc.server(ThreadPoolExecutor(max_workers=admitted + 2, thread_name_prefix="gsim-serve"),
                          interceptors=[_TokenCheck(token)] if token else [], maximum_concurrent_rpcs=admitted,
