@@ -190,3 +190,27 @@ def test_reflection_describes_the_service_without_the_proto(server):
         assert {"gsim.sensor.v1.SensorService", "grpc.health.v1.Health"} <= services
         f = db.FindFileContainingSymbol("gsim.sensor.v1.SensorService")
         assert {m.name for m in f.service[0].method} >= {"RenderCamera", "RenderLidar", "StartSession"}
+
+
+def test_tls_from_certificate_files(base, tmp_path):
+    import shutil
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a self-signed certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    s = Served([str(base / "scene"), "--tls-cert", str(cert), "--tls-key", str(key)])
+    try:
+        assert "(TLS," in "".join(s.lines)
+        with SensorClient(s.address, root_certificates=cert.read_bytes()) as c:
+            assert c.list_scenes()[0].id == "scene"
+        with SensorClient(s.address, timeout_s=5) as plain:  # a plaintext client cannot talk to it
+            with pytest.raises(grpc.RpcError) as e:
+                plain.list_scenes()
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        assert s.stop()[0] == 0
+    p = subprocess.run([sys.executable, "-m", "gsim.cli", "serve", str(base / "scene"), "--tls-cert", str(cert)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--tls-key" in p.stderr
