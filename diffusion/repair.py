@@ -38,11 +38,14 @@ class RepairConfig(Config):
     repair_t: int = 200
     depth_scale_m: float = 5.0
     residual: bool = True  # the UNet predicts the correction to the render (a fresh model leaves renders as they are)
+    loss: str = "l1"  # "l1" or "l2" (the mean correction: L1's gradients cancel where corrections disagree in sign)
 
     def __post_init__(self):
         object.__setattr__(self, "channels", tuple(int(c) for c in self.channels))
         if not self.channels or any(c < 8 or c % 8 for c in self.channels):
             raise ValueError(f"RepairConfig.channels: expected widths that are multiples of 8, got {self.channels}")
+        if self.loss not in ("l1", "l2"):
+            raise ValueError(f"RepairConfig.loss: expected 'l1' or 'l2', got {self.loss!r}")
         if not 0 < self.repair_t < self.train_timesteps:
             raise ValueError(f"RepairConfig.repair_t: expected 0 < repair_t < train_timesteps "
                              f"({self.train_timesteps}), got {self.repair_t}")
@@ -95,6 +98,7 @@ class RepairModel:
         t = torch.randint(0, self.config.train_timesteps, (len(x0),), generator=generator)
         xt = self.scheduler.add_noise(x0, noise, t)
         err = (self._predict(xt, t, rgb, alpha, depth) - x0).abs()
+        err = err if self.config.loss == "l1" else err * err
         return err.mean() if weight is None else (err * weight).sum() / (weight.sum() * 3).clamp_min(1e-6)
 
     @torch.no_grad()

@@ -191,9 +191,10 @@ def cmd_eval(a) -> int:
 
 
 def cmd_diffusion_train(a) -> int:
+    from .diffusion.repair import RepairConfig
     from .diffusion.train import TrainOptions, train
     opts = TrainOptions(steps=a.steps, crop=a.crop, seed=a.seed)
-    card = train(a.scene, a.log, a.out, opts, resume=a.resume)
+    card = train(a.scene, a.log, a.out, opts, RepairConfig(loss=a.loss), resume=a.resume)
     print(f"wrote the repair model {a.out}: {card['steps']} steps, loss {card['loss_first_100']:.4f} -> "
           f"{card['loss_last_100']:.4f}, {card['wall_s']:.0f} s (pairs: {card['pairs']})")
     return 0
@@ -529,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--crop", type=_int_at_least(8), default=96, help="training crops' side, a multiple of 8")
     dt.add_argument("--seed", type=int, default=0)
     dt.add_argument("--resume", action="store_true", help="go on from OUT-work's checkpoint")
+    dt.add_argument("--loss", choices=("l1", "l2"), default="l1", help="the denoising loss")
     dt.set_defaults(fn=cmd_diffusion_train)
 
     gt = sub.add_parser("truth", help="a synthetic log's exact images along any trajectory (e.g. `gsim trajectory "
