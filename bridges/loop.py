@@ -145,7 +145,7 @@ class ClosedLoop:
     def __init__(self, scenario: LoopScenario, seed: int = 0, render: bool = True, client: str = "libsumo",
                  workdir: Optional[Path] = None, progress: bool = False):
         from gsim.editing.world import apply
-        from gsim.editing.outputs import sensor_rig
+        from gsim.editing.outputs import mounted_rig
         self.scenario, self.seed, self.render_sensors, self.client = scenario, int(seed), render, client
         cl = scenario.closed_loop
         self.world = world = apply(scenario, progress=progress, ego_overlaps=True)
@@ -181,9 +181,7 @@ class ClosedLoop:
                              int(ts[-1]), {n: log.lidars[n].T_vehicle_lidar for n in log.lidars})
         self.model = BicycleModel(self.params)
         self.tracker = TrajectoryTracker(self.params)
-        cameras, specs = sensor_rig(log, scenario.sensors)
-        self.cameras = {n: (cam, log.cameras[n].T_vehicle_camera) for n, cam in cameras.items()}
-        self.lidars = {n: (spec, log.lidars[n].T_vehicle_lidar) for n, spec in specs.items()}
+        self.cameras, self.lidars = mounted_rig(log, scenario.sensors)
         self.traffic = None
         self._templates: Dict[str, Actor] = {}
         self._handed = set()

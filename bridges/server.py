@@ -10,6 +10,7 @@ Sessions that see no call for ``session_idle_s`` are ended, their records writte
 gracefully: new calls are refused, in-flight ones finish, sessions are ended and recorded."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import hmac
 import secrets
@@ -92,14 +93,6 @@ class Served:
         return (int(min(t[0] for t in ts)), int(max(t[-1] for t in ts))) if ts else (0, 0)
 
 
-def _rig(log):
-    """A log's cameras and LiDARs (those with a beam model) with their mountings, and its ego trajectory."""
-    from gsim.editing.outputs import lidar_spec
-    cams = {n: (c.camera, c.T_vehicle_camera) for n, c in log.cameras.items()}
-    lidars = {n: (lidar_spec(log, n), s.T_vehicle_lidar) for n, s in log.lidars.items() if s.beams is not None}
-    return cams, lidars, (log.ego_timestamps_us, log.ego_poses)
-
-
 def _folder_name(p: Path) -> str:
     """The directory's own name as the user wrote it (a symlink keeps its name)."""
     import os
@@ -109,6 +102,8 @@ def _folder_name(p: Path) -> str:
 def load_served(arg: str, progress: bool = False) -> Served:
     """One `gsim serve` argument as a served scene (see the module docstring); clear errors naming it."""
     import json
+    from gsim.editing.outputs import mounted_rig
+    from gsim.editing.scenario import Sensors
     from gsim.scene import load_scene
     from gsim.scenes.log import load_log
     from .scenario import SHIPPED, LoopScenario, ensure_demo, load_loop_scenario, load_scenario
@@ -119,10 +114,7 @@ def load_served(arg: str, progress: bool = False) -> Served:
             ensure_demo(sc)
         from gsim.editing.world import apply
         world = apply(sc, progress=progress, ego_overlaps=True)
-        from gsim.editing.outputs import sensor_rig
-        cameras, specs = sensor_rig(world.log, sc.sensors)  # the scenario's own sensors, as its runs render them
-        cams = {n: (c, world.log.cameras[n].T_vehicle_camera) for n, c in cameras.items()}
-        lidars = {n: (spec, world.log.lidars[n].T_vehicle_lidar) for n, spec in specs.items()}
+        cams, lidars = mounted_rig(world.log, sc.sensors)  # the scenario's own sensors, as its runs render them
         return Served(sc.name, "scenario", world.scene, cams, lidars, (world.ego_timestamps_us, world.ego_poses), sc)
     if not p.is_dir():
         raise FileNotFoundError(f"{arg}: not a scene or reconstruction directory, a scenario file (.yaml) or a "
@@ -138,8 +130,9 @@ def load_served(arg: str, progress: bool = False) -> Served:
     scene = load_scene(scene_dir)
     if not (log_dir / "log.json").is_file():  # a scene without its log: explicit cameras and LiDAR specs only
         return Served(_folder_name(p), "scene", scene)
-    cams, lidars, ego = _rig(load_log(log_dir))
-    return Served(_folder_name(p), "scene", scene, cams, lidars, ego)
+    log = load_log(log_dir)
+    cams, lidars = mounted_rig(log, Sensors())  # every camera, every LiDAR with a beam model
+    return Served(_folder_name(p), "scene", scene, cams, lidars, (log.ego_timestamps_us, log.ego_poses))
 
 
 class _Session:
@@ -209,6 +202,13 @@ def _rpc(method):
     return wrapped
 
 
+def _check_encoding(encoding: int, jpeg_quality: int, field: str) -> None:
+    if encoding not in (pb.RAW, pb.PNG, pb.JPEG):
+        raise WireError(f"{field}: unknown value {encoding}; RAW, PNG or JPEG")
+    if jpeg_quality > 100:
+        raise WireError(f"jpeg_quality: expected 1..100 (0: 90), got {jpeg_quality}")
+
+
 class _Capacity(RuntimeError):
     pass
 
@@ -235,15 +235,16 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             raise NotFound(f"scene_id: no served scene {scene_id!r}; served: {', '.join(sorted(self.served))}")
         return self.served[scene_id]
 
+    @contextlib.contextmanager
     def _slot(self, context):
-        """Waits for a render slot while the call is alive; raises when it was cancelled or timed out."""
+        """Holds a render slot, waited for while the call is alive; raises when it was cancelled or timed out."""
         while not self.slots.acquire(timeout=0.02):
             self._alive(context)
         try:
             self._alive(context)
-        except BaseException:
+            yield
+        finally:
             self.slots.release()
-            raise
 
     def _alive(self, context) -> None:
         if self.stopping.is_set():
@@ -371,20 +372,14 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         pose = self._motion(request, T, t, "T_world_camera_end", T_vc, "camera")
         if request.readout_us > 10_000_000:
             raise WireError(f"readout_us: expected at most 10 s of readout, got {request.readout_us} us")
-        if request.encoding not in (pb.RAW, pb.PNG, pb.JPEG):
-            raise WireError(f"encoding: unknown value {request.encoding}; RAW, PNG or JPEG")
-        if request.jpeg_quality > 100:
-            raise WireError(f"jpeg_quality: expected 1..100 (0: 90), got {request.jpeg_quality}")
+        _check_encoding(request.encoding, request.jpeg_quality, "encoding")
         scene = self._with_poses(s.scene, request.actor_poses, t)
         backend = self._backend(request.backend)
-        self._slot(context)
-        try:
+        with self._slot(context):
             t0 = time.perf_counter()
             f = render_camera(scene, camera, pose, backend=backend, timestamp_us=t, sensor=sensor,
                               readout_us=int(request.readout_us))
             ms = (time.perf_counter() - t0) * 1e3
-        finally:
-            self.slots.release()
         return pb.RenderCameraResponse(rgb=encode_image(f.rgb, request.encoding, request.jpeg_quality or 90),
                                        depth=to_array(f.depth) if request.depth else None,
                                        alpha=to_array(f.alpha) if request.alpha else None, render_ms=ms)
@@ -424,14 +419,11 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         if backend not in ("auto", "numba"):  # (the torch twin is a binning-free test reference: minutes a sweep)
             raise WireError(f"backend: expected auto or numba for LiDAR, got {backend!r}")
         scene = self._with_poses(s.scene, request.actor_poses, t)
-        self._slot(context)
-        try:
+        with self._slot(context):
             t0 = time.perf_counter()
             f = render_lidar(scene, spec, pose, backend=backend, timestamp_us=t, hit_alpha=hit_alpha,
                              rolling=not request.freeze_time)
             ms = (time.perf_counter() - t0) * 1e3
-        finally:
-            self.slots.release()
         return lidar_response(f, ms)
 
     # ---------------------------------------------------------------------------------------- sessions
@@ -442,10 +434,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         if s is None or s.scenario is None:
             names = sorted(k for k, v in self.served.items() if v.scenario is not None)
             raise NotFound(f"scenario: no served scenario {request.scenario!r}; served: {', '.join(names) or 'none'}")
-        if request.camera_encoding not in (pb.RAW, pb.PNG, pb.JPEG):
-            raise WireError(f"camera_encoding: unknown value {request.camera_encoding}; RAW, PNG or JPEG")
-        if request.jpeg_quality > 100:
-            raise WireError(f"jpeg_quality: expected 1..100 (0: 90), got {request.jpeg_quality}")
+        _check_encoding(request.camera_encoding, request.jpeg_quality, "camera_encoding")
         agent = request.agent_name or "remote"
         if len(agent) > 64 or not agent.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise WireError(f"agent_name: expected up to 64 letters, digits, '-', '_', '.', got {agent[:80]!r}")
@@ -459,8 +448,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             self.sessions[sid] = session = _Session(None, request.camera_encoding, request.jpeg_quality or 90)
             session.lock.acquire()  # nobody steps it before it has started
         try:
-            self._slot(context)
-            try:
+            with self._slot(context):
                 run = Run(s.scenario, self.sessions_dir / f"{s.id}-{sid}", agent, seed=int(request.seed),
                           max_steps=request.max_steps or None, client="traci")
                 session.run = run
@@ -469,8 +457,6 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                 except BaseException as e:
                     run.finish(e)
                     raise
-            finally:
-                self.slots.release()
         except BaseException:
             with self.sessions_lock:
                 self.sessions.pop(sid, None)
@@ -491,7 +477,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
 
     @_rpc
     def StepSession(self, request, context):
-        from .dynamics import ActionError, Controls
+        from .dynamics import Controls
         session = self._session(request.session_id)
         which = request.WhichOneof("action")
         if which == "controls":
@@ -506,22 +492,27 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                 raise Precondition(f"session {request.session_id}: the run is over; call EndSession")
             if request.session_id not in self.sessions:
                 raise NotFound(f"session_id: session {request.session_id!r} has ended")
-            self._slot(context)
             try:
-                obs, m, done = session.run.step(action, t_step)
-            except ActionError as e:  # the state is unchanged: the caller may send a usable action
-                raise WireError(f"action: {e}") from None
-            except Exception as e:  # SUMO died or the loop cannot go on: the run ends, its record is kept
-                session.over = True
-                session.run.finish(e)
-                raise Precondition(f"session {request.session_id}: the run stopped at step "
-                                   f"{session.run.done + 1}: {type(e).__name__}: {e}") from None
+                with self._slot(context):
+                    obs, m, done = self._step(session, request.session_id, action, t_step)
             finally:
-                self.slots.release()
                 session.last_used = time.monotonic()
             session.over = done
         return pb.StepSessionResponse(observation=to_observation(obs, session.encoding, session.quality),
                                       metrics=to_struct(m), done=done)
+
+    @staticmethod
+    def _step(session: _Session, sid: str, action, t_step: float):
+        from .dynamics import ActionError
+        try:
+            return session.run.step(action, t_step)
+        except ActionError as e:  # the state is unchanged: the caller may send a usable action
+            raise WireError(f"action: {e}") from None
+        except Exception as e:  # SUMO died or the loop cannot go on: the run ends, its record is kept
+            session.over = True
+            session.run.finish(e)
+            raise Precondition(f"session {sid}: the run stopped at step {session.run.done + 1}: "
+                               f"{type(e).__name__}: {e}") from None
 
     @_rpc
     def EndSession(self, request, context):

@@ -58,7 +58,7 @@ class Pairs:
     source: List[str]
 
 
-def _render_pairs(scene, log, views, name: str):
+def _render_pairs(scene, views, name: str):
     from gsim.io import to_uint8
     from gsim.scenes.evaluate import render_image
     out = []
@@ -85,7 +85,7 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_
     downscale = scene.train_downscale or 1
     train_frames, _ = split_frames(log, holdout_every)
     views = make_views(log, train_frames, downscale)
-    items = _render_pairs(scene, log, views, "scene")
+    items = _render_pairs(scene, views, "scene")
     for k, (every, iterations) in enumerate(options.degraded):
         d = work / f"degraded-{k}"
         if not (d / "scene" / "scene.json").is_file():
@@ -93,7 +93,7 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_
                   f"whose index is not a multiple of {every}", flush=True)
             reconstruct(log_path, d, preset("cpu", iterations=iterations, holdout_every=every, downscale=downscale,
                                             seed=options.seed + k), progress=progress)
-        items += _render_pairs(load_scene(d / "scene"), log, views, f"degraded-{k}")
+        items += _render_pairs(load_scene(d / "scene"), views, f"degraded-{k}")
     pairs = Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items])
     with atomic_path(cache, ".npz") as tmp:
         np.savez(tmp, rgb=pairs.rgb, alpha=pairs.alpha, depth=pairs.depth, real=pairs.real,

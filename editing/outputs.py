@@ -123,6 +123,14 @@ def sensor_rig(log, sens) -> Tuple[Dict[str, object], Dict[str, object]]:
     return cameras, specs
 
 
+def mounted_rig(log, sens) -> Tuple[Dict[str, tuple], Dict[str, tuple]]:
+    """`sensor_rig` with each sensor's mounting: ({name: (camera, T_vehicle_camera)}, {name: (LidarSpec,
+    T_vehicle_lidar)})."""
+    cameras, specs = sensor_rig(log, sens)
+    return ({n: (c, log.cameras[n].T_vehicle_camera) for n, c in cameras.items()},
+            {n: (spec, log.lidars[n].T_vehicle_lidar) for n, spec in specs.items()})
+
+
 def render_world(world, scenario, backend: str = "auto", progress: bool = True) -> Path:
     """Render ``world`` (`gsim.editing.world.apply`) as the scenario's sensors say, into scenario.output
     (written in a temporary folder and renamed into place)."""
