@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -126,12 +126,15 @@ class RepairModel:
         out = self.repair(t(rgb), t(alpha), t(depth), seed)
         return out[0].permute(1, 2, 0).numpy()[:H, :W]
 
-    def save(self, path, card: str = "") -> None:
-        """Writes the model directory atomically (a crash leaves the previous one)."""
+    def save(self, path, card: str = "", card_data: Optional[dict] = None) -> None:
+        """Writes the model directory atomically (a crash leaves the previous one): the weights, the settings,
+        the model card (README.md) and its numbers (card.json)."""
         with atomic_directory(path, SETTINGS) as tmp:
             self.unet.save_pretrained(tmp / "unet")
             self.scheduler.save_pretrained(tmp / "scheduler")
             (tmp / "README.md").write_text(card)
+            if card_data is not None:
+                (tmp / "card.json").write_text(json.dumps(card_data, indent=1))
             (tmp / SETTINGS).write_text(json.dumps(self.config.to_dict(), indent=1))
 
     @classmethod

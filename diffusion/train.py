@@ -7,7 +7,6 @@ leave alone), each against the real image. Held-out frames are never used. Rando
 schedule; a checkpoint every ``checkpoint_every`` steps in the work directory makes it resumable."""
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -163,8 +162,7 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
             "options": options.to_dict(), "config": config.to_dict(), "steps": options.steps,
             "loss_first_100": float(np.mean(losses[:100])), "loss_last_100": float(np.mean(losses[-100:])),
             "wall_s": round(time.perf_counter() - t0, 1)}
-    model.save(out, _card(card))
-    (Path(out) / "card.json").write_text(json.dumps(card, indent=1))
+    model.save(out, _card(card), card)
     return card
 
 
