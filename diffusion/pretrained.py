@@ -28,16 +28,25 @@ Prompts are optional. gsim calls the pipeline with ``prompt_embeds`` (and
 ``negative_prompt_embeds``), e.g. the text encoder's embedding of an empty prompt computed once,
 so the tokenizer only runs if a caller passes a text prompt (its folder must still be there:
 the pipeline classes require one). SDXL directories (``text_encoder_2``) are refused.
+
+`PretrainedRepair` wraps a loaded pipeline with the ``repair_image(rgb, alpha, depth, seed, mask)``
+interface of gsim's own `gsim.diffusion.repair.RepairModel`, so callers can use either: an inpainting
+model repaints the render's holes (or ``mask``), an img2img model re-renders the whole image at
+``strength``; a ControlNet pipeline is guided by the render's inverse depth.
 """
 from __future__ import annotations
 
 import glob
+import inspect
 import json
+import math
 import os
+from typing import Optional
 
+import numpy as np
 import torch
 
-__all__ = ["PretrainedError", "load_pretrained", "KINDS"]
+__all__ = ["PretrainedError", "load_pretrained", "KINDS", "PretrainedRepair"]
 
 KINDS = ("auto", "inpaint", "img2img")
 UNET_CHANNELS = {"inpaint": 9, "img2img": 4}
@@ -182,3 +191,92 @@ def load_pretrained(path, kind: str = "auto", controlnet=None, dtype: torch.dtyp
         raise PretrainedError(f"{path}: could not load the {kind} pipeline: {type(e).__name__}: {e}") from e
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+class PretrainedRepair:
+    """A pipeline from `load_pretrained` behind `RepairModel.repair_image`'s interface.
+
+    ``repair_image(rgb, alpha, depth, seed=0, mask=None)``: rgb (H,W,3) in [0,1], alpha (H,W) render
+    opacity, depth (H,W) metres (0 where nothing was hit), mask (H,W) in [0,1] or None; returns (H,W,3)
+    float32 in [0,1]. The pipeline runs without a text prompt (the empty prompt's embedding, computed
+    once) for ``int(steps * strength)`` denoising steps, seeded by ``seed``.
+
+    - Inpainting pipelines repaint ``mask``, or when it is None the holes the render never filled
+      (alpha < 0.5, dilated by 2 px). If that region is empty the render is returned unchanged and
+      the pipeline is not run.
+    - img2img pipelines re-render the whole image at ``strength``.
+    - A region repair (``mask`` given, either kind, or an inpainting pipeline's holes) is defined as
+      ``region * repaired + (1 - region) * rgb``: outside the region the render is kept exactly, as
+      `RepairModel` does (an all-zero mask returns the render without running the pipeline).
+    - ControlNet pipelines get the render's inverse depth as the control image (see `depth_control`).
+    """
+
+    def __init__(self, pipe, strength: float = 0.35, steps: int = 20):
+        if not 0 < strength <= 1:
+            raise ValueError(f"PretrainedRepair: strength must be in (0, 1], got {strength}")
+        if int(steps) != steps or steps < 1:
+            raise ValueError(f"PretrainedRepair: steps must be an integer >= 1, got {steps}")
+        if int(steps * strength) < 1:  # diffusers runs int(steps * strength) steps and refuses 0
+            raise ValueError(f"PretrainedRepair: steps * strength must be >= 1 (the pipeline runs "
+                             f"int(steps * strength) steps), got steps={steps}, strength={strength}")
+        self.pipe, self.strength, self.steps = pipe, float(strength), int(steps)
+        self.inpaint = pipe.unet.config.in_channels == UNET_CHANNELS["inpaint"]
+        self.controlnet = getattr(pipe, "controlnet", None) is not None
+        self._sized = "height" in inspect.signature(pipe.__call__).parameters  # plain img2img takes no size
+        with torch.no_grad():
+            self.prompt_embeds, _ = pipe.encode_prompt("", pipe._execution_device, 1, False)
+
+    @classmethod
+    def from_dir(cls, path, controlnet=None, kind: str = "auto", strength: float = 0.35, steps: int = 20,
+                 device="cpu") -> "PretrainedRepair":
+        """`load_pretrained` (float32) wrapped; raises `PretrainedError` for unusable directories."""
+        return cls(load_pretrained(path, kind=kind, controlnet=controlnet, device=device), strength, steps)
+
+    @staticmethod
+    def depth_control(depth: np.ndarray) -> np.ndarray:
+        """(H,W,3) in [0,1]: inverse depth over its maximum on hit pixels (near bright, far dark, 0 where
+        nothing was hit), the MiDaS/DPT-style maps SD depth ControlNets are trained on."""
+        hit = depth > 0
+        inv = np.where(hit, 1.0 / np.where(hit, depth, 1.0), 0.0)
+        inv = inv / inv.max() if hit.any() else inv
+        return np.repeat(inv[..., None], 3, axis=2).astype(np.float32)
+
+    def repair_image(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, seed: int = 0,
+                     mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """(H,W,3) float32 in [0,1]: the render repaired (see the class); ValueError for mismatched shapes."""
+        rgb, alpha, depth = (np.asarray(a, np.float32) for a in (rgb, alpha, depth))
+        if rgb.ndim != 3 or rgb.shape[2] != 3:
+            raise ValueError(f"repair_image: rgb must be (H,W,3), got {rgb.shape}")
+        H, W = rgb.shape[:2]
+        for name, a in (("alpha", alpha), ("depth", depth), ("mask", mask)):
+            if a is not None and np.shape(a) != (H, W):
+                raise ValueError(f"repair_image: {name} must be (H,W)=({H},{W}) like rgb {rgb.shape}, "
+                                 f"got {np.shape(a)}")
+        mask = None if mask is None else np.asarray(mask, np.float32)
+        region = mask
+        if self.inpaint and region is None:
+            from scipy.ndimage import binary_dilation
+            region = binary_dilation(alpha < 0.5, structure=np.ones((5, 5), bool)).astype(np.float32)
+        if region is not None and not region.any():
+            return np.clip(rgb, 0, 1)  # nothing to repair: the render as it is, without running the pipeline
+
+        # sides must be multiples of the VAE's downsampling (8 for SD); the ControlNet inpaint pipeline
+        # checks a hard-coded 8 whatever the VAE
+        m = math.lcm(int(self.pipe.vae_scale_factor), 8)
+        ph, pw = -H % m, -W % m
+        pad = lambda a: np.pad(a, ((0, ph), (0, pw)) + ((0, 0),) * (a.ndim - 2), mode="edge")  # noqa: E731
+        args = dict(image=pad(rgb)[None], prompt_embeds=self.prompt_embeds,
+                    guidance_scale=1.0,  # no classifier-free guidance: with no prompt it would only double the cost
+                    num_inference_steps=self.steps, strength=self.strength, output_type="np",
+                    generator=torch.Generator().manual_seed(seed))
+        if self._sized:
+            args.update(height=H + ph, width=W + pw)
+        if self.inpaint:
+            args["mask_image"] = pad(region)[None, :, :, None]
+        if self.controlnet:
+            args["control_image"] = pad(self.depth_control(depth))[None]
+        with torch.no_grad():
+            out = np.asarray(self.pipe(**args).images[0], np.float32)[:H, :W]
+        if region is not None:  # outside the region the VAE's round trip would only blur the render
+            out = region[..., None] * out + (1 - region[..., None]) * rgb
+        return np.clip(out, 0, 1).astype(np.float32)

@@ -102,28 +102,38 @@ class RepairModel:
         return err.mean() if weight is None else (err * weight).sum() / (weight.sum() * 3).clamp_min(1e-6)
 
     @torch.no_grad()
-    def repair(self, rgb, alpha, depth, seed: int = 0) -> torch.Tensor:
-        """(B,3,H,W) in [0,1]: the render noised to ``repair_t`` and denoised in one pass, given the render."""
+    def repair(self, rgb, alpha, depth, seed: int = 0, mask=None) -> torch.Tensor:
+        """(B,3,H,W) in [0,1]: the render noised to ``repair_t`` and denoised in one pass, given the render.
+        ``mask`` (B,1,H,W) in [0,1]: repair only there (harmonization): the noise goes only inside the mask
+        (partial noising) and outside it the render is kept as it is; None: everywhere."""
         self._check(rgb)
         g = torch.Generator().manual_seed(seed)
         t = torch.full((len(rgb),), self.config.repair_t, dtype=torch.long)
-        xt = self.scheduler.add_noise(rgb * 2 - 1, torch.randn(rgb.shape, generator=g), t)
-        return ((self._predict(xt, t, rgb, alpha, depth).clamp(-1, 1) + 1) / 2).float()
+        x = rgb * 2 - 1
+        xt = self.scheduler.add_noise(x, torch.randn(rgb.shape, generator=g), t)
+        if mask is not None:
+            xt = mask * xt + (1 - mask) * x
+        out = self._predict(xt, t, rgb, alpha, depth).clamp(-1, 1)
+        if mask is not None:
+            out = mask * out + (1 - mask) * x
+        return ((out + 1) / 2).float()
 
     def _predict(self, xt, t, rgb, alpha, depth) -> torch.Tensor:
         """The clean image in [-1, 1] the UNet predicts from the noised one and the render."""
         out = self.unet(torch.cat([xt, self.condition(rgb, alpha, depth)], 1), t).sample
         return rgb * 2 - 1 + out if self.config.residual else out
 
-    def repair_image(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, seed: int = 0) -> np.ndarray:
-        """One (H,W,3) numpy render repaired (edge-padded to the UNet's multiple, then cropped back)."""
+    def repair_image(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, seed: int = 0,
+                     mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """One (H,W,3) numpy render repaired (edge-padded to the UNet's multiple, then cropped back); ``mask``
+        (H,W) in [0,1] as in `repair`."""
         m = self.config.multiple
         H, W = rgb.shape[:2]
         ph, pw = -H % m, -W % m
         pad = lambda a: np.pad(a, ((0, ph), (0, pw)) + ((0, 0),) * (a.ndim - 2), mode="edge")  # noqa: E731
         t = lambda a: torch.from_numpy(np.ascontiguousarray(pad(a), np.float32)).reshape(1, H + ph, W + pw, -1) \
             .permute(0, 3, 1, 2)  # noqa: E731
-        out = self.repair(t(rgb), t(alpha), t(depth), seed)
+        out = self.repair(t(rgb), t(alpha), t(depth), seed, None if mask is None else t(mask))
         return out[0].permute(1, 2, 0).numpy()[:H, :W]
 
     def save(self, path, card: str = "", card_data: Optional[dict] = None) -> None:

@@ -13,7 +13,8 @@ from .errors import GsimWarning
 def _render_sequence(scene, trajectory, out: Path, backend: str, fps: float, depth: bool, video: bool,
                      repair=None) -> dict:
     """Render every frame of ``trajectory``: rgb/NNNNNN.png, optional depth/NNNNNN.png, video.mp4. ``repair``: a
-    `RepairModel`; rgb/ and the video then hold the repaired frames, render/ the renders as they were."""
+    repairer (`gsim.diffusion.open_repairer`); rgb/ and the video then hold the repaired frames, render/ the renders
+    as they were."""
     import numpy as np
     from tqdm import tqdm
 
@@ -45,11 +46,7 @@ def cmd_render(a) -> int:
     from .trajectory import load_trajectory
     scene = load_scene(a.scene)
     traj = load_trajectory(a.trajectory)
-    repair = None
-    if a.repair:
-        from .diffusion.repair import RepairModel
-        repair = RepairModel.load(a.repair)
-    stats = _render_sequence(scene, traj, Path(a.out), a.backend, a.fps, a.depth, not a.no_video, repair)
+    stats = _render_sequence(scene, traj, Path(a.out), a.backend, a.fps, a.depth, not a.no_video, _repairer(a))
     print(f"wrote {stats['frames']} frames to {a.out} (median {stats['median_frame_ms']} ms/frame)")
     return 0
 
@@ -173,20 +170,56 @@ def cmd_reconstruct(a) -> int:
     return 0
 
 
+def _repairer(a):
+    """The repairer of a command's --repair / --pretrained [--controlnet --strength --sd-steps] (None: neither)."""
+    from .diffusion import open_repairer
+    return open_repairer(a.repair, a.pretrained, a.controlnet, a.strength, a.sd_steps)
+
+
+def _add_repair_args(p, what: str, *aliases: str) -> None:
+    p.add_argument("--repair", *aliases, dest="repair", default=None, metavar="MODEL_DIR",
+                   help=f"a repair model directory (gsim diffusion train): {what}")
+    p.add_argument("--pretrained", default=None, metavar="DIR", help="instead of --repair: a local Stable Diffusion "
+                   "inpainting or img2img directory (diffusers layout; never downloaded)")
+    p.add_argument("--controlnet", default=None, metavar="DIR", help="with --pretrained: a local depth ControlNet "
+                   "directory, guided by the render's depth")
+    p.add_argument("--strength", type=float, default=0.35, help="with --pretrained: the img2img/inpaint strength")
+    p.add_argument("--sd-steps", type=_int_at_least(1), default=20, help="with --pretrained: denoising steps")
+
+
 def cmd_eval(a) -> int:
     from .scenes.evaluate import evaluate
+    repair = _repairer(a)
     m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend,
-                 shifts=a.shifts, ahead=a.ahead, repair=a.repair)
+                 shifts=a.shifts, ahead=a.ahead, repair=repair)
     lidar = (f", LiDAR depth |err| median {m['lidar_depth_median_abs_m']:.3f} m mean {m['lidar_depth_mean_abs_m']:.3f} m"
              if "lidar_depth_median_abs_m" in m else "")
     print(f"held-out views: {len(m['views'])} at downscale {m['downscale']}; PSNR {m['psnr']:.2f} dB, "
           f"SSIM {m['ssim']:.4f}{lidar} -> {a.out}/metrics.json")
     rows = [("held-out views", m)] + [(f"shifted {r['shift_m']:g} m (both sides)", r) for r in m.get("lane_shift", [])] \
         + [(f"{r['ahead_m']:g} m ahead", r) for r in m.get("ahead", [])]
-    for where, r in rows[1:] if a.repair is None else rows:
-        fixed = f"; repaired: PSNR {r['repaired_psnr']:.2f} dB, SSIM {r['repaired_ssim']:.4f}" if a.repair else ""
+    for where, r in rows[1:] if repair is None else rows:
+        fixed = f"; repaired: PSNR {r['repaired_psnr']:.2f} dB, SSIM {r['repaired_ssim']:.4f}" if repair else ""
         alpha = f", alpha < 0.5 on {r['low_alpha_fraction']:.1%} ({r['views']} views)" if "low_alpha_fraction" in r else ""
         print(f"{where}: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}{alpha}{fixed}")
+    return 0
+
+
+def cmd_expand(a) -> int:
+    from .diffusion.expand import ExpandOptions, expand
+    repair = _repairer(a)
+    if repair is None:
+        raise ValueError(f"gsim expand needs a repairer: train one with `gsim diffusion train {a.scene} {a.log} --out "
+                         f"MODEL_DIR` and give --model MODEL_DIR, or give local Stable Diffusion weights with "
+                         f"--pretrained DIR")
+    opts = ExpandOptions(shifts=a.shifts, iterations=a.iterations, every=a.every, pseudo_weight=a.pseudo_weight,
+                         seed=a.seed)
+    s = expand(a.scene, a.log, repair, a.out, opts)
+    for st in s["stages"]:
+        print(f"{st['shift_m']:g} m: {st['pseudo_views']} repaired views, {st['surfels_added']} surfels added, "
+              f"loss {st['loss_first_50']:.4f} -> {st['loss_last_50']:.4f}")
+    print(f"wrote the expanded scene {Path(a.out) / 'scene'} ({s['wall_s']:.0f} s); measure it with `gsim eval "
+          f"{Path(a.out) / 'scene'} {a.log} --out DIR --shifts {','.join(f'{x:g}' for x in opts.shifts)}`")
     return 0
 
 
@@ -445,8 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fps", type=float, default=10.0)
     r.add_argument("--depth", action="store_true", help="also write 16-bit depth PNGs (metres * 256)")
     r.add_argument("--no-video", action="store_true")
-    r.add_argument("--repair", default=None, help="a repair model directory (gsim diffusion train): rgb/ and the "
-                                                  "video hold every frame repaired, render/ the renders")
+    _add_repair_args(r, "rgb/ and the video hold every frame repaired, render/ the renders")
     r.set_defaults(fn=cmd_render)
 
     i = sub.add_parser("info", help="summarize a scene and the available backends")
@@ -513,8 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "held-out views shifted sideways (both sides) against the synthetic street's exact images")
     ev.add_argument("--ahead", type=_distances, default=(), help="comma-separated metres: the last held-out frame "
                     "moved ahead beyond the driven path (synthetic logs)")
-    ev.add_argument("--repair", default=None, help="a repair model directory (gsim diffusion train): also measure "
-                                                   "every render repaired")
+    _add_repair_args(ev, "also measure every render repaired")
     ev.set_defaults(fn=cmd_eval)
     df = sub.add_parser("diffusion", help="the repair model: a conditional diffusion model trained on your log")
     dsub = df.add_subparsers(dest="diffusion_command", required=True, metavar="ACTION")
@@ -529,6 +560,22 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--resume", action="store_true", help="go on from OUT-work's checkpoint")
     dt.add_argument("--loss", choices=("l1", "l2"), default="l1", help="the denoising loss")
     dt.set_defaults(fn=cmd_diffusion_train)
+
+    ex = sub.add_parser("expand", help="expand a reconstruction off the driven path: repaired novel views distilled "
+                                       "back into the scene, stage by stage outward")
+    ex.add_argument("scene", help="a reconstruction directory (gsim reconstruct --out) or its scene/ folder: its "
+                                  "training checkpoint is continued")
+    ex.add_argument("log")
+    ex.add_argument("--out", required=True, help="the expanded reconstruction: OUT/scene, OUT/checkpoint.pt, "
+                                                 "OUT/expand.json, OUT/pseudo/ (render | repaired pictures)")
+    _add_repair_args(ex, "repairs the shifted views", "--model")
+    ex.add_argument("--shifts", type=_distances, default=(1.0, 2.0, 3.0), help="comma-separated metres, both sides, "
+                    "distilled in increasing order (default 1,2,3)")
+    ex.add_argument("--iterations", type=_int_at_least(1), default=300, help="fine-tuning steps per shift")
+    ex.add_argument("--every", type=_int_at_least(1), default=3, help="move every N-th training view")
+    ex.add_argument("--pseudo-weight", type=float, default=0.5, help="the repaired views' loss weight (real: 1)")
+    ex.add_argument("--seed", type=int, default=0)
+    ex.set_defaults(fn=cmd_expand)
 
     gt = sub.add_parser("truth", help="a synthetic log's exact images along any trajectory (e.g. `gsim trajectory "
                                       "--shift-m 2`): ground truth off the driven path")

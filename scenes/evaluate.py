@@ -100,13 +100,9 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
     ``shifts`` (m) and ``ahead`` (m): also the held-out views shifted sideways (both sides) and the last one
     moved ahead, against the synthetic street's exact images (`gsim.scenes.lane_shift`; metrics.json
     ``lane_shift`` and ``ahead``); a real log has no ground truth there (a ValueError before any work).
-    ``repair``: a repair model directory (`gsim.diffusion.repair`): every render is also repaired and measured
+    ``repair``: a repairer (`gsim.diffusion.open_repairer`): every render is also repaired and measured
     (``repaired_psnr``, ``repaired_ssim`` beside each PSNR and SSIM)."""
     scene, log = load_scene(scene_path), load_log(log_path)
-    model = None
-    if repair is not None:
-        from gsim.diffusion.repair import RepairModel
-        model = RepairModel.load(repair)
     if shifts or ahead:
         from .lane_shift import street_of
         street_of(log)  # a log without ground truth off the path fails here, not after the held-out views
@@ -132,8 +128,8 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         name = f"{v.frame:06d}_{v.sensor}"
         m = {"name": name, "frame": v.frame, "sensor": v.sensor, "timestamp_us": v.timestamp_us,
              **image_metrics(rgb, v.image)}
-        if model is not None:
-            fixed = model.repair_image(rgb, alpha, depth)
+        if repair is not None:
+            fixed = repair.repair_image(rgb, alpha, depth)
             m.update({f"repaired_{k}": x for k, x in image_metrics(fixed, v.image).items()})
         if has_lidar:
             err = np.abs(depth.reshape(-1)[v.lidar_pix] - v.lidar_depth)
@@ -162,7 +158,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
     if shifts or ahead:
         from .lane_shift import evaluate_offsets
         metrics.update(evaluate_offsets(scene, log, views, shifts, ahead, downscale, out, backend, write_images,
-                                        progress, model))
+                                        progress, repair))
     metrics["views"] = per_view
     write_json(out / "metrics.json", metrics)
     write_bytes(out / "metrics.md", _table(metrics).encode())

@@ -72,7 +72,7 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
     """Renders ``scene`` at each held-out view moved sideways by every shift (both sides) and, from the last
     held-out frame, ahead by every distance; returns {"lane_shift": [{shift_m, psnr, ssim,
     low_alpha_fraction, views}], "ahead": [{ahead_m, ...}]} (both sides averaged) and writes side-by-side
-    images (render | truth | error) to out/offsets/. ``repair``: a `RepairModel`; the repaired renders are
+    images (render | truth | error) to out/offsets/. ``repair``: a repairer (`gsim.diffusion.open_repairer`); the repaired renders are
     measured too (``repaired_psnr``, ``repaired_ssim``) and drawn after the render."""
     from gsim.io import to_uint8, write_png
     from .evaluate import error_map, image_metrics, render_image

@@ -158,9 +158,11 @@ class _Run:
             torch.save(self.state(), tmp)
 
 
-def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, robust: bool = False):
+def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, robust: bool = False,
+               weight: float = 1.0):
     """One iteration on one view (and LiDAR rays of its frame's sweeps); returns (loss, psnr). ``robust``:
-    outlier residuals leave the photometric loss (a log whose transients are not all known)."""
+    outlier residuals leave the photometric loss (a log whose transients are not all known); ``weight``: of
+    the photometric loss (below 1 for views whose target is not a real image: `gsim.diffusion.expand`)."""
     cfg, model = run.cfg, run.model
     params = {**model.params, **model.extra_params()}
     surfels = model.surfels_at(view.timestamp_us)
@@ -176,7 +178,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         keep = losses.robust_mask(rgb, target, cfg.robust_k, cfg.robust_floor,
                                   region=torch.from_numpy(view.lidar_covered()))
         mask = keep if mask is None else mask * keep
-    loss = losses.photometric(rgb, target, cfg.ssim_weight, mask)
+    loss = weight * losses.photometric(rgb, target, cfg.ssim_weight, mask)
     if cfg.lidar_weight:
         loss = loss + cfg.lidar_weight * losses.lidar_depth(frame.depth, frame.alpha, torch.from_numpy(view.lidar_pix),
                                                             torch.from_numpy(view.lidar_depth))

@@ -19,7 +19,7 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
 
-from gsim.diffusion.pretrained import PretrainedError, load_pretrained  # noqa: E402
+from gsim.diffusion.pretrained import PretrainedError, PretrainedRepair, load_pretrained  # noqa: E402
 
 SIZE = 32  # image side; the tiny VAE downsamples by 2, so latents are 16x16 (the UNet's sample_size)
 CROSS = 16  # cross_attention_dim = text hidden size
@@ -270,3 +270,116 @@ def test_controlnet_errors(dirs, tmp_path):
         load_pretrained(dirs["img2img"], controlnet=cn)
     with pytest.raises(PretrainedError, match=re.escape(f"{tmp_path / 'none'}: ControlNet directory does not exist")):
         load_pretrained(dirs["img2img"], controlnet=tmp_path / "none")
+
+
+# --- PretrainedRepair: the RepairModel.repair_image interface over a pipeline --------------------------------
+
+H, W = 20, 13  # not multiples of 8: exercises the edge padding and the crop
+
+
+@pytest.fixture(scope="module")
+def repairers(dirs):
+    """One wrapper per (kind, ControlNet), 2 steps at strength 0.5 (a single denoising step: fast)."""
+    return {(kind, cn): PretrainedRepair.from_dir(dirs[kind], controlnet=dirs["controlnet"] if cn else None,
+                                                  strength=0.5, steps=2)
+            for kind in ("inpaint", "img2img") for cn in (False, True)}
+
+
+def _render(holes=True):
+    rng = np.random.default_rng(1)
+    rgb = rng.random((H, W, 3)).astype(np.float32)
+    alpha = np.ones((H, W), np.float32)
+    if holes:
+        alpha[5:9, 4:8] = 0.0  # a hole the render never filled
+    depth = np.linspace(1.0, 30.0, H * W, dtype=np.float32).reshape(H, W) * (alpha > 0)
+    return rgb, alpha, depth
+
+
+@pytest.mark.parametrize("controlnet", [False, True])
+@pytest.mark.parametrize("kind", ["inpaint", "img2img"])
+def test_repair_image(repairers, kind, controlnet):
+    r = repairers[kind, controlnet]
+    assert r.inpaint == (kind == "inpaint") and r.controlnet == controlnet
+    rgb, alpha, depth = _render()
+    out = r.repair_image(rgb, alpha, depth, seed=3)
+    assert out.shape == (H, W, 3) and out.dtype == np.float32
+    assert np.isfinite(out).all() and out.min() >= 0.0 and out.max() <= 1.0
+    assert np.abs(out - rgb)[5:9, 4:8].mean() > 1e-3  # the hole (repaired by both kinds) changed
+    np.testing.assert_array_equal(out, r.repair_image(rgb, alpha, depth, seed=3))  # deterministic per seed
+    assert not np.array_equal(out, r.repair_image(rgb, alpha, depth, seed=4))
+
+    mask = np.zeros((H, W), np.float32)
+    mask[2:12, 3:10] = 1.0
+    mask[12, 3:10] = 0.5  # a soft edge
+    region = r.repair_image(rgb, alpha, depth, seed=3, mask=mask)
+    assert region.shape == (H, W, 3) and region.dtype == np.float32
+    np.testing.assert_allclose(region[mask == 0], rgb[mask == 0], atol=1e-6)  # outside: the render, exactly
+    assert np.abs(region - rgb)[mask == 1].mean() > 1e-3
+
+
+def test_inpaint_without_holes_keeps_the_render(repairers):
+    rgb, alpha, depth = _render(holes=False)
+    for cn in (False, True):
+        np.testing.assert_array_equal(repairers["inpaint", cn].repair_image(rgb, alpha, depth), rgb)
+    mask = np.zeros((H, W), np.float32)  # an empty region: the render too, for either kind
+    np.testing.assert_array_equal(repairers["img2img", False].repair_image(rgb, alpha, depth, mask=mask), rgb)
+
+
+def test_depth_control():
+    depth = np.array([[1.0, 2.0], [4.0, 0.0]], np.float32)
+    control = PretrainedRepair.depth_control(depth)
+    assert control.shape == (2, 2, 3) and control.dtype == np.float32
+    np.testing.assert_allclose(control[..., 0], [[1.0, 0.5], [0.25, 0.0]])  # near bright, far dark, miss 0
+    assert not PretrainedRepair.depth_control(np.zeros((2, 2), np.float32)).any()
+
+
+def test_repair_image_bad_shapes(repairers):
+    r = repairers["img2img", False]
+    rgb, alpha, depth = _render()
+    with pytest.raises(ValueError, match=re.escape("rgb must be (H,W,3), got (20, 13)")):
+        r.repair_image(rgb[..., 0], alpha, depth)
+    with pytest.raises(ValueError, match=re.escape("alpha must be (H,W)=(20,13)") + ".*got \\(20, 12\\)"):
+        r.repair_image(rgb, alpha[:, :12], depth)
+    with pytest.raises(ValueError, match=re.escape("depth must be (H,W)=(20,13)")):
+        r.repair_image(rgb, alpha, depth[..., None])
+    with pytest.raises(ValueError, match=re.escape("mask must be (H,W)=(20,13)")):
+        r.repair_image(rgb, alpha, depth, mask=np.ones((W, H), np.float32))
+
+
+def test_repair_bad_settings(repairers):
+    pipe = repairers["img2img", False].pipe
+    for strength in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="strength must be in"):
+            PretrainedRepair(pipe, strength=strength)
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+        PretrainedRepair(pipe, steps=0)
+    with pytest.raises(ValueError, match=re.escape("steps * strength must be >= 1")):
+        PretrainedRepair(pipe, strength=0.3, steps=2)
+    with pytest.raises(PretrainedError, match="does not exist"):
+        PretrainedRepair.from_dir("/nonexistent/sd")
+
+
+def test_gsim_render_with_local_pretrained_weights(dirs, tmp_path):
+    """`gsim render --pretrained DIR [--controlnet DIR]`: the frames repaired by a local pipeline, the
+    renders beside them; conflicting or dangling options are clear errors (exit 2)."""
+    import gsim
+    from gsim.cli import main
+    from gsim.diffusion import open_repairer
+    from gsim.street import street_surfels
+    from gsim.trajectory import Trajectory
+    gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
+    T = np.eye(4)
+    T[:3, :3] = [[0, 0, 1], [-1, 0, 0], [0, -1, 0]]
+    T[:3, 3] = [0.0, -1.5, 1.5]
+    Trajectory(gsim.PinholeCamera(30, 20, 20.0, 20.0, 15.0, 10.0), np.array([0]), T[None]).save(tmp_path / "t.json")
+    base = ["render", str(tmp_path / "scene"), "--trajectory", str(tmp_path / "t.json"), "--no-video"]
+    assert main(base + ["--out", str(tmp_path / "r"), "--pretrained", str(dirs["img2img"]), "--controlnet",
+                        str(dirs["controlnet"]), "--sd-steps", "2", "--strength", "0.5"]) == 0
+    from PIL import Image
+    a, b = (np.asarray(Image.open(tmp_path / "r" / d / "000000.png"), np.float32) for d in ("render", "rgb"))
+    assert a.shape == b.shape == (20, 30, 3) and np.abs(a - b).mean() > 1
+    assert main(base + ["--out", str(tmp_path / "r2"), "--pretrained", str(tmp_path / "nowhere")]) == 2
+    assert main(base + ["--out", str(tmp_path / "r3"), "--controlnet", str(dirs["controlnet"])]) == 2
+    with pytest.raises(ValueError, match="not both"):
+        open_repairer(model=tmp_path / "m", pretrained=dirs["img2img"])
+    assert open_repairer() is None

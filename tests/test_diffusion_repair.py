@@ -100,3 +100,17 @@ def test_gsim_render_repair_writes_repaired_frames_beside_the_renders(tmp_path):
     assert a.shape == b.shape == (20, 30, 3) and np.abs(a - b).mean() > 1
     assert main(["render", str(tmp_path / "scene"), "--trajectory", str(tmp_path / "t.json"), "--out",
                  str(tmp_path / "r2"), "--repair", str(tmp_path / "none")]) == 2
+
+
+def test_masked_repair_changes_only_the_mask():
+    m = RepairModel.new(TINY)
+    torch.nn.init.normal_(m.unet.conv_out.weight, std=0.1)  # a model that changes what it sees
+    real, rgb, alpha, depth = batch(2)
+    mask = torch.zeros(2, 1, 16, 16)
+    mask[..., 4:10, 6:12] = 1
+    out = m.repair(rgb, alpha, depth, mask=mask)
+    assert torch.allclose(out * (1 - mask), rgb * (1 - mask), atol=1e-6)
+    assert (out - rgb)[..., 4:10, 6:12].abs().mean() > 1e-3
+    img = m.repair_image(rgb[0].permute(1, 2, 0).numpy(), np.ones((16, 16)), np.full((16, 16), 4.0),
+                         mask=mask[0, 0].numpy())
+    assert np.allclose(img, out[0].permute(1, 2, 0).numpy(), atol=1e-6)
