@@ -2,6 +2,7 @@
 and the time to build assets.
 
     .venv/bin/python bench/bench_editing.py RECON [--car parked_17] [--donor SCENE:ACTOR] [--out OUT]
+        [--harmonize MODEL_DIR]
 
 RECON is a `bench_reconstruct.py` output of the synthetic street with tracks (RECON/log, RECON/recon/scene).
 1. Removal: the car is removed from the reconstruction and compared, in the region it covered (its
@@ -10,7 +11,9 @@ RECON is a `bench_reconstruct.py` output of the synthetic street with tracks (RE
    baseline.
 2. Insertion: a library car (the donor: an actor reconstructed from another drive, and the starter sedan)
    is put where the car stood; PSNR in the car's region and the IoU of its instance mask with the car's
-   true pixels, against the unedited reconstruction (which has the real car).
+   true pixels, against the unedited reconstruction (which has the real car). With --harmonize (a repair
+   model, `gsim diffusion train`): also the PSNR in the same region of the same views with the inserted
+   car harmonized (`gsim.diffusion.harmonize`: its region repaired by the model, the rest kept).
 3. Speed: numba renders of the log's front camera with none and with 20 inserted starter assets, all in\n   view ahead of the ego (10 frames), and spread along the drive (every frame).
 4. Asset build times: from a mesh file (the starter SUV exported as a GLB) and from a reconstructed actor.
 Writes OUT/editing.json and OUT/*.png (render | truth | error in the region).
@@ -68,7 +71,14 @@ def main() -> int:
     ap.add_argument("--donor", default="out/bench/kitti-s4b/recon/scene:mover_003",
                     help="SCENE:ACTOR, a car reconstructed from another drive")
     ap.add_argument("--out", default="out/bench/editing")
+    ap.add_argument("--harmonize", default=None, metavar="MODEL_DIR",
+                    help="a repair model directory: also measure the insertions harmonized")
     a = ap.parse_args()
+    harmonizer = None
+    if a.harmonize:  # loaded first: a bad directory fails before the long parts
+        from gsim.diffusion.harmonize import Harmonizer
+        from gsim.diffusion.repair import RepairModel
+        harmonizer = Harmonizer(RepairModel.load(a.harmonize), a.harmonize)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     recon = Path(a.recon)
@@ -123,20 +133,25 @@ def main() -> int:
     for name, asset in donors.items():
         edited = insert_actor(removed, asset, times, [P, P], actor_id="inserted")
         k = [x.id for x in edited.actors].index("inserted")
-        p_e, p_b, ious = [], [], []
+        p_e, p_b, p_h, ious = [], [], [], []
         for i, obs, o2, car in rv:
             T, t = log.T_world_camera(obs), obs.timestamp_us
             cam = log.cameras[a.camera].camera
             truth = log.image(obs)
-            e, _, depth = render_image(edited, cam, T, t, a.camera)
-            mask, _ = instances(edited, cam, T, t, depth)
+            e, alpha, depth = render_image(edited, cam, T, t, a.camera)
+            mask, full = instances(edited, cam, T, t, depth)
             mine = mask == k + 1
             ious.append(float((mine & car).sum() / max((mine | car).sum(), 1)))
             p_e.append(psnr(e, truth, car))
+            if harmonizer is not None:  # the region follows the inserted car's own silhouette, as in a scenario
+                p_h.append(psnr(harmonizer(e, alpha, depth, full.get(k, mine))[0], truth, car))
             p_b.append(psnr(render_image(scene, cam, T, t, a.camera)[0], truth, car))
         res["insertion"][name] = {"size_m": [round(x, 2) for x in asset.size], "mask_iou": float(np.median(ious)),
                                   "psnr_region_edited_db": float(np.median(p_e)),
                                   "psnr_region_unedited_db": float(np.median(p_b))}
+        if p_h:
+            res["insertion"][name]["psnr_region_harmonized_db"] = float(np.median(p_h))
+            res["insertion"][name]["harmonize_model"] = a.harmonize
         print("insertion,", name, res["insertion"][name])
 
     # 3. speed: 20 starter assets (allowed to overlap: only the time is measured), (a) all in front of the

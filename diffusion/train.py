@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -24,8 +24,11 @@ from .repair import RepairConfig, RepairModel
 
 @dataclass(frozen=True)
 class TrainOptions(Config):
-    """degraded: (holdout_every, iterations) of each degraded reconstruction (trained on the frames whose
-    index is not a multiple of holdout_every); crop: training crops' side (a multiple of the UNet's)."""
+    """degraded: (holdout_every, iterations) of each degraded reconstruction trained on the frames whose
+    index is not a multiple of holdout_every (interpolation: its novel views lie between seen ones);
+    extrapolated: (first, last, iterations) of each one trained on that share of the training frames only
+    (its renders of the others look ahead of or behind what it saw, as a lane shift looks beside it);
+    crop: training crops' side (a multiple of the UNet's)."""
 
     steps: int = 2000
     batch: int = 4
@@ -34,9 +37,14 @@ class TrainOptions(Config):
     seed: int = 0
     checkpoint_every: int = 250
     degraded: Tuple[Tuple[int, int], ...] = ((2, 500), (4, 250))
+    extrapolated: Tuple[Tuple[float, float, int], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "degraded", tuple(tuple(int(x) for x in d) for d in self.degraded))
+        object.__setattr__(self, "extrapolated", tuple((float(a), float(b), int(n)) for a, b, n in self.extrapolated))
+        if any(not 0 <= a < b <= 1 or n < 1 for a, b, n in self.extrapolated):
+            raise ValueError(f"TrainOptions.extrapolated: expected (first, last, iterations) with 0 <= first < last "
+                             f"<= 1 and iterations >= 1, got {self.extrapolated}")
         for name in ("steps", "batch", "crop", "checkpoint_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"TrainOptions.{name}: expected a positive integer, got {getattr(self, name)!r}")
@@ -67,32 +75,40 @@ def _render_pairs(scene, views, name: str):
     return out
 
 
+def degraded_runs(options: TrainOptions) -> Dict[str, dict]:
+    """Name -> the `preset` overrides of each degraded reconstruction the options ask for."""
+    runs = {f"every{e}-{n}": dict(holdout_every=e, iterations=n) for e, n in options.degraded}
+    runs.update({f"span{a:g}-{b:g}-{n}": dict(train_span=(a, b), iterations=n) for a, b, n in options.extrapolated})
+    return runs
+
+
 def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_every: int = 8,
                progress: bool = True) -> Pairs:
-    """The training pairs (cached in work/pairs.npz): the degraded reconstructions are trained into
-    work/degraded-<k>/ (kept, so a rerun reuses them)."""
+    """The training pairs (cached in work/pairs.npz for the same degraded reconstructions): each degraded
+    reconstruction is trained into work/degraded-<name>/ (kept, so a rerun reuses it)."""
     from gsim.scene import load_scene
     from gsim.scenes.log import load_log
     from gsim.scenes.train import preset, reconstruct
     from gsim.scenes.views import make_views, split_frames
     cache = work / "pairs.npz"
+    runs = degraded_runs(options)
     if cache.is_file():
         z = np.load(cache, allow_pickle=False)
-        return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]])
+        if sorted(set(str(s) for s in z["source"])) == sorted(["scene", *runs]):
+            return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]])
     log = load_log(log_path)
     scene = load_scene(scene_path)
     downscale = scene.train_downscale or 1
     train_frames, _ = split_frames(log, holdout_every)
     views = make_views(log, train_frames, downscale)
     items = _render_pairs(scene, views, "scene")
-    for k, (every, iterations) in enumerate(options.degraded):
-        d = work / f"degraded-{k}"
+    for k, (name, overrides) in enumerate(runs.items()):
+        d = work / f"degraded-{name}"
         if not (d / "scene" / "scene.json").is_file():
-            print(f"degraded reconstruction {k + 1}/{len(options.degraded)}: {iterations} iterations on the frames "
-                  f"whose index is not a multiple of {every}", flush=True)
-            reconstruct(log_path, d, preset("cpu", iterations=iterations, holdout_every=every, downscale=downscale,
-                                            seed=options.seed + k), progress=progress)
-        items += _render_pairs(load_scene(d / "scene"), views, f"degraded-{k}")
+            print(f"degraded reconstruction {k + 1}/{len(runs)} ({name}): {overrides}", flush=True)
+            reconstruct(log_path, d, preset("cpu", downscale=downscale, seed=options.seed + k,
+                                            **{"holdout_every": holdout_every, **overrides}), progress=progress)
+        items += _render_pairs(load_scene(d / "scene"), views, name)
     pairs = Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items])
     with atomic_path(cache, ".npz") as tmp:
         np.savez(tmp, rgb=pairs.rgb, alpha=pairs.alpha, depth=pairs.depth, real=pairs.real,

@@ -11,6 +11,8 @@ Layout of the output folder::
     masks/<camera>/<n>.png        16-bit instance masks: 0 = none, k = the k-th actor of labels' "instances"
     video/<camera>.mp4
     kitti/<camera>/label_2/<n>.txt, calib/<n>.txt   KITTI object labels (camera frame) and calibration
+    render/<camera>/<n>.png       with a harmonizer (`gsim.diffusion.harmonize`): the render as it was, for each
+                                  image where an inserted actor is visible (log/ and video/ hold it harmonized)
 
 An instance owns a pixel where its body (no contact shadow) renders opaque (alpha > 0.5) and no nearer
 surface covers it (its depth within 3% + 0.1 m of the full render's).
@@ -23,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from gsim.io import atomic_directory, to_uint8, write_video
+from gsim.io import atomic_directory, to_uint8, write_png, write_video
 from gsim.render import render_camera
 
 KITTI_TYPE = {"car": "Car", "truck": "Truck", "pedestrian": "Pedestrian", "cyclist": "Cyclist"}  # others: Misc
@@ -131,9 +133,11 @@ def mounted_rig(log, sens) -> Tuple[Dict[str, tuple], Dict[str, tuple]]:
             {n: (spec, log.lidars[n].T_vehicle_lidar) for n, spec in specs.items()})
 
 
-def render_world(world, scenario, backend: str = "auto", progress: bool = True) -> Path:
+def render_world(world, scenario, backend: str = "auto", progress: bool = True, harmonizer=None) -> Path:
     """Render ``world`` (`gsim.editing.world.apply`) as the scenario's sensors say, into scenario.output
-    (written in a temporary folder and renamed into place)."""
+    (written in a temporary folder and renamed into place). ``harmonizer``: a `gsim.diffusion.harmonize.
+    Harmonizer` (called as ``harmonizer(rgb, alpha, depth, object_mask) -> (image, region)``, with a
+    ``source`` for the log's notes) that repaints the region of the inserted actors visible in an image."""
     from tqdm import tqdm
 
     from gsim.lidar import render_lidar
@@ -143,11 +147,14 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True) 
     cameras, specs = sensor_rig(log, sens)
     cams, lidars = list(cameras), list(specs)
     out = Path(scenario.output)
+    inserted = [k for k, a in enumerate(scene.actors) if a.id in world.inserted]
     with atomic_directory(out, "scenario.json") as tmp:
         scene.save(tmp / "scene")
         videos: Dict[str, list] = {c: [] for c in cams}
         with LogWriter(tmp / "log", name=f"{log.name}-{scenario.name}", source=f"gsim scenario {scenario.name}") as w:
             w.notes.append(f"rendered by gsim from scene {scenario.scene} with {len(scenario.edits)} edits")
+            if harmonizer is not None:
+                w.notes.append(f"inserted actors harmonized with {harmonizer.source} (renders in render/)")
             for c in cams:
                 w.add_camera(c, cameras[c], log.cameras[c].T_vehicle_camera)
             for n in lidars:
@@ -167,10 +174,15 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True) 
                     t = obs.timestamp_us if obs is not None else f.timestamp_us
                     T = world.T_world_vehicle(t) @ log.cameras[c].T_vehicle_camera
                     rgb, alpha, depth = render_image(scene, cameras[c], T, t, c, backend)
+                    mask, full = instances(scene, cameras[c], T, t, depth, backend)
+                    shown = [full[k] for k in inserted if k in full and (mask == k + 1).any()]
+                    if harmonizer is not None and shown:
+                        write_png(tmp / "render" / c / f"{i:06d}.png", to_uint8(rgb))
+                        rgb = harmonizer(rgb, alpha, depth, np.logical_or.reduce(shown))[0]
                     img = to_uint8(rgb)
                     cam_entries[c] = w.image(c, i, t, img)
                     videos[c].append(img)
-                    _labels(tmp, c, i, t, scene, cameras[c], T, depth, calibs[c], backend)
+                    _labels(tmp, c, i, t, scene, cameras[c], T, mask, full, calibs[c])
                 for n in lidars:
                     obs = f.lidars.get(n)
                     t = obs.timestamp_us if obs is not None else f.timestamp_us
@@ -186,11 +198,10 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True) 
     return out
 
 
-def _labels(root: Path, cam: str, i: int, t: int, scene, camera, T, depth, calib: str, backend) -> None:
-    from gsim.io import write_png
-    mask, full = instances(scene, camera, T, t, depth, backend)
+def _labels(root: Path, cam: str, i: int, t: int, scene, camera, T, mask, full, calib: str) -> None:
+    """Writes a frame's masks, labels and KITTI files from `instances`' (mask, full)."""
     objs, lines = [], []
-    H, W = depth.shape
+    H, W = mask.shape
     for k, own in full.items():
         a = scene.actors[k]
         vis = mask == k + 1

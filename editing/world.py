@@ -81,6 +81,7 @@ class World:
     ego_poses: np.ndarray  # (P,4,4) T_world_vehicle
     frames: List[object]  # the log's frames in the time range
     changed: Tuple[str, ...]  # ids of inserted and moved actors
+    inserted: Tuple[str, ...] = ()  # ids of the actors the insert edits added (what harmonization repaints)
 
     def T_world_vehicle(self, timestamp_us: int) -> np.ndarray:
         return interpolate_pose(self.ego_timestamps_us, self.ego_poses, int(timestamp_us))
@@ -140,7 +141,7 @@ def apply(scenario: Scenario, progress: bool = False, ego_overlaps: bool = False
     scene = load_scene(scenario.scene)
     log = load_log(scenario.log)
     lib = AssetLibrary.builtin() if scenario.library == "builtin" else AssetLibrary(scenario.library)
-    changed = []
+    changed, inserted = [], []
     for i, e in enumerate(scenario.edits):
         try:
             if e.kind == "insert":
@@ -149,7 +150,9 @@ def apply(scenario: Scenario, progress: bool = False, ego_overlaps: bool = False
                 scene = insert_actor(scene, lib.get(e.asset), ts, poses, actor_id=e.id, on_ground=e.track.poses is None
                                      or e.on_ground, harmonized=e.harmonize, shadow=e.shadow,
                                      allow_overlap=e.allow_overlap)
-                changed += [a.id for a in scene.actors if a.id not in before]
+                new = [a.id for a in scene.actors if a.id not in before]
+                inserted += new
+                changed += new
             elif e.kind == "remove":
                 scene = remove_actor(scene, e.actor, fill=e.fill)
             else:
@@ -160,7 +163,7 @@ def apply(scenario: Scenario, progress: bool = False, ego_overlaps: bool = False
             msg = err.args[0] if isinstance(err, KeyError) else str(err)
             raise EditError(f"edits[{i}] ({e.kind}): {msg}") from None
     ts, poses = _ego(log, scenario.ego, scene)
-    world = World(scene, log, ts, poses, _frames(log, scenario.time), tuple(changed))
+    world = World(scene, log, ts, poses, _frames(log, scenario.time), tuple(changed), tuple(inserted))
     if not ego_overlaps:
         check_ego(world, scenario.ego)
     return world

@@ -348,9 +348,15 @@ def cmd_scenario(a) -> int:
         world.scene.save(out)
         print(f"wrote the edited scene {out} ({len(world.scene.actors)} actors)")
     else:
+        from .diffusion import open_repairer
         from .editing.outputs import render_world
-        out = render_world(world, sc, backend=a.backend)
-        print(f"wrote {out}: log/, scene/, labels/, masks/, kitti/, video/ ({len(world.frames)} frames)")
+        repair, harmonizer = open_repairer(a.harmonize, a.harmonize_pretrained), None
+        if repair is not None:
+            from .diffusion.harmonize import Harmonizer
+            harmonizer = Harmonizer(repair, a.harmonize or a.harmonize_pretrained)
+        out = render_world(world, sc, backend=a.backend, harmonizer=harmonizer)
+        extra = ", render/ (before harmonization)" if harmonizer else ""
+        print(f"wrote {out}: log/, scene/, labels/, masks/, kitti/, video/{extra} ({len(world.frames)} frames)")
     return 0
 
 
@@ -640,6 +646,12 @@ def build_parser() -> argparse.ArgumentParser:
     scn.add_argument("--check", action="store_true", help="validate: also load the scene and apply the edits")
     scn.add_argument("--out", default=None, help="apply: the scene directory to write (default OUTPUT/scene)")
     scn.add_argument("--backend", default="auto", choices=backends)
+    hz = scn.add_mutually_exclusive_group()
+    hz.add_argument("--harmonize", default=None, metavar="MODEL_DIR",
+                    help="render: repair the region around inserted actors with a repair model (gsim diffusion "
+                         "train) so they match the scene; render/ keeps the renders as they were")
+    hz.add_argument("--harmonize-pretrained", default=None, metavar="DIR",
+                    help="render: the same with a local Stable Diffusion directory (diffusers layout)")
     scn.set_defaults(fn=cmd_scenario)
     cl = sub.add_parser("closed-loop", formatter_class=argparse.RawDescriptionHelpFormatter,
                         help="drive an agent through a scenario with SUMO traffic, with metrics, video, log and MCAP",

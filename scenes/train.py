@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -44,6 +44,8 @@ class TrainConfig:
     iterations: int = 3000  # the synthetic street stays within 15 min on 2 cores (BENCHMARKS.md)
     seed: int = 0
     holdout_every: int = 8
+    train_span: Optional[Tuple[float, float]] = None  # train on this share of the training frames only (e.g.
+    # (0, 0.5): the first half; `gsim.diffusion.train`'s extrapolating reconstructions); None: all of them
     downscale: int = 1  # train on images box-averaged by this factor (evaluate with the same)
     ssim_weight: float = 0.2
     lidar_weight: float = 0.1  # LiDAR points projected into the camera view: depth L1 + (1 - alpha)
@@ -75,6 +77,11 @@ class TrainConfig:
     densify: DensifyOptions = field(default_factory=DensifyOptions)
 
     def __post_init__(self):
+        if self.train_span is not None:
+            object.__setattr__(self, "train_span", tuple(float(x) for x in self.train_span))
+            if len(self.train_span) != 2 or not 0 <= self.train_span[0] < self.train_span[1] <= 1:
+                raise ValueError(f"TrainConfig.train_span: expected (first, last) shares with 0 <= first < last <= 1, "
+                                 f"got {self.train_span}")
         if self.lidar_every < 1 or self.lidar_rays < 0 or self.lidar_rays_per_sweep < 1:
             raise ValueError(f"TrainConfig: need lidar_every >= 1, lidar_rays >= 0 and lidar_rays_per_sweep >= 1, got "
                              f"{self.lidar_every}, {self.lidar_rays}, {self.lidar_rays_per_sweep}")
@@ -248,6 +255,9 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
     make the views and rays, and start a run (from ``state``, a checkpoint, when given)."""
     log = load_log(log_path)
     train_frames, _ = split_frames(log, cfg.holdout_every)
+    if cfg.train_span is not None:
+        n = len(train_frames)
+        train_frames = train_frames[int(round(cfg.train_span[0] * n)):max(int(round(cfg.train_span[1] * n)), 1)]
     ignored, found = {}, cfg.movers and not log.actors and any(f.lidars for f in train_frames)
     if found:
         # the same frames give the same movers, so a resumed run finds the tracks its checkpoint names

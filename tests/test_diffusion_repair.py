@@ -67,13 +67,16 @@ def test_train_end_to_end_resumes_and_writes_a_card(tmp_path):
                      progress=False)
     from gsim.street import street_surfels
     gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
-    opts = TrainOptions(steps=6, batch=2, crop=16, checkpoint_every=3, degraded=((2, 3),))
+    opts = TrainOptions(steps=6, batch=2, crop=16, checkpoint_every=3, degraded=((2, 3),), extrapolated=((0, 0.5, 3),))
     card = train(tmp_path / "scene", log, tmp_path / "model", opts, TINY, progress=False)
-    assert card["pairs"] == {"scene": 21, "degraded-0": 21}  # 7 training frames x 3 cameras each
+    assert card["pairs"] == {"scene": 21, "every2-3": 21, "span0-0.5-3": 21}  # 7 training frames x 3 cameras each
+    span = json.loads((tmp_path / "model-work" / "degraded-span0-0.5-3" / "train.json").read_text())
+    assert span["train_frames"] == [1, 2, 3, 4]  # the first half of the training frames 1-7
     assert (tmp_path / "model" / "README.md").read_text().startswith("# gsim repair model")
     assert json.loads((tmp_path / "model" / "card.json").read_text())["steps"] == 6
     first = RepairModel.load(tmp_path / "model")
-    again = train(tmp_path / "scene", log, tmp_path / "model", TrainOptions(steps=8, batch=2, crop=16, degraded=((2, 3),)),
+    again = train(tmp_path / "scene", log, tmp_path / "model", TrainOptions(steps=8, batch=2, crop=16, degraded=((2, 3),),
+                                                                            extrapolated=((0, 0.5, 3),)),
                   TINY, resume=True, progress=False)  # the pairs and the degraded scene are reused; 2 more steps
     assert again["steps"] == 8 and RepairModel.load(tmp_path / "model").config == first.config
     with pytest.raises(ValueError, match="crop"):
