@@ -1,7 +1,8 @@
 """Scene expansion (``gsim expand``): repaired novel views distilled back into the scene (Difix3D+'s recipe).
 
-Stage by stage, outward (each of ``shifts`` in increasing order): every ``every``-th training view is moved
-sideways by the stage's distance to both sides of the vehicle, rendered by the current scene and repaired
+Stage by stage, outward (each of ``shifts`` in increasing order, then each of ``ahead``): every ``every``-th
+training view is moved sideways by the stage's distance to both sides of the vehicle (or the last training
+frame's cameras are moved forward beyond the driven path), rendered by the current scene and repaired
 (a `RepairModel` or a `PretrainedRepair`); where the render is nearly empty (alpha < ``fill_alpha``) new
 surfels are added at a depth taken from the render's surroundings, or on the ground where the pixel's ray
 meets it; then the scene is fine-tuned on the real training views and these pseudo views, the pseudo views'
@@ -27,12 +28,14 @@ from gsim.config import Config
 
 @dataclass(frozen=True)
 class ExpandOptions(Config):
-    """shifts: sideways distances in metres (both sides), in the order they are distilled (outward);
+    """shifts: sideways distances in metres (both sides), in the order they are distilled (outward); ahead:
+    distances the last training frame's cameras are moved forward, beyond the driven path (after the shifts);
     iterations: fine-tuning steps per stage; real_fraction: the share of those steps on real views;
     every: the training views moved (every n-th); fill_alpha: below it a pixel gets a new surfel;
     fill_stride: one new surfel per stride x stride pixels; fill_range_m: the farthest ground filled."""
 
     shifts: Tuple[float, ...] = (1.0, 2.0, 3.0)
+    ahead: Tuple[float, ...] = ()
     iterations: int = 300
     real_fraction: float = 0.5
     pseudo_weight: float = 0.5
@@ -43,9 +46,13 @@ class ExpandOptions(Config):
     seed: int = 0
 
     def __post_init__(self):
-        object.__setattr__(self, "shifts", tuple(sorted(abs(float(s)) for s in self.shifts)))
-        if not self.shifts or self.shifts[0] <= 0 or self.shifts[-1] > 10:
-            raise ValueError(f"ExpandOptions.shifts: expected distances in (0, 10] m, got {self.shifts}")
+        for name, most in (("shifts", 10), ("ahead", 50)):
+            d = tuple(sorted(float(x) for x in getattr(self, name)))
+            object.__setattr__(self, name, d)
+            if d and not (d[0] > 0 and d[-1] <= most):
+                raise ValueError(f"ExpandOptions.{name}: expected distances in (0, {most}] m, got {d}")
+        if not self.shifts and not self.ahead:
+            raise ValueError("ExpandOptions: give shifts or ahead distances")
         for name in ("iterations", "every", "fill_stride"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ExpandOptions.{name}: expected >= 1, got {getattr(self, name)}")
@@ -157,29 +164,33 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     state = torch.load(checkpoint_of(scene_path), weights_only=False)
     cfg = TrainConfig.from_dict(state["config"])
     first = int(state["step"])
-    cfg = dataclasses.replace(cfg, iterations=first + options.iterations * len(options.shifts))
+    stages = [(s, 0.0) for s in options.shifts] + [(0.0, d) for d in options.ahead]  # (left, ahead) m
+    cfg = dataclasses.replace(cfg, iterations=first + options.iterations * len(stages))
     torch.manual_seed(options.seed)
     t = start(log_path, cfg, state, progress=progress)
     run, rng = t.run, np.random.default_rng(options.seed)
     summary = {"scene": str(Path(scene_path).resolve()), "log": str(Path(log_path).resolve()),
                "options": options.to_dict(), "first_step": first, "stages": []}
     (out / "pseudo").mkdir(parents=True, exist_ok=True)
-    for shift in options.shifts:
+    last = max(v.frame for v in t.views)
+    for shift, ahead in stages:
         scene = run.model.to_scene(lidar=bool(t.sweeps))
         pseudo: List = []
         added = 0
-        moved = [(v, side * shift) for v in t.views[::options.every] for side in (1, -1)]
-        for i, (v, left) in enumerate(tqdm(moved, desc=f"repair views {shift:g} m", unit="view",
-                                           disable=not progress)):
-            T = offset_pose(t.log, v.sensor, v.timestamp_us, left_m=left)
+        where = f"{shift:g} m beside" if shift else f"{ahead:g} m ahead"
+        moved = [(v, side * shift, 0.0) for v in t.views[::options.every] for side in (1, -1)] if shift else \
+            [(v, 0.0, ahead) for v in t.views if v.frame == last]
+        for i, (v, left, fwd) in enumerate(tqdm(moved, desc=f"repair views {where}", unit="view",
+                                                disable=not progress)):
+            T = offset_pose(t.log, v.sensor, v.timestamp_us, ahead_m=fwd, left_m=left)
             rgb, alpha, depth = render_image(scene, v.camera, T, v.timestamp_us, v.sensor)
             fixed = repairer.repair_image(rgb, alpha, depth, seed=options.seed + i)
             if i % 8 == 0:
-                _picture(out / "pseudo" / f"{shift:+.1f}m_{i:03d}_{v.sensor}.png", rgb, fixed)
+                _picture(out / "pseudo" / f"left{left:+.1f}_ahead{fwd:+.1f}_{i:03d}_{v.sensor}.png", rgb, fixed)
             added += add_surfels(run, *fill_points(v.camera, T, fixed, alpha, depth, options))
             pseudo.append(pseudo_view(v, T, fixed))
         losses = []
-        for _ in tqdm(range(options.iterations), desc=f"distill {shift:g} m", unit="it", disable=not progress):
+        for _ in tqdm(range(options.iterations), desc=f"distill {where}", unit="it", disable=not progress):
             real = rng.random() < options.real_fraction
             pool = t.views if real else pseudo
             view = pool[int(rng.integers(len(pool)))]
@@ -187,7 +198,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
                                  weight=1.0 if real else options.pseudo_weight)
             run.step += 1
             losses.append(loss)
-        summary["stages"].append({"shift_m": shift, "pseudo_views": len(pseudo), "surfels_added": added,
+        summary["stages"].append({"shift_m": shift, "ahead_m": ahead, "pseudo_views": len(pseudo), "surfels_added": added,
                                   "loss_first_50": float(np.mean(losses[:50])),
                                   "loss_last_50": float(np.mean(losses[-50:])), "surfels": len(run.model)})
     run.save(out)

@@ -212,14 +212,18 @@ def cmd_expand(a) -> int:
         raise ValueError(f"gsim expand needs a repairer: train one with `gsim diffusion train {a.scene} {a.log} --out "
                          f"MODEL_DIR` and give --model MODEL_DIR, or give local Stable Diffusion weights with "
                          f"--pretrained DIR")
-    opts = ExpandOptions(shifts=a.shifts, iterations=a.iterations, every=a.every, pseudo_weight=a.pseudo_weight,
-                         seed=a.seed)
+    opts = ExpandOptions(shifts=a.shifts, ahead=a.ahead, iterations=a.iterations, every=a.every,
+                         pseudo_weight=a.pseudo_weight, seed=a.seed)
     s = expand(a.scene, a.log, repair, a.out, opts)
     for st in s["stages"]:
-        print(f"{st['shift_m']:g} m: {st['pseudo_views']} repaired views, {st['surfels_added']} surfels added, "
+        where = f"{st['shift_m']:g} m beside" if st["shift_m"] else f"{st['ahead_m']:g} m ahead"
+        print(f"{where}: {st['pseudo_views']} repaired views, {st['surfels_added']} surfels added, "
               f"loss {st['loss_first_50']:.4f} -> {st['loss_last_50']:.4f}")
-    print(f"wrote the expanded scene {Path(a.out) / 'scene'} ({s['wall_s']:.0f} s); measure it with `gsim eval "
-          f"{Path(a.out) / 'scene'} {a.log} --out DIR --shifts {','.join(f'{x:g}' for x in opts.shifts)}`")
+    dist = lambda d: ",".join(f"{x:g}" for x in d)  # noqa: E731
+    print(f"wrote the expanded scene {Path(a.out) / 'scene'} ({s['wall_s']:.0f} s); measure it (synthetic logs) with "
+          f"`gsim eval {Path(a.out) / 'scene'} {a.log} --out DIR" + (f" --shifts {dist(opts.shifts)}" if opts.shifts
+                                                                      else "")
+          + (f" --ahead {dist(opts.ahead)}" if opts.ahead else "") + "`")
     return 0
 
 
@@ -422,7 +426,7 @@ def cmd_serve(a) -> int:
 def _distances(text: str) -> tuple:
     """An argparse type: comma-separated metres (their range is `evaluate`'s to check)."""
     try:
-        return tuple(float(x) for x in text.split(","))
+        return tuple(float(x) for x in text.split(",")) if text.strip() else ()
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected metres separated by commas (e.g. 1,2,3), got {text!r}") from None
 
@@ -577,6 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_repair_args(ex, "repairs the shifted views", "--model")
     ex.add_argument("--shifts", type=_distances, default=(1.0, 2.0, 3.0), help="comma-separated metres, both sides, "
                     "distilled in increasing order (default 1,2,3)")
+    ex.add_argument("--ahead", type=_distances, default=(), help="comma-separated metres: then the last training "
+                    "frame's cameras moved ahead, beyond the driven path")
     ex.add_argument("--iterations", type=_int_at_least(1), default=300, help="fine-tuning steps per shift")
     ex.add_argument("--every", type=_int_at_least(1), default=3, help="move every N-th training view")
     ex.add_argument("--pseudo-weight", type=float, default=0.5, help="the repaired views' loss weight (real: 1)")

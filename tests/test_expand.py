@@ -35,9 +35,12 @@ def test_holes_take_the_enclosing_surface_the_ground_or_stay_sky():
 
 
 def test_options_are_checked():
-    assert ExpandOptions(shifts=(3, -1, 2)).shifts == (1.0, 2.0, 3.0)
-    with pytest.raises(ValueError, match="shifts"):
-        ExpandOptions(shifts=(0,))
+    assert ExpandOptions(shifts=(3, 1, 2)).shifts == (1.0, 2.0, 3.0)
+    for bad in ((0,), (-1, 2), (11,)):
+        with pytest.raises(ValueError, match="shifts"):
+            ExpandOptions(shifts=bad)
+    with pytest.raises(ValueError, match="shifts or ahead"):
+        ExpandOptions(shifts=())
     with pytest.raises(ValueError, match="iterations"):
         ExpandOptions(iterations=0)
 
@@ -77,9 +80,10 @@ def test_expand_distils_and_keeps_the_training_views(recon, tmp_path):
     before, after = gsim.load_scene(scene_dir), gsim.load_scene(tmp_path / "x" / "scene")
     assert len(after.background) == summary["stages"][-1]["surfels"] - sum(len(a.surfels) for a in after.actors)
     assert _train_psnr(after, log) > _train_psnr(before, log) - 0.2
-    again = expand(tmp_path / "x", log, model, tmp_path / "y", ExpandOptions(shifts=(3.0,), iterations=5, every=8),
-                   progress=False)  # an expanded scene expands further: its checkpoint continues
+    again = expand(tmp_path / "x", log, model, tmp_path / "y", ExpandOptions(shifts=(), ahead=(5.0,), iterations=5),
+                   progress=False)  # an expanded scene expands further (its checkpoint continues), here ahead
     assert again["first_step"] == 40 + 60
+    assert again["stages"][0]["ahead_m"] == 5.0 and again["stages"][0]["pseudo_views"] == 3  # the last frame's cameras
 
 
 def test_a_scene_without_its_checkpoint_is_refused(recon, tmp_path):
@@ -87,3 +91,13 @@ def test_a_scene_without_its_checkpoint_is_refused(recon, tmp_path):
     gsim.load_scene(scene_dir).save(tmp_path / "alone" / "scene")
     with pytest.raises(FileNotFoundError, match="gsim reconstruct --out"):
         expand(tmp_path / "alone" / "scene", log, None, tmp_path / "x", progress=False)
+
+
+def test_gsim_expand_without_a_model_says_how_to_get_one(recon, tmp_path, capsys):
+    from gsim.cli import main
+    log, scene_dir = recon
+    assert main(["expand", str(scene_dir), str(log), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "gsim diffusion train" in err and "--pretrained" in err and not (tmp_path / "x").exists()
+    assert main(["expand", str(scene_dir), str(log), "--out", str(tmp_path / "x"), "--model", str(tmp_path / "no")]) == 2
+    assert "gsim diffusion train" in capsys.readouterr().err
