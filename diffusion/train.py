@@ -37,7 +37,7 @@ class TrainOptions(Config):
     seed: int = 0
     checkpoint_every: int = 250
     degraded: Tuple[Tuple[int, int], ...] = ((2, 500), (4, 250))
-    extrapolated: Tuple[Tuple[float, float, int], ...] = ()
+    extrapolated: Tuple[Tuple[float, float, int], ...] = ((0.0, 0.5, 500), (0.5, 1.0, 500))
 
     def __post_init__(self):
         object.__setattr__(self, "degraded", tuple(tuple(int(x) for x in d) for d in self.degraded))

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("diffusers")
 
@@ -72,10 +73,12 @@ def _train_psnr(scene, log):
 def test_expand_distils_and_keeps_the_training_views(recon, tmp_path):
     log, scene_dir = recon
     model = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20))
+    torch.nn.init.normal_(model.unet.conv_out.weight, std=0.05)  # a model that changes what it sees
     opts = ExpandOptions(shifts=(1.0, 2.0), iterations=30, every=4)
     summary = expand(scene_dir, log, model, tmp_path / "x", opts, progress=False)
     assert [s["shift_m"] for s in summary["stages"]] == [1.0, 2.0]
     assert all(s["pseudo_views"] == 2 * 6 for s in summary["stages"])  # 21 training views, every 4th, both sides
+    assert all(0 < s["taught_fraction"] <= 1 for s in summary["stages"])
     assert json.loads((tmp_path / "x" / "expand.json").read_text())["first_step"] == 40
     before, after = gsim.load_scene(scene_dir), gsim.load_scene(tmp_path / "x" / "scene")
     assert len(after.background) == summary["stages"][-1]["surfels"] - sum(len(a.surfels) for a in after.actors)
@@ -101,3 +104,15 @@ def test_gsim_expand_without_a_model_says_how_to_get_one(recon, tmp_path, capsys
     assert "gsim diffusion train" in err and "--pretrained" in err and not (tmp_path / "x").exists()
     assert main(["expand", str(scene_dir), str(log), "--out", str(tmp_path / "x"), "--model", str(tmp_path / "no")]) == 2
     assert "gsim diffusion train" in capsys.readouterr().err
+
+
+def test_pseudo_views_teach_only_where_the_repair_changed_the_render_or_it_was_a_hole():
+    from gsim.diffusion.expand import corrected
+    render = np.full((20, 30, 3), 0.5, np.float32)
+    repaired = render + 0.01  # the repair's noise softens everything a little: not a correction
+    repaired[5:8, 10:14] = 0.9
+    alpha = np.ones((20, 30))
+    alpha[15:, 25:] = 0.0
+    m = corrected(render, repaired, alpha, ExpandOptions())
+    assert m[5:8, 10:14].all() and m[3:10, 8:16].all() and not m[:2].any()  # dilated by 2 px
+    assert m[15:, 25:].all() and m.sum() == 7 * 8 + 5 * 5
