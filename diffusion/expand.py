@@ -86,19 +86,20 @@ def pseudo_view(view, T_world_camera: np.ndarray, image: np.ndarray, mask: np.nd
                 mask.astype(np.float32))
 
 
-def corrected(render: np.ndarray, repaired: np.ndarray, alpha: np.ndarray, opt: "ExpandOptions") -> np.ndarray:
+def corrected(render: np.ndarray, repaired: np.ndarray, filled: np.ndarray, opt: "ExpandOptions") -> np.ndarray:
     """(H,W) bool: where a pseudo view teaches the scene something: the repair changed the render by more than
-    ``opt.min_change`` (mean absolute RGB, dilated by 2 px), or the render was a hole. Elsewhere the repaired
+    ``opt.min_change`` (mean absolute RGB, dilated by 2 px), or a hole was ``filled``. Elsewhere the repaired
     view only repeats the render, softened by the repair's noise, and fitting it blurs the scene (measured:
     -1.4 dB on the held-out frames of the demo street)."""
     from scipy.ndimage import binary_dilation
     changed = np.abs(repaired - render).mean(-1) > opt.min_change
-    return binary_dilation(changed, structure=np.ones((5, 5), bool)) | (alpha < opt.fill_alpha)
+    return binary_dilation(changed, structure=np.ones((5, 5), bool)) | filled
 
 
 def fill_points(camera, T_world_camera: np.ndarray, image: np.ndarray, alpha: np.ndarray, depth: np.ndarray,
-                opt: ExpandOptions) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Where the render is nearly empty: (points (N,3), colours (N,3), normals (N,3), footprints (N,) m).
+                opt: ExpandOptions) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where the render is nearly empty: (points (N,3), colours (N,3), normals (N,3), footprints (N,) m,
+    filled (H,W) bool: the hole pixels the points cover, before the stride).
     A hole enclosed by rendered surfaces (not reaching the image's top edge, where the sky is) takes the
     depth of its nearest surface pixel (a gap in a facade or the road); a hole pixel whose ray meets the
     ground (the median height of the render's bottom rows) within ``fill_range_m`` lies on it, whichever
@@ -108,7 +109,7 @@ def fill_points(camera, T_world_camera: np.ndarray, image: np.ndarray, alpha: np
     hole = alpha < opt.fill_alpha
     solid = ~hole & (depth > 0)
     if not hole.any() or not solid.any():
-        return np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 3)), np.zeros(0)
+        return np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 3)), np.zeros(0), np.zeros((H, W), bool)
     d_cam = np.concatenate([camera.ray_table(), np.ones((H, W, 1))], -1)  # camera z = 1
     R, o = T_world_camera[:3, :3], T_world_camera[:3, 3]
     d_world = d_cam @ R.T
@@ -127,12 +128,13 @@ def fill_points(camera, T_world_camera: np.ndarray, image: np.ndarray, alpha: np
     t = np.minimum(near, t_ground)
     grid = np.zeros((H, W), bool)
     grid[opt.fill_stride // 2::opt.fill_stride, opt.fill_stride // 2::opt.fill_stride] = True
-    pick = hole & grid & np.isfinite(t)
+    filled = hole & np.isfinite(t)
+    pick = filled & grid
     z, on_ground = t[pick], (t == t_ground)[pick]
     d = d_world[pick]
     normals = np.where(on_ground[:, None], [[0.0, 0.0, 1.0]], -d / np.linalg.norm(d, axis=-1, keepdims=True))
     footprint = opt.fill_stride * z / float(camera.fx) * np.where(on_ground, 2.0, 1.0)  # the ground is seen slanted
-    return o + d * z[:, None], image[pick], normals, footprint
+    return o + d * z[:, None], image[pick], normals, footprint, filled
 
 
 def add_surfels(run, points: np.ndarray, colours: np.ndarray, normals: np.ndarray, footprint: np.ndarray,
@@ -201,8 +203,9 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             fixed = repairer.repair_image(rgb, alpha, depth, seed=options.seed + i)
             if i % 8 == 0:
                 _picture(out / "pseudo" / f"left{left:+.1f}_ahead{fwd:+.1f}_{i:03d}_{v.sensor}.png", rgb, fixed)
-            added += add_surfels(run, *fill_points(v.camera, T, fixed, alpha, depth, options))
-            taught = corrected(rgb, fixed, alpha, options)
+            *fill, filled = fill_points(v.camera, T, fixed, alpha, depth, options)
+            added += add_surfels(run, *fill)
+            taught = corrected(rgb, fixed, filled, options)
             if taught.any():
                 pseudo.append(pseudo_view(v, T, fixed, taught))
                 changed += float(taught.mean())
@@ -211,8 +214,10 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             real = rng.random() < options.real_fraction or not pseudo
             pool = t.views if real else pseudo
             view = pool[int(rng.integers(len(pool)))]
+            # a pseudo view's loss is its masked residual averaged over the whole image: the pixels it does not
+            # teach count as agreeing (a mask-weighted mean would give 2% of a view a whole view's pull)
             loss, _ = train_step(run, view, t.sweeps, t.log, robust=t.robust,
-                                 weight=1.0 if real else options.pseudo_weight)
+                                 weight=1.0 if real else options.pseudo_weight * float(view.mask.mean()))
             run.step += 1
             losses.append(loss)
         summary["stages"].append({"shift_m": shift, "ahead_m": ahead, "pseudo_views": len(pseudo),

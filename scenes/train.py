@@ -169,7 +169,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
                weight: float = 1.0):
     """One iteration on one view (and LiDAR rays of its frame's sweeps); returns (loss, psnr). ``robust``:
     outlier residuals leave the photometric loss (a log whose transients are not all known); ``weight``: of
-    the photometric loss (below 1 for views whose target is not a real image: `gsim.diffusion.expand`)."""
+    the view's camera losses (below 1 for views whose target is not a real image: `gsim.diffusion.expand`)."""
     cfg, model = run.cfg, run.model
     params = {**model.params, **model.extra_params()}
     surfels = model.surfels_at(view.timestamp_us)
@@ -185,7 +185,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         keep = losses.robust_mask(rgb, target, cfg.robust_k, cfg.robust_floor,
                                   region=torch.from_numpy(view.lidar_covered()))
         mask = keep if mask is None else mask * keep
-    loss = weight * losses.photometric(rgb, target, cfg.ssim_weight, mask)
+    loss = losses.photometric(rgb, target, cfg.ssim_weight, mask)
     if cfg.lidar_weight:
         loss = loss + cfg.lidar_weight * losses.lidar_depth(frame.depth, frame.alpha, torch.from_numpy(view.lidar_pix),
                                                             torch.from_numpy(view.lidar_depth))
@@ -194,6 +194,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, rays)
     if frame.distortion is not None:
         loss = loss + cfg.distortion_weight * frame.distortion.mean()
+    loss = weight * loss
     lidar_step = bool(sweeps.get(view.frame)) and run.step % cfg.lidar_every == 0
     if lidar_step:
         frame_sweeps = sweeps[view.frame]

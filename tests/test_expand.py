@@ -27,7 +27,8 @@ def test_holes_take_the_enclosing_surface_the_ground_or_stay_sky():
     alpha[25:30, :10] = 0.0  # unseen road: on the road
     alpha[0:12, 30:40] = 0.0  # sky reaching into the wall's corner: nothing
     image = np.full((H, W, 3), 0.3, np.float32)
-    pts, rgb, normals, size = fill_points(cam, T, image, alpha, depth, ExpandOptions(fill_stride=1))
+    pts, rgb, normals, size, filled = fill_points(cam, T, image, alpha, depth, ExpandOptions(fill_stride=1))
+    assert filled.sum() == len(pts) and not filled[:8].any()
     gap = np.abs(pts[:, 0] - 8.0) < 1e-3
     assert gap.sum() == 16 and len(pts) == 16 + 50  # the 4x4 gap and the 5x10 road hole, nothing of the sky
     assert np.allclose(pts[~gap, 2], 0.0, atol=1e-3) and np.allclose(normals[~gap], [0, 0, 1])
@@ -111,8 +112,8 @@ def test_pseudo_views_teach_only_where_the_repair_changed_the_render_or_it_was_a
     render = np.full((20, 30, 3), 0.5, np.float32)
     repaired = render + 0.01  # the repair's noise softens everything a little: not a correction
     repaired[5:8, 10:14] = 0.9
-    alpha = np.ones((20, 30))
-    alpha[15:, 25:] = 0.0
-    m = corrected(render, repaired, alpha, ExpandOptions())
+    filled = np.zeros((20, 30), bool)
+    filled[15:, 25:] = True
+    m = corrected(render, repaired, filled, ExpandOptions())
     assert m[5:8, 10:14].all() and m[3:10, 8:16].all() and not m[:2].any()  # dilated by 2 px
     assert m[15:, 25:].all() and m.sum() == 7 * 8 + 5 * 5
