@@ -19,11 +19,12 @@ HIT_ALPHA = 0.5
 
 def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
     """Torch outputs per ray (in ``rays`` order): alpha, expected range, and the head's logits (R,2)."""
-    p = model.params
+    p, dev = model.params, model.device
+    host = lambda t: t.cpu().numpy()  # noqa: E731  (the ray search is the numba kernel, on the CPU)
     with torch.no_grad():
-        groups = SurfelGroups.build(p["means"].numpy(), torch.nn.functional.normalize(p["quats"], dim=-1).numpy(),
-                                    p["log_scales"].exp().numpy(), torch.sigmoid(p["logit_opacities"]).numpy(), None,
-                                    (model.owner + 1).numpy(), model.track_poses())
+        groups = SurfelGroups.build(host(p["means"]), host(torch.nn.functional.normalize(p["quats"], dim=-1)),
+                                    host(p["log_scales"].exp()), host(torch.sigmoid(p["logit_opacities"])), None,
+                                    host(model.owner + 1), model.track_poses())
     out, order, poses, dirs = trace_rays(groups, rays.poses(log), rays.times_us, rays.dirs, HIT_ALPHA, "numba",
                                          CANDIDATES)
     # recomposite with gradients, activating only the surfels some ray takes (a street has far more)
@@ -31,15 +32,15 @@ def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
     used, local = np.unique(out["candidates"][found], return_inverse=True)
     cand = np.full(found.shape, -1, np.int64)
     cand[found] = local
-    idx = torch.as_tensor(used)
+    idx = torch.as_tensor(used, device=dev)
     p = {k: v.index_select(0, idx) for k, v in p.items() if k != "sh"}
-    f32 = lambda x: torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32)
-    res = composite(f32(poses[:, :3, 3]), f32(dirs), torch.arange(len(order)), p["means"],
+    f32 = lambda x: torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32, device=dev)  # noqa: E731
+    res = composite(f32(poses[:, :3, 3]), f32(dirs), torch.arange(len(order), device=dev), p["means"],
                     torch.nn.functional.normalize(p["quats"], dim=-1), p["log_scales"].exp(),
                     torch.sigmoid(p["logit_opacities"]), p["features"], model.owner[idx] + 1,
-                    f32(out["group_from_world"]), torch.as_tensor(cand), BEAM_DIVERGENCE_RAD, HIT_ALPHA)
+                    f32(out["group_from_world"]), torch.as_tensor(cand, device=dev), BEAM_DIVERGENCE_RAD, HIT_ALPHA)
     h = model.head
     logits = mlp(head_inputs(res, f32(dirs)), h["w1"], h["b1"], h["w2"], h["b2"])
     a = res["alpha"]
-    inverse = torch.as_tensor(np.argsort(order))
+    inverse = torch.as_tensor(np.argsort(order), device=dev)
     return {"alpha": a[inverse], "range": (res["range_sum"] / (a + (a <= 0)))[inverse], "logits": logits[inverse]}

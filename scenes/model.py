@@ -99,6 +99,21 @@ class SceneModel:
     def __len__(self) -> int:
         return len(self.owner)
 
+    @property
+    def device(self) -> torch.device:
+        return self.owner.device
+
+    def to(self, device) -> "SceneModel":
+        """Every tensor moved to ``device`` (in place; leaves stay leaves): the cuda preset trains on the GPU."""
+        leaf = lambda t: t.detach().to(device).requires_grad_(True)  # noqa: E731
+        self.params = {k: leaf(v) for k, v in self.params.items()}
+        self.pose_offsets = {i: leaf(v) for i, v in self.pose_offsets.items()}
+        self.head = {k: leaf(v) for k, v in self.head.items()}
+        self.affine = {c: leaf(a) for c, a in self.affine.items()}
+        self.sky = leaf(self.sky)
+        self.owner = self.owner.to(device)
+        return self
+
     def extra_params(self) -> Dict[str, torch.Tensor]:
         return {"sky": self.sky, **{f"affine/{c}": a for c, a in self.affine.items()},
                 **{f"head/{k}": v for k, v in self.head.items()},
@@ -127,8 +142,8 @@ class SceneModel:
         quats = s.quats.index_copy(0, act, _quat_mul(pick(q, k), pick(s.quats, act)))
         colors = s.colors
         if colors.shape[1] > 1:  # view-dependent colour turns with its actor (as Surfels.transformed)
-            M = torch.as_tensor(np.stack([sh_rotation(r, colors.shape[1]) for r in R.detach().double().numpy()]),
-                                dtype=colors.dtype)
+            M = torch.as_tensor(np.stack([sh_rotation(r, colors.shape[1]) for r in R.detach().double().cpu().numpy()]),
+                                dtype=colors.dtype, device=colors.device)
             colors = colors.index_copy(0, act, torch.einsum("nkj,njc->nkc", pick(M, k), pick(colors, act)))
         return Surfels.derived(means, quats, s.scales, s.opacities, colors, s.features)
 
@@ -139,18 +154,20 @@ class SceneModel:
         for tr in self.tracks:
             P = tr.pose_at(timestamp_us)
             d = self._offsets_at(tr.id, timestamp_us)[0]
-            R = torch.as_tensor(P[:3, :3], dtype=dtype)
+            as_t = lambda x: torch.as_tensor(x, dtype=dtype, device=d.device)  # noqa: E731
+            R = as_t(P[:3, :3])
             Rs.append(R @ _yaw(d[3]))
-            ts.append(torch.as_tensor(P[:3, 3], dtype=dtype) + R @ d[:3])
-            q_yaw = torch.stack([torch.cos(d[3] / 2), *torch.zeros(2, dtype=dtype), torch.sin(d[3] / 2)])
-            qs.append(_quat_mul(torch.as_tensor(rotmat_to_quat(P[:3, :3]), dtype=dtype), q_yaw))
+            ts.append(as_t(P[:3, 3]) + R @ d[:3])
+            q_yaw = torch.stack([torch.cos(d[3] / 2), *torch.zeros(2, dtype=dtype, device=d.device),
+                                 torch.sin(d[3] / 2)])
+            qs.append(_quat_mul(as_t(rotmat_to_quat(P[:3, :3])), q_yaw))
         return torch.stack(Rs), torch.stack(ts), torch.stack(qs)
 
     def _offsets_at(self, track_id: str, times_us) -> torch.Tensor:
         """A track's (M,4) (dx, dy, dz, dyaw) at times (M,): linear between its knots, constant beyond them."""
         i, a = bracket(self.pose_knots[track_id], times_us)
         d = self.pose_offsets[track_id]
-        a = torch.as_tensor(a, dtype=d.dtype)[:, None]
+        a = torch.as_tensor(a, dtype=d.dtype, device=d.device)[:, None]
         return (1 - a) * d[i - 1] + a * d[i]
 
     def track_poses(self) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -158,7 +175,7 @@ class SceneModel:
         out = []
         with torch.no_grad():
             for tr in self.tracks:
-                d = self._offsets_at(tr.id, tr.timestamps_us).double()
+                d = self._offsets_at(tr.id, tr.timestamps_us).double().cpu()
                 D = torch.eye(4, dtype=torch.float64).repeat(len(d), 1, 1)
                 D[:, :3, :3] = _yaw(d[:, 3])
                 D[:, :3, 3] = d[:, :3]
@@ -170,25 +187,31 @@ class SceneModel:
         (the LiDAR losses trained them) the surfels' features and the LiDAR head."""
         with torch.no_grad():
             s = self.activated().numpy()
-        own = self.owner.numpy()
+        own = self.owner.cpu().numpy()
         pick = lambda m: Surfels(s.means[m], s.quats[m], s.scales[m], s.opacities[m], s.colors[m],
                                  s.features[m] if lidar else None)
         actors = tuple(Actor(id=t.id, category=t.category, size=t.size, surfels=pick(own == k),
                              track_timestamps_us=ts, track_poses=poses)
                        for k, (t, (ts, poses)) in enumerate(zip(self.tracks, self.track_poses())))
-        return Scene(background=pick(own == -1), actors=actors, sky=Sky(self.sky.detach().clamp(0, 1).numpy().copy()),
-                     appearance={c: a.detach().numpy().astype(np.float64) for c, a in self.affine.items()},
-                     lidar_head=LidarHead(*(self.head[k].detach().numpy() for k in WEIGHTS)) if lidar else None)
+        host = lambda t: t.detach().cpu().numpy()  # noqa: E731
+        return Scene(background=pick(own == -1), actors=actors, sky=Sky(host(self.sky.clamp(0, 1)).copy()),
+                     appearance={c: host(a).astype(np.float64) for c, a in self.affine.items()},
+                     lidar_head=LidarHead(*(host(self.head[k]) for k in WEIGHTS)) if lidar else None)
 
     def state_dict(self) -> dict:
-        return {"params": {k: v.detach().clone() for k, v in self.params.items()}, "owner": self.owner.clone(),
-                "track_ids": [t.id for t in self.tracks], "sky": self.sky.detach().clone(),
-                "affine": {c: a.detach().clone() for c, a in self.affine.items()},
-                "head": {k: v.detach().clone() for k, v in self.head.items()},
-                "pose_offsets": {i: v.detach().clone() for i, v in self.pose_offsets.items()},
+        """On the CPU, whatever the device: a checkpoint loads anywhere."""
+        c = lambda t: t.detach().cpu().clone()  # noqa: E731
+        return {"params": {k: c(v) for k, v in self.params.items()}, "owner": c(self.owner),
+                "track_ids": [t.id for t in self.tracks], "sky": c(self.sky),
+                "affine": {k: c(a) for k, a in self.affine.items()},
+                "head": {k: c(v) for k, v in self.head.items()},
+                "pose_offsets": {i: c(v) for i, v in self.pose_offsets.items()},
                 "pose_knots": {i: k.copy() for i, k in self.pose_knots.items()}}
 
     def replace(self, keep: torch.Tensor, new: Dict[str, torch.Tensor], new_owner: torch.Tensor) -> None:
         """Keep surfels ``keep`` (bool mask) and append ``new`` raw parameters (densification)."""
-        self.params = {k: torch.cat([v.detach()[keep], new[k]]).requires_grad_(True) for k, v in self.params.items()}
-        self.owner = torch.cat([self.owner[keep], new_owner])
+        dev = self.device
+        keep = keep.to(dev)
+        self.params = {k: torch.cat([v.detach()[keep], new[k].to(dev)]).requires_grad_(True)
+                       for k, v in self.params.items()}
+        self.owner = torch.cat([self.owner[keep], new_owner.to(dev)])

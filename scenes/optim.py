@@ -57,13 +57,17 @@ class Adam:
             for state in (self.m, self.v):
                 if k in state:
                     s = state[k]
-                    state[k] = torch.cat([s[keep], torch.zeros((len(source),) + s.shape[1:], dtype=s.dtype)])
+                    state[k] = torch.cat([s[keep.to(s.device)],
+                                          torch.zeros((len(source),) + s.shape[1:], dtype=s.dtype, device=s.device)])
 
     def state_dict(self) -> dict:
-        return {"m": self.m, "v": self.v, "step": self.step_count, "lrs": self.lrs}
+        """The moments on the CPU (a checkpoint loads anywhere)."""
+        cpu = lambda d: {k: v.cpu() for k, v in d.items()}  # noqa: E731
+        return {"m": cpu(self.m), "v": cpu(self.v), "step": self.step_count, "lrs": self.lrs}
 
-    def load_state_dict(self, d: dict) -> None:
-        self.m, self.v, self.step_count = dict(d["m"]), dict(d["v"]), int(d["step"])
+    def load_state_dict(self, d: dict, device="cpu") -> None:
+        to = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
+        self.m, self.v, self.step_count = to(d["m"]), to(d["v"]), int(d["step"])
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ class Densifier:
     def accumulate(self, mean_grad: torch.Tensor, depth: torch.Tensor, focal: float, width: int) -> None:
         n = len(mean_grad)
         if len(self.grad_sum) != n:
-            self.grad_sum, self.count = torch.zeros(n), torch.zeros(n)
+            self.grad_sum, self.count = (torch.zeros(n, device=mean_grad.device) for _ in range(2))
         g = mean_grad.norm(dim=-1) * depth.clamp_min(1e-3) / focal * (width / 2)
         seen = g > 0
         self.grad_sum += g * seen
@@ -120,11 +124,11 @@ class Densifier:
             ax = torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y + w * z), 2 * (x * z - w * y)], -1)
             ay = torch.stack([2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x)], -1)
             s = new["log_scales"][sel].exp()
-            r = torch.randn(len(s), 2, generator=generator)
+            r = torch.randn(len(s), 2, generator=generator).to(s.device)  # the CPU generator: one stream anywhere
             new["means"][sel] += (r[:, :1] * s[:, :1]) * ax + (r[:, 1:] * s[:, 1:]) * ay
             new["log_scales"][sel] -= torch.log(torch.tensor(1.6))
         keep = ~(prune | split)
         model.replace(keep, new, model.owner[src])
         adam.remap(p.keys(), keep, src)
-        self.grad_sum, self.count = torch.zeros(len(model)), torch.zeros(len(model))
+        self.grad_sum, self.count = (torch.zeros(len(model), device=model.device) for _ in range(2))
         return {"cloned": int(clone.sum()), "split": n_split, "pruned": int((prune & ~split).sum())}

@@ -86,6 +86,11 @@ class TrainConfig:
             raise ValueError(f"TrainConfig: need lidar_every >= 1, lidar_rays >= 0 and lidar_rays_per_sweep >= 1, got "
                              f"{self.lidar_every}, {self.lidar_rays}, {self.lidar_rays_per_sweep}")
 
+    @property
+    def device(self) -> str:
+        """Where the model, the optimiser and the losses live: the GPU with gsplat, else the CPU."""
+        return "cuda" if self.backend == "gsplat" else "cpu"
+
     def to_dict(self) -> dict:
         return {"schema_version": CONFIG_SCHEMA, **dataclasses.asdict(self)}
 
@@ -104,8 +109,8 @@ PRESETS = {
     "cpu": TrainConfig(),
     # CUDA: gsplat, the 3DGS schedule
     # (gsplat's render_distort is another definition than 2DGS's distortion: off there)
+    # (the LiDAR ray search stays the numba kernel on the CPU over every surfel: a batch every 8 steps, as on the CPU)
     "cuda": TrainConfig(preset="cuda", backend="gsplat", iterations=30000, checkpoint_every=5000, distortion_weight=0.0,
-                        lidar_every=1,
                         init=InitOptions(sh_degree=3, voxel_m=0.05, max_surfels=1_000_000, max_actor_surfels=100_000),
                         densify=DensifyOptions(start=500, stop=15000, max_surfels=3_000_000)),
 }
@@ -136,7 +141,7 @@ class _Run:
     """The state of one training run (everything a checkpoint holds)."""
 
     def __init__(self, cfg: TrainConfig, model: SceneModel, scale: float):
-        self.cfg, self.model, self.scale = cfg, model, scale
+        self.cfg, self.model, self.scale = cfg, model.to(cfg.device), scale
         lrs = {"means": cfg.lr_means * scale, "quats": cfg.lr_quats, "log_scales": cfg.lr_scales,
                "logit_opacities": cfg.lr_opacities, "sh": cfg.lr_sh, "sky": cfg.lr_sky,
                **{f"affine/{c}": cfg.lr_affine for c in model.affine}, "features": cfg.lr_features,
@@ -150,12 +155,12 @@ class _Run:
 
     def state(self) -> dict:
         return {"config": self.cfg.to_dict(), "scale": self.scale, "step": self.step, "model": self.model.state_dict(),
-                "adam": self.adam.state_dict(), "densify": (self.densifier.grad_sum, self.densifier.count),
+                "adam": self.adam.state_dict(), "densify": (self.densifier.grad_sum.cpu(), self.densifier.count.cpu()),
                 "rng": self.rng.bit_generator.state, "gen": self.gen.get_state()}
 
     def restore(self, st: dict) -> None:
-        self.adam.load_state_dict(st["adam"])
-        self.densifier.grad_sum, self.densifier.count = st["densify"]
+        self.adam.load_state_dict(st["adam"], self.cfg.device)
+        self.densifier.grad_sum, self.densifier.count = (t.to(self.cfg.device) for t in st["densify"])
         self.rng.bit_generator.state = st["rng"]
         self.gen.set_state(st["gen"])
         self.step = int(st["step"])
@@ -171,26 +176,27 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     outlier residuals leave the photometric loss (a log whose transients are not all known); ``weight``: of
     the view's camera losses (below 1 for views whose target is not a real image: `gsim.diffusion.expand`)."""
     cfg, model = run.cfg, run.model
+    on = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(model.device)  # noqa: E731
     params = {**model.params, **model.extra_params()}
     surfels = model.surfels_at(view.timestamp_us)
     geometry = run.step >= cfg.normal_from
     options = RenderOptions(distortion=bool(cfg.distortion_weight and geometry))
     frame = render_camera(surfels, view.camera, view.T_world_camera, backend=cfg.backend, options=options)
-    rgb = compose(frame.rgb, frame.alpha, Sky(model.sky), torch.from_numpy(view.dirs_world), model.affine[view.sensor])
-    target = torch.from_numpy(view.image)
-    mask = None if view.mask is None else torch.from_numpy(view.mask)
+    rgb = compose(frame.rgb, frame.alpha, Sky(model.sky), on(view.dirs_world), model.affine[view.sensor])
+    target = on(view.image)
+    mask = None if view.mask is None else on(view.mask)
     if robust and cfg.robust_k and run.step >= cfg.robust_from:
         # only where a sweep saw: above the LiDAR the residual is the seeds' guess being refined (dropping it
         # there kept crowns and a truck's top from ever being fitted: -1.4 dB on KITTI at downscale 4)
         keep = losses.robust_mask(rgb, target, cfg.robust_k, cfg.robust_floor,
-                                  region=torch.from_numpy(view.lidar_covered()))
+                                  region=on(view.lidar_covered()))
         mask = keep if mask is None else mask * keep
     loss = losses.photometric(rgb, target, cfg.ssim_weight, mask)
     if cfg.lidar_weight:
-        loss = loss + cfg.lidar_weight * losses.lidar_depth(frame.depth, frame.alpha, torch.from_numpy(view.lidar_pix),
-                                                            torch.from_numpy(view.lidar_depth))
+        loss = loss + cfg.lidar_weight * losses.lidar_depth(frame.depth, frame.alpha, on(view.lidar_pix),
+                                                            on(view.lidar_depth))
     if cfg.normal_weight and geometry:
-        rays = torch.from_numpy(view.camera.ray_table().astype(np.float32))
+        rays = on(view.camera.ray_table().astype(np.float32))
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, rays)
     if frame.distortion is not None:
         loss = loss + cfg.distortion_weight * frame.distortion.mean()
@@ -201,7 +207,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         rays = frame_sweeps[int(run.rng.integers(len(frame_sweeps)))]
         rays = rays.subset(run.rng.choice(len(rays.range), min(cfg.lidar_rays, len(rays.range)), replace=False))
         out = render_rays(model, log, rays)
-        rng_l, int_l, drop_l = losses.lidar_rays(out, torch.from_numpy(rays.range), torch.from_numpy(rays.intensity))
+        rng_l, int_l, drop_l = losses.lidar_rays(out, on(rays.range), on(rays.intensity))
         loss = (loss + cfg.lidar_range_weight * rng_l + cfg.lidar_intensity_weight * int_l
                 + cfg.lidar_drop_weight * drop_l)
     if not torch.isfinite(loss):
@@ -214,7 +220,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         grad = model.params["means"].grad
         # densification reads the camera's screen-space gradient: a step with LiDAR rays mixes in theirs
         if grad is not None and not lidar_step:
-            cam = torch.as_tensor(view.T_world_camera[:3, 3], dtype=torch.float32)
+            cam = torch.as_tensor(view.T_world_camera[:3, 3], dtype=torch.float32, device=model.device)
             depth = (model.params["means"] - cam).norm(dim=-1)
             run.densifier.accumulate(grad, depth, float(view.camera.fx), view.camera.width)
     decay = 0.01 ** (run.step / max(cfg.iterations, 1))

@@ -281,6 +281,41 @@ def test_trained_scene_has_a_lidar_head_that_gives_intensity(trained):
     assert f.drop_probability_image.shape == f.range_image.shape
 
 
+@pytest.mark.cuda
+def test_cuda_preset_trains_on_the_gpu_and_resumes(log_dir, tmp_path, monkeypatch):
+    reason = gsim.render.BACKENDS["gsplat"].probe()
+    if reason is not None:
+        pytest.skip(f"gsplat backend not available: {reason}")
+    small = dict(iterations=60, checkpoint_every=20, normal_from=10, init=InitOptions(voxel_m=0.4, max_surfels=20_000),
+                 densify=DensifyOptions(start=5, stop=50, every=5, grad_threshold=1e-5))
+    real_step = train_mod.train_step
+
+    def killed_at_30(run, *args, **kw):
+        assert run.model.device.type == "cuda"
+        if run.step == 30:
+            raise KeyboardInterrupt
+        return real_step(run, *args, **kw)
+    monkeypatch.setattr(train_mod, "train_step", killed_at_30)
+    with pytest.raises(KeyboardInterrupt):
+        reconstruct(log_dir, tmp_path, preset("cuda", **small), progress=False)
+    state = torch.load(tmp_path / train_mod.CHECKPOINT, weights_only=False)
+    assert state["step"] == 20 and state["model"]["params"]["means"].device.type == "cpu"  # loads anywhere
+    assert state["adam"]["m"]["means"].device.type == "cpu"
+    monkeypatch.setattr(train_mod, "train_step", real_step)
+    reconstruct(log_dir, tmp_path, resume=True, progress=False)  # the moments go back to the GPU
+    assert json.loads((tmp_path / "train.json").read_text())["iterations"] == 60
+    log = load_log(log_dir)
+    train, _ = split_frames(log)
+    views = make_views(log, train[:2])
+    bg, actors = initial_surfels(log, train, small["init"])
+    init_scene = SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)).to_scene()
+
+    def mean_psnr(sc):
+        return np.mean([gsim.scenes.losses.psnr(render_image(sc, v.camera, v.T_world_camera, v.timestamp_us,
+                                                             v.sensor, "gsplat")[0], v.image) for v in views])
+    assert mean_psnr(gsim.load_scene(tmp_path / "scene")) > mean_psnr(init_scene) + 1.0
+
+
 def test_bad_input(log_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint"):
         reconstruct(log_dir, tmp_path / "none", resume=True, progress=False)

@@ -38,8 +38,10 @@ def unavailable_reason() -> Optional[str]:
         gsplat.rasterization_2dgs(
             torch.zeros(1, 3, device=dev) + torch.tensor([0.0, 0.0, 2.0], device=dev),
             torch.tensor([[1.0, 0, 0, 0]], device=dev), torch.full((1, 3), 0.1, device=dev),
-            torch.ones(1, device=dev) * 0.5, torch.ones(1, 3, device=dev), torch.eye(4, device=dev)[None],
-            torch.tensor([[[10.0, 0, 8], [0, 10.0, 8], [0, 0, 1]]], device=dev), 16, 16)
+            # colours as SH coefficients (N,K,3), as `render` passes them: gsplat 1.5.3 takes plain (N,D)
+            # colours only per camera, (C,N,D)
+            torch.ones(1, device=dev) * 0.5, torch.ones(1, 1, 3, device=dev), torch.eye(4, device=dev)[None],
+            torch.tensor([[[10.0, 0, 8], [0, 10.0, 8], [0, 0, 1]]], device=dev), 16, 16, sh_degree=0)
         torch.cuda.synchronize()
     except Exception as e:  # compilation or launch failure: report it, do not fall back silently
         return f"gsplat failed to run its CUDA kernels: {type(e).__name__}: {e}"
@@ -88,7 +90,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
     normal = torch.where((alpha > 0)[..., None], normal / alpha.clamp_min(1e-10)[..., None], 0.0)
     img = torch.cat([colors[0, ..., :3], alpha[..., None], colors[0, ..., 3:4], normal], -1)
     if pin is not camera:  # resample the cover image at each pixel's ray
-        rays = torch.as_tensor(camera.ray_table(), device=dev, dtype=dt)
+        rays = torch.tensor(camera.ray_table(), device=dev, dtype=dt)  # a copy: the cached table is read-only
         gx = (rays[..., 0] * pin.fx + pin.cx) / pin.width * 2 - 1
         gy = (rays[..., 1] * pin.fy + pin.cy) / pin.height * 2 - 1
         grid = torch.nan_to_num(torch.stack([gx, gy], -1), nan=-2.0)[None]

@@ -1,0 +1,48 @@
+#!/bin/bash
+# The GPU checks in one run, for a CUDA machine lent for minutes: gsplat's kernel build, the CUDA tests,
+# the 1080p camera benchmark and the cuda preset on a log. Session 9 took BENCHMARKS.md's GPU numbers with it.
+#
+#   [WHEELS=DIR] [LOG=DIR] [ITERS=3000] [DOWNSCALE=2] [LIMIT=540] [OUT=DIR] bash bench/gpu_check.sh
+#
+# WHEELS: wheels to install first where the machine has no network (gsplat==1.5.3, py3-none-any); gsim itself
+# is installed editable without dependencies (torch, numba, numpy, scipy, pillow, imageio, tqdm must be there).
+# LOG: a gsim log, or one packed by bench/pack_log.py (its sweeps xz-compressed: KITTI's 96 MB log packs to 50);
+# without it the reconstruction is skipped. LIMIT: seconds the whole run may take (the reconstruction gets what
+# is left and is stopped there). Results: OUT (default out/gpu_check): the build log, the reconstruction's
+# bench.json, train.json, metrics.json and first side-by-side.
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+OUT=${OUT:-out/gpu_check}
+mkdir -p "$OUT"
+S=$(date +%s); el(){ echo "=== [$(( $(date +%s)-S ))s] $*"; }
+el setup
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import sys,torch,numba,numpy;print(sys.version.split()[0],'torch',torch.__version__,'cuda',torch.version.cuda,'numba',numba.__version__,'numpy',numpy.__version__,'cpus',__import__('os').cpu_count())"
+if [ -n "$WHEELS" ]; then python3 -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl || exit 1; fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+el "gsplat build"
+if [ -n "$LOG" ] && [ ! -f "$LOG/log.json" ]; then python3 bench/pack_log.py unpack "$LOG" /tmp/gpu_check_log & fi
+python3 -c "from gsplat.cuda._backend import _C; print('gsplat', _C)" > "$OUT/gsplat_build.txt" 2>&1
+tail -3 "$OUT/gsplat_build.txt"
+wait
+[ -n "$LOG" ] && [ ! -f "$LOG/log.json" ] && LOG=/tmp/gpu_check_log
+el backends
+python3 -c "import gsim; print(gsim.backend_report())"
+el "camera benchmark"
+timeout 120 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --height 1080 --frames 50 --backends gsplat 2>&1 | tail -2
+if [ -n "$LOG" ]; then
+  el "cuda preset on $LOG (the CUDA tests run beside it)"
+  R=$(( ${LIMIT:-540} - ($(date +%s)-S) - 10 ))
+  ( timeout $R python3 bench/bench_reconstruct.py --log "$LOG" --out /tmp/gpu_check_recon --preset cuda \
+      --iterations "${ITERS:-3000}" --downscale "${DOWNSCALE:-2}" > /tmp/gpu_check_recon.log 2>&1
+    echo "reconstruction exit $?" >> /tmp/gpu_check_recon.log ) &
+fi
+el "CUDA tests"
+timeout 240 python3 -m pytest -p no:cacheprovider -q -rA -m cuda 2>&1 | tail -25
+wait
+if [ -n "$LOG" ]; then
+  tr '\r' '\n' < /tmp/gpu_check_recon.log | grep -v '^\s*$' > "$OUT/recon_log.txt"
+  tail -12 "$OUT/recon_log.txt" | cut -c1-240
+  cp /tmp/gpu_check_recon/bench.json /tmp/gpu_check_recon/recon/train.json /tmp/gpu_check_recon/eval/metrics.json "$OUT"/ 2>/dev/null
+  cp "$(ls /tmp/gpu_check_recon/eval/views/*.png 2>/dev/null | head -1)" "$OUT/recon_view.png" 2>/dev/null
+fi
+el done
