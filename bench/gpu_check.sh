@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU checks in one run, for a CUDA machine lent for minutes: gsplat's kernel build, the CUDA tests,
-# the 1080p camera benchmark and the cuda preset on a log. Session 9 took BENCHMARKS.md's GPU numbers with it.
+# the 1080p camera benchmark, the cuda preset on a log and a profile of its step. Session 9 took
+# BENCHMARKS.md's GPU numbers with it.
 #
 #   [WHEELS=DIR] [LOG=DIR] [ITERS=3000] [DOWNSCALE=2] [LIMIT=540] [OUT=DIR] bash bench/gpu_check.sh
 #
@@ -16,7 +17,9 @@ mkdir -p "$OUT"
 S=$(date +%s); el(){ echo "=== [$(( $(date +%s)-S ))s] $*"; }
 el setup
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import sys,torch,numba,numpy;print(sys.version.split()[0],'torch',torch.__version__,'cuda',torch.version.cuda,'numba',numba.__version__,'numpy',numpy.__version__,'cpus',__import__('os').cpu_count())"
+python3 -c "import os, sys, torch, numba, numpy
+print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'numba', numba.__version__,
+      'numpy', numpy.__version__, 'cpus', os.cpu_count())"
 if [ -n "$WHEELS" ]; then python3 -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl || exit 1; fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 el "gsplat build"
@@ -28,7 +31,8 @@ wait
 el backends
 python3 -c "import gsim; print(gsim.backend_report())"
 el "camera benchmark"
-timeout 120 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --height 1080 --frames 50 --backends gsplat 2>&1 | tail -2
+timeout 120 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --height 1080 --frames 50 \
+  --backends gsplat 2>&1 | tail -2
 if [ -n "$LOG" ]; then
   el "cuda preset on $LOG (the CUDA tests run beside it)"
   R=$(( ${LIMIT:-540} - ($(date +%s)-S) - 10 ))
@@ -42,7 +46,13 @@ wait
 if [ -n "$LOG" ]; then
   tr '\r' '\n' < /tmp/gpu_check_recon.log | grep -v '^\s*$' > "$OUT/recon_log.txt"
   tail -12 "$OUT/recon_log.txt" | cut -c1-240
-  cp /tmp/gpu_check_recon/bench.json /tmp/gpu_check_recon/recon/train.json /tmp/gpu_check_recon/eval/metrics.json "$OUT"/ 2>/dev/null
+  R=/tmp/gpu_check_recon
+  cp $R/bench.json $R/recon/train.json $R/eval/metrics.json "$OUT"/ 2>/dev/null
   cp "$(ls /tmp/gpu_check_recon/eval/views/*.png 2>/dev/null | head -1)" "$OUT/recon_view.png" 2>/dev/null
+  if [ -f /tmp/gpu_check_recon/recon/checkpoint.pt ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
+    el "where a training step's time goes (cProfile, 40 steps from the checkpoint)"
+    timeout $(( ${LIMIT:-540} - ($(date +%s)-S) - 5 )) python3 -m cProfile -s cumtime bench/bench_scene_step.py \
+      /tmp/gpu_check_recon/recon --steps 40 2>&1 | grep -v "^\s*$" | head -45 | cut -c1-160
+  fi
 fi
 el done
