@@ -31,14 +31,16 @@ from .errors import SceneFormatError
 from .io import atomic_directory
 from .ply import load_ply
 from .surfels import Surfels
-from .transforms import check_pose, interpolate_poses, rotmat_to_quat
+from .transforms import check_pose, interpolate_pose, rotmat_to_quat
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 FORMAT = "gsim-scene"
 SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
 ACTOR_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # also a safe folder name
-LOD_PIXELS = 0.75  # an actor with a level of detail keeps its surfels about this far apart on screen ...
+# 1.5 px apart, their scales grown to cover, the inserted actors' pixels come within 49.3-49.6 dB of drawing every
+# surfel, and 20 of them ahead of the ego cost half the time they cost at 0.75 px (BENCHMARKS.md, scene editing)
+LOD_PIXELS = 1.5  # an actor with a level of detail keeps its surfels about this far apart on screen ...
 LOD_MIN = 1000  # ... and at least this many of its body
 
 
@@ -118,7 +120,7 @@ class Actor:
         object.__setattr__(self, "_track_quats", rotmat_to_quat(poses[:, :3, :3]))
 
     def pose_at(self, timestamp_us: int) -> np.ndarray:
-        return interpolate_poses(self.track_timestamps_us, self.track_poses, [int(timestamp_us)], self._track_quats)[0]
+        return interpolate_pose(self.track_timestamps_us, self.track_poses, timestamp_us, self._track_quats)
 
     def detail(self, T_world_actor: np.ndarray, eye: Optional[np.ndarray], focal_px: float) -> Surfels:
         """The actor's surfels (its frame) as a camera at ``eye`` with focal length ``focal_px`` needs them:

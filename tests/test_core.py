@@ -82,6 +82,23 @@ def test_interpolate_poses_vectorized_yaw_is_linear_in_time():
     assert np.allclose(interpolate_poses(ts[:1], poses[:1], t), np.eye(4))  # a single pose holds
 
 
+def test_interpolate_pose_is_interpolate_poses_one_at_a_time():
+    rng = np.random.default_rng(4)
+    q = rng.normal(size=(6, 4))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    q[2] = -q[1] + 1e-5  # the same rotation as the one before, opposite sign (nearly equal: the linear branch)
+    q[2] /= np.linalg.norm(q[2])
+    poses = np.tile(np.eye(4), (6, 1, 1))
+    poses[:, :3, :3], poses[:, :3, 3] = quat_to_rotmat(q), rng.normal(size=(6, 3)) * 10
+    ts = np.array([0, 100, 250, 400, 1000, 1001])
+    t = np.concatenate([[-50, 0, 100, 1001, 2000], rng.integers(-10, 1100, 40)])
+    batch = interpolate_poses(ts, poses, t)
+    for quats in (None, q * np.sign(q[:, :1])):  # the track's quaternions given, as actors give them
+        for i, ti in enumerate(t):
+            assert np.allclose(interpolate_pose(ts, poses, int(ti), quats), batch[i], atol=1e-12)
+    assert np.array_equal(interpolate_pose(ts[:1], poses[:1], 7), poses[0])
+
+
 @pytest.mark.parametrize("cam", CAMERAS, ids=lambda c: c.model)
 def test_unproject_project_roundtrip(cam):
     jj, ii = np.meshgrid(np.arange(cam.width) + 0.5, np.arange(cam.height) + 0.5)
