@@ -13,6 +13,7 @@
 # bench.json, train.json, metrics.json and first side-by-side.
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 OUT=${OUT:-out/gpu_check}
+RECON=/tmp/gpu_check_recon
 mkdir -p "$OUT"
 S=$(date +%s); el(){ echo "=== [$(( $(date +%s)-S ))s] $*"; }
 el setup
@@ -35,24 +36,23 @@ timeout 120 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --heigh
   --backends gsplat 2>&1 | tail -2
 if [ -n "$LOG" ]; then
   el "cuda preset on $LOG (the CUDA tests run beside it)"
-  R=$(( ${LIMIT:-540} - ($(date +%s)-S) - 10 ))
-  ( timeout $R python3 bench/bench_reconstruct.py --log "$LOG" --out /tmp/gpu_check_recon --preset cuda \
-      --iterations "${ITERS:-3000}" --downscale "${DOWNSCALE:-2}" > /tmp/gpu_check_recon.log 2>&1
-    echo "reconstruction exit $?" >> /tmp/gpu_check_recon.log ) &
+  LEFT=$(( ${LIMIT:-540} - ($(date +%s)-S) - 10 ))
+  ( timeout $LEFT python3 bench/bench_reconstruct.py --log "$LOG" --out $RECON --preset cuda \
+      --iterations "${ITERS:-3000}" --downscale "${DOWNSCALE:-2}" > $RECON.log 2>&1
+    echo "reconstruction exit $?" >> $RECON.log ) &
 fi
 el "CUDA tests"
 timeout 240 python3 -m pytest -p no:cacheprovider -q -rA -m cuda 2>&1 | tail -25
 wait
 if [ -n "$LOG" ]; then
-  tr '\r' '\n' < /tmp/gpu_check_recon.log | grep -v '^\s*$' > "$OUT/recon_log.txt"
+  tr '\r' '\n' < $RECON.log | grep -v '^\s*$' > "$OUT/recon_log.txt"
   tail -12 "$OUT/recon_log.txt" | cut -c1-240
-  R=/tmp/gpu_check_recon
-  cp $R/bench.json $R/recon/train.json $R/eval/metrics.json "$OUT"/ 2>/dev/null
-  cp "$(ls /tmp/gpu_check_recon/eval/views/*.png 2>/dev/null | head -1)" "$OUT/recon_view.png" 2>/dev/null
-  if [ -f /tmp/gpu_check_recon/recon/checkpoint.pt ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
+  cp $RECON/bench.json $RECON/recon/train.json $RECON/eval/metrics.json "$OUT"/ 2>/dev/null
+  cp "$(ls $RECON/eval/views/*.png 2>/dev/null | head -1)" "$OUT/recon_view.png" 2>/dev/null
+  if [ -f $RECON/recon/checkpoint.pt ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
     el "where a training step's time goes (cProfile, 40 steps from the checkpoint)"
     timeout $(( ${LIMIT:-540} - ($(date +%s)-S) - 5 )) python3 -m cProfile -s cumtime bench/bench_scene_step.py \
-      /tmp/gpu_check_recon/recon --steps 40 2>&1 | grep -v "^\s*$" | head -45 | cut -c1-160
+      $RECON/recon --steps 40 2>&1 | grep -v "^\s*$" | head -45 | cut -c1-160
   fi
 fi
 el done

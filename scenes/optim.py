@@ -66,7 +66,7 @@ class Adam:
         return {"m": cpu(self.m), "v": cpu(self.v), "step": self.step_count, "lrs": self.lrs}
 
     def load_state_dict(self, d: dict, device="cpu") -> None:
-        to = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
+        to = lambda moments: {k: v.to(device) for k, v in moments.items()}  # noqa: E731
         self.m, self.v, self.step_count = to(d["m"]), to(d["v"]), int(d["step"])
 
 

@@ -168,19 +168,24 @@ def test_seeds_above_a_clipped_actor_go_into_its_box(log_dir, monkeypatch):
     assert count(bg1) <= count(bg0)  # blocks over actors no longer interpolate walls: fewer, none moved in
 
 
-def test_training_improves_training_views_and_scene_has_actors(log_dir, trained):
+def training_view_gain(log_dir, scene, init: InitOptions, backend: str = "auto") -> float:
+    """Mean PSNR gain (dB) of ``scene`` over the initial surfels on two training views."""
     log = load_log(log_dir)
     train, _ = split_frames(log)
     views = make_views(log, train[:2])
-    cfg = _cfg()
-    bg, actors = initial_surfels(log, train, cfg.init)
+    bg, actors = initial_surfels(log, train, init)
     init_scene = SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)).to_scene()
-    scene = gsim.load_scene(trained / "scene")
 
     def mean_psnr(sc):
         return np.mean([gsim.scenes.losses.psnr(render_image(sc, v.camera, v.T_world_camera, v.timestamp_us,
-                                                             v.sensor)[0], v.image) for v in views])
-    assert mean_psnr(scene) > mean_psnr(init_scene) + 1.0
+                                                             v.sensor, backend)[0], v.image) for v in views])
+    return mean_psnr(scene) - mean_psnr(init_scene)
+
+
+def test_training_improves_training_views_and_scene_has_actors(log_dir, trained):
+    log = load_log(log_dir)
+    scene = gsim.load_scene(trained / "scene")
+    assert training_view_gain(log_dir, scene, _cfg().init) > 1.0
     assert {a.id for a in scene.actors} <= {t.id for t in log.actors} and scene.actors
     assert scene.sky is not None and set(scene.appearance) == set(log.cameras)
     # actors ride their tracks: at two times the actor's surfels sit inside its box there
@@ -304,16 +309,7 @@ def test_cuda_preset_trains_on_the_gpu_and_resumes(log_dir, tmp_path, monkeypatc
     monkeypatch.setattr(train_mod, "train_step", real_step)
     reconstruct(log_dir, tmp_path, resume=True, progress=False)  # the moments go back to the GPU
     assert json.loads((tmp_path / "train.json").read_text())["iterations"] == 60
-    log = load_log(log_dir)
-    train, _ = split_frames(log)
-    views = make_views(log, train[:2])
-    bg, actors = initial_surfels(log, train, small["init"])
-    init_scene = SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)).to_scene()
-
-    def mean_psnr(sc):
-        return np.mean([gsim.scenes.losses.psnr(render_image(sc, v.camera, v.T_world_camera, v.timestamp_us,
-                                                             v.sensor, "gsplat")[0], v.image) for v in views])
-    assert mean_psnr(gsim.load_scene(tmp_path / "scene")) > mean_psnr(init_scene) + 1.0
+    assert training_view_gain(log_dir, gsim.load_scene(tmp_path / "scene"), small["init"], "gsplat") > 1.0
 
 
 def test_bad_input(log_dir, tmp_path):
