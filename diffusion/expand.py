@@ -199,11 +199,12 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
         for i, (v, left, fwd) in enumerate(tqdm(moved, desc=f"repair views {where}", unit="view",
                                                 disable=not progress)):
             T = offset_pose(t.log, v.sensor, v.timestamp_us, ahead_m=fwd, left_m=left)
-            rgb, alpha, depth = render_image(scene, v.camera, T, v.timestamp_us, v.sensor)
+            Tc = scene.log_pose(T, v.timestamp_us)  # where the scene puts the log's pose (train_step corrects T so)
+            rgb, alpha, depth = render_image(scene, v.camera, Tc, v.timestamp_us, v.sensor)
             fixed = repairer.repair_image(rgb, alpha, depth, seed=options.seed + i)
             if i % 8 == 0:
                 _picture(out / "pseudo" / f"left{left:+.1f}_ahead{fwd:+.1f}_{i:03d}_{v.sensor}.png", rgb, fixed)
-            *fill, filled = fill_points(v.camera, T, fixed, alpha, depth, options)
+            *fill, filled = fill_points(v.camera, Tc, fixed, alpha, depth, options)
             added += add_surfels(run, *fill)
             taught = corrected(rgb, fixed, filled, options)
             if taught.any():

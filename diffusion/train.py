@@ -70,7 +70,8 @@ def _render_pairs(scene, views, name: str):
     from gsim.scenes.evaluate import render_image
     out = []
     for v in views:
-        rgb, alpha, depth = render_image(scene, v.camera, v.T_world_camera, v.timestamp_us, v.sensor)
+        rgb, alpha, depth = render_image(scene, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
+                                         v.timestamp_us, v.sensor)
         out.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(v.image), name))
     return out
 

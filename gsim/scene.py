@@ -8,6 +8,7 @@ one folder of ``.npy`` arrays per surfel set::
     actors/<id>/{...same...}.npy, actors/<id>/track_{timestamps_us,poses}.npy
     sky.npy                      (optional) lat-long sky map, see gsim.appearance
     lidar_head.json              (optional) LiDAR intensity / ray-drop head, see gsim.lidar.heads
+    pose_corrections/{timestamps_us,matrices}.npy  (optional) the log's refined poses, see Scene
 
 The manifest's ``appearance`` maps camera sensor names to (3,4) colour affines; ``train``
 (null or absent unless reconstructed) holds ``{"downscale": D}``, the training images' factor.
@@ -31,7 +32,7 @@ from .errors import SceneFormatError
 from .io import atomic_directory
 from .ply import load_ply
 from .surfels import Surfels
-from .transforms import check_pose, interpolate_pose, rotmat_to_quat
+from .transforms import check_pose, interpolate_pose, interpolate_poses, rotmat_to_quat
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -158,7 +159,11 @@ class Scene:
     appearance affines ({sensor name: (3,4)}, see gsim.appearance).
 
     ``train_downscale`` is the integer factor the training images were box-averaged by, for a
-    scene reconstructed from a log (evaluation renders at it by default); None when unknown."""
+    scene reconstructed from a log (evaluation renders at it by default); None when unknown.
+
+    ``pose_corrections``: (times (K,) int64 us, (K,4,4) rigid C) for a scene reconstructed from a log whose
+    poses training refined: the log's sensor pose T at time t is ``C(t) @ T`` in this scene (`log_pose`; C
+    blended between the times, held at the ends); None: the log's poses as they are."""
 
     background: Surfels
     actors: tuple = field(default_factory=tuple)
@@ -166,8 +171,18 @@ class Scene:
     appearance: Dict[str, np.ndarray] = field(default_factory=dict)
     lidar_head: Optional[object] = None  # gsim.lidar.heads.LidarHead: decodes the surfels' features
     train_downscale: Optional[int] = None
+    pose_corrections: Optional[tuple] = None
 
     def __post_init__(self):
+        if self.pose_corrections is not None:
+            times, C = (np.asarray(x) for x in self.pose_corrections)
+            if (times.ndim != 1 or not np.issubdtype(times.dtype, np.integer) or len(times) == 0
+                    or np.any(np.diff(times) <= 0) or C.shape != (len(times), 4, 4)):
+                raise ValueError(f"Scene.pose_corrections: expected increasing integer times (K,) and (K,4,4) "
+                                 f"matrices, got {times.dtype} {times.shape} and {C.shape}")
+            for k in range(len(C)):
+                check_pose(C[k], f"Scene.pose_corrections[{k}]")
+            object.__setattr__(self, "pose_corrections", (times.astype(np.int64), C.astype(np.float64)))
         d = self.train_downscale
         if d is not None and (not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1):
             raise ValueError(f"Scene.train_downscale: expected None or an integer >= 1, got {d!r}")
@@ -178,6 +193,14 @@ class Scene:
                 raise ValueError(f"Scene.appearance[{name!r}]: expected a finite (3,4) affine, got shape {A.shape}")
             app[str(name)] = A
         object.__setattr__(self, "appearance", app)
+
+    def log_pose(self, T_world_sensor: np.ndarray, timestamp_us) -> np.ndarray:
+        """A pose (4,4) or poses (M,4,4) of the log's sensors at ``timestamp_us`` (scalar or (M,)) as this
+        scene places them (``pose_corrections`` applied; unchanged without them)."""
+        if self.pose_corrections is None:
+            return T_world_sensor
+        C = interpolate_poses(*self.pose_corrections, timestamp_us)
+        return C[0] @ T_world_sensor if np.ndim(timestamp_us) == 0 else C @ T_world_sensor
 
     def placed(self, timestamp_us: Optional[int] = None, eye: Optional[np.ndarray] = None,
                focal_px: float = 0.0) -> list:
@@ -268,11 +291,18 @@ def save_scene(scene: Scene, path) -> None:
         if scene.lidar_head is not None:
             head = "lidar_head.json"
             (tmp / head).write_text(json.dumps(scene.lidar_head.to_dict()))
+        corrections = None
+        if scene.pose_corrections is not None:
+            (tmp / "pose_corrections").mkdir()
+            for name, a in zip(("timestamps_us", "matrices"), scene.pose_corrections):
+                np.save(tmp / "pose_corrections" / f"{name}.npy", a)
+            corrections = {k: f"pose_corrections/{k}.npy" for k in ("timestamps_us", "matrices")}
         manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
                     "background": {"surfels": "background", "count": len(scene.background)},
                     "actors": actors, "sky": sky, "lidar_head": head,
                     "appearance": {k: A.tolist() for k, A in scene.appearance.items()},
-                    "train": None if scene.train_downscale is None else {"downscale": int(scene.train_downscale)}}
+                    "train": None if scene.train_downscale is None else {"downscale": int(scene.train_downscale)},
+                    "pose_corrections": corrections}
         (tmp / "scene.json").write_text(json.dumps(manifest, indent=2))
 
 
@@ -328,10 +358,14 @@ def load_scene(path) -> Scene:
                                   or train["downscale"] < 1):
             raise SceneFormatError(f"{mpath}: field 'train' must be null or {{\"downscale\": integer >= 1}}, "
                                    f"got {train!r}")
+        corrections = m.get("pose_corrections")  # absent in scenes written before poses were refined
+        if corrections is not None:
+            corrections = tuple(load_array(_inside(path, corrections[k], f"pose_corrections.{k}"))
+                                for k in ("timestamps_us", "matrices"))
         try:
             appearance = {k: np.asarray(v, dtype=np.float64) for k, v in m.get("appearance", {}).items()}
             return Scene(background=bg, actors=tuple(actors), sky=sky, appearance=appearance, lidar_head=head,
-                         train_downscale=None if train is None else train["downscale"])
+                         train_downscale=None if train is None else train["downscale"], pose_corrections=corrections)
         except ValueError as e:
             raise SceneFormatError(f"{mpath}: {e}") from None
     except (KeyError, TypeError, AttributeError) as e:

@@ -77,7 +77,7 @@ def _lidar_sweeps(scene: Scene, log, held, out: Path, progress: bool, write_imag
         rays = sweep_rays(log, obs)
         beams = log.lidars[obs.sensor].beams
         lo, hi = (beams.min_range_m, beams.max_range_m) if beams is not None else (0.0, np.inf)
-        r = render_rays(scene, rays.poses(log), rays.times_us, rays.dirs, lo, hi)
+        r = render_rays(scene, scene.log_pose(rays.poses(log), rays.times_us), rays.times_us, rays.dirs, lo, hi)
         m = {"name": f"{f.index:06d}_{obs.sensor}", "frame": f.index, "sensor": obs.sensor,
              **ray_metrics(r["range"], rays.range, rays.dirs, r["intensity"], rays.intensity, rays.grid is not None)}
         results.append(m)
@@ -124,7 +124,8 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         it = tqdm(views, desc="evaluate", unit="view")
     per_view, has_lidar = [], any(f.lidars for f in held)
     for v in it:
-        rgb, alpha, depth = render_image(scene, v.camera, v.T_world_camera, v.timestamp_us, v.sensor, backend)
+        rgb, alpha, depth = render_image(scene, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
+                                         v.timestamp_us, v.sensor, backend)
         name = f"{v.frame:06d}_{v.sensor}"
         m = {"name": name, "frame": v.frame, "sensor": v.sensor, "timestamp_us": v.timestamp_us,
              **image_metrics(rgb, v.image)}

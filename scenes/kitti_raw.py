@@ -316,6 +316,36 @@ class _Odometry:
         return self.icp.last_pose.copy()
 
 
+# LiDAR odometry's positions are smoothed with a motion prior (a Whittaker smoother: least squares against the
+# estimates with a penalty on acceleration). On the sample's stop-and-go drive kiss-icp's steps jitter by 3-5 cm
+# (its speed jumps between 1.0 and 2.6 m/s from one sweep to the next, 4.8 m/s^2 rms), which a car cannot do; a
+# reconstruction on them renders its held-out views several centimetres off (BENCHMARKS.md, issue 11).
+ODOMETRY_NOISE_M = 0.03  # the estimates' position noise
+ODOMETRY_ACCEL_MPS2 = 1.0  # the acceleration the prior expects (one sigma)
+
+
+def smooth_positions(times_us: np.ndarray, poses: np.ndarray) -> np.ndarray:
+    """``poses`` (T,4,4) with their positions smoothed (orientations kept: their jitter is hundredths of a
+    degree): minimise sum |p - p_est|^2 / noise^2 + sum |a|^2 / accel^2 over the positions p, a the second
+    divided differences at the inner times (any spacing)."""
+    from scipy.sparse import diags, identity
+    from scipy.sparse.linalg import spsolve
+    t = np.asarray(times_us, np.float64) / 1e6
+    n = len(t)
+    if n < 3:
+        return poses
+    h = np.diff(t)
+    if np.any(h <= 0):
+        raise ValueError("smooth_positions: times must increase")
+    # a_k = 2 / (h_{k-1} + h_k) * ((p_{k+1} - p_k) / h_k - (p_k - p_{k-1}) / h_{k-1}), k = 1..n-2
+    w = 2 / (h[:-1] + h[1:])
+    D = diags([w / h[:-1], -w * (1 / h[:-1] + 1 / h[1:]), w / h[1:]], [0, 1, 2], shape=(n - 2, n))
+    A = (identity(n) / ODOMETRY_NOISE_M ** 2 + D.T @ D / ODOMETRY_ACCEL_MPS2 ** 2).tocsc()
+    out = np.array(poses, np.float64)
+    out[:, :3, 3] = spsolve(A, poses[:, :3, 3] / ODOMETRY_NOISE_M ** 2)
+    return out
+
+
 def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Optional[int] = None,
                       progress: bool = True) -> Path:
     """Convert one KITTI raw drive to a gsim log at ``out``; returns ``out``.
@@ -371,11 +401,19 @@ def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Op
         for k, f in enumerate(tqdm(frames, desc="kitti-raw", unit="frame", disable=not progress)):
             points = _read_sweep(sweeps[k])
             ego_poses.append(ego[k] if odometry is None else odometry(points[:, :3]))
-            w.add_ego_pose(ego_times[k], ego_poses[-1])
             w.add_frame(times[LIDAR][k],
                         cameras={c: w.image(c, k, times[c][k], src=drive_dir / c / "data" / f"{f}.png")
                                  for c in cameras},
                         lidars={"velodyne": w.sweep("velodyne", k, times[LIDAR][k], points)})
+        if odometry is not None:
+            raw = np.stack(ego_poses)
+            ego_poses = list(smooth_positions(np.array(ego_times), raw))
+            moved = np.linalg.norm(np.stack(ego_poses)[:, :3, 3] - raw[:, :3, 3], axis=1) * 100
+            notes.append(f"odometry positions smoothed (acceleration prior {ODOMETRY_ACCEL_MPS2:g} m/s^2, estimate noise "
+                         f"{ODOMETRY_NOISE_M * 100:g} cm): moved by median {np.median(moved):.1f} cm, at most "
+                         f"{moved.max():.1f} cm")
+        for t, T in zip(ego_times, ego_poses):
+            w.add_ego_pose(t, T)
         if tracklets:  # boxes at the sweeps' times, placed as the log places the sweeps (vehicle = Velodyne)
             sweep_poses = {int(f): (t, interpolate_pose(np.array(ego_times), np.stack(ego_poses), t))
                            for f, t in zip(frames, times[LIDAR])}

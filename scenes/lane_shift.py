@@ -86,7 +86,8 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
     rows = {}
     for kind, dist, dx, dy, v in jobs:
         T = offset_pose(log, v.sensor, v.timestamp_us, dx, dy)
-        rgb, alpha, depth = render_image(scene, v.camera, T, v.timestamp_us, v.sensor, backend)
+        rgb, alpha, depth = render_image(scene, v.camera, scene.log_pose(T, v.timestamp_us), v.timestamp_us, v.sensor,
+                                         backend)
         gt = truth(street, options, log, v.sensor, T, v.timestamp_us, downscale)
         m = {**image_metrics(rgb, gt), "low_alpha_fraction": float(np.mean(alpha < 0.5))}
         shown = [rgb]

@@ -68,6 +68,8 @@ class TrainConfig:
     lr_features: float = 1e-2
     lr_head: float = 1e-3
     lr_actor_pose: float = 2e-3  # the tracks' pose offsets (m and rad per step, decays as the means'; 0: boxes as given)
+    lr_view_rot: float = 2e-4  # the views' pose corrections (rad per step, decays as the means'; both 0: poses as given)
+    lr_view_trans: float = 2e-3  # (m per step)
     checkpoint_every: int = 500
     movers: bool = True  # a log without actor tracks: find its moving objects in the LiDAR (scenes.movers)
     robust_k: float = 5.0  # with found movers: pixels whose local residual exceeds k x the median ... (0: off)
@@ -87,6 +89,10 @@ class TrainConfig:
                              f"{self.lidar_every}, {self.lidar_rays}, {self.lidar_rays_per_sweep}")
 
     @property
+    def refines_views(self) -> bool:
+        return bool(self.lr_view_rot or self.lr_view_trans)
+
+    @property
     def device(self) -> str:
         """Where the model, the optimiser and the losses live: the GPU with gsplat, else the CPU."""
         return "cuda" if self.backend == "gsplat" else "cpu"
@@ -101,6 +107,8 @@ class TrainConfig:
             raise ValueError(f"train config: schema_version must be {CONFIG_SCHEMA}")
         d.setdefault("movers", False)  # a checkpoint from before movers were found trained without them
         d.setdefault("lr_actor_pose", 0.0)  # nor refined their poses
+        d.setdefault("lr_view_rot", 0.0)  # nor the views'
+        d.setdefault("lr_view_trans", 0.0)
         return TrainConfig(**{**d, "init": InitOptions(**d["init"]), "densify": DensifyOptions(**d["densify"])})
 
 
@@ -146,8 +154,9 @@ class _Run:
                "logit_opacities": cfg.lr_opacities, "sh": cfg.lr_sh, "sky": cfg.lr_sky,
                **{f"affine/{c}": cfg.lr_affine for c in model.affine}, "features": cfg.lr_features,
                **{f"head/{k}": cfg.lr_head for k in model.head},
-               **{f"pose/{i}": cfg.lr_actor_pose for i in model.pose_offsets}}
-        self.adam = Adam(lrs, sparse=[f"pose/{i}" for i in model.pose_offsets])
+               **{f"pose/{i}": cfg.lr_actor_pose for i in model.pose_offsets},
+               "view/rot": cfg.lr_view_rot, "view/trans": cfg.lr_view_trans}
+        self.adam = Adam(lrs, sparse=[f"pose/{i}" for i in model.pose_offsets] + ["view/rot", "view/trans"])
         self.densifier = Densifier(cfg.densify, scale)
         self.rng = np.random.default_rng(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
@@ -179,6 +188,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     on = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(model.device)  # noqa: E731
     params = {**model.params, **model.extra_params()}
     surfels = model.surfels_at(view.timestamp_us)
+    if cfg.refines_views:
+        surfels = model.corrected(surfels, view.timestamp_us)
     geometry = run.step >= cfg.normal_from
     options = RenderOptions(distortion=bool(cfg.distortion_weight and geometry))
     frame = render_camera(surfels, view.camera, view.T_world_camera, backend=cfg.backend, options=options)
@@ -224,7 +235,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
             depth = (model.params["means"] - cam).norm(dim=-1)
             run.densifier.accumulate(grad, depth, float(view.camera.fx), view.camera.width)
     decay = 0.01 ** (run.step / max(cfg.iterations, 1))
-    run.adam.step(params, {"means": decay, **{f"pose/{i}": decay for i in model.pose_offsets}})
+    run.adam.step(params, {"means": decay, "view/rot": decay, "view/trans": decay,
+                           **{f"pose/{i}": decay for i in model.pose_offsets}})
     return float(loss.detach()), losses.psnr(rgb.detach().clamp(0, 1), target)
 
 
@@ -277,8 +289,10 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
     sweeps = lidar_sweeps(log, train_frames, cfg, ignored)
     if state is None:
         bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress, ignored=ignored)
+        centres = np.stack([v.T_world_camera[:3, 3] for v in views]) if cfg.refines_views else None
         run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras),
-                                                [v.timestamp_us for v in views]), scene_scale(views, bg.means))
+                                                [v.timestamp_us for v in views], view_centres=centres),
+                   scene_scale(views, bg.means))
     else:
         run = _Run(cfg, SceneModel.from_state(state["model"], log.actors), state["scale"])
         run.restore(state)

@@ -34,7 +34,9 @@ def _scene(seed=0) -> Scene:
     poses[1, :2, :2] = [[c, -s], [s, c]]
     actor = Actor(id="car_0", category="car", size=(4.5, 1.8, 1.5), surfels=_surfels(rng, 4),
                   track_timestamps_us=np.array([0, 100_000]), track_poses=poses)
-    return Scene(background=_surfels(rng), actors=(actor,))
+    corrections = np.tile(np.eye(4), (2, 1, 1))
+    corrections[1, :3, 3] = [0.02, -0.01, 0.0]
+    return Scene(background=_surfels(rng), actors=(actor,), pose_corrections=(np.array([0, 100_000]), corrections))
 
 
 def _assert_surfels_identical(a: Surfels, b: Surfels):
@@ -54,6 +56,7 @@ def _assert_scenes_identical(a: Scene, b: Scene):
         assert x.track_timestamps_us.dtype == y.track_timestamps_us.dtype == np.int64
         assert np.array_equal(x.track_timestamps_us, y.track_timestamps_us)
         assert np.array_equal(x.track_poses, y.track_poses)
+    assert all(np.array_equal(u, v) for u, v in zip(a.pose_corrections, b.pose_corrections))
 
 
 def test_scene_round_trip_exact(tmp_path):
@@ -120,8 +123,15 @@ def _break_shape(d):
     return "quats"
 
 
+def _break_pose_correction(d):
+    C = np.load(d / "pose_corrections" / "matrices.npy")
+    C[1, :3, :3] *= 2  # not a rotation
+    np.save(d / "pose_corrections" / "matrices.npy", C)
+    return "pose_corrections[1]"
+
+
 @pytest.mark.parametrize("breaker", [_break_missing_manifest, _break_schema, _break_missing_array,
-                                     _break_corrupt_npy, _break_shape])
+                                     _break_corrupt_npy, _break_shape, _break_pose_correction])
 def test_scene_load_errors_name_the_file(tmp_path, breaker):
     d = tmp_path / "s"
     save_scene(_scene(), d)
