@@ -409,8 +409,8 @@ def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Op
             raw = np.stack(ego_poses)
             ego_poses = list(smooth_positions(np.array(ego_times), raw))
             moved = np.linalg.norm(np.stack(ego_poses)[:, :3, 3] - raw[:, :3, 3], axis=1) * 100
-            notes.append(f"odometry positions smoothed (acceleration prior {ODOMETRY_ACCEL_MPS2:g} m/s^2, estimate noise "
-                         f"{ODOMETRY_NOISE_M * 100:g} cm): moved by median {np.median(moved):.1f} cm, at most "
+            notes.append(f"odometry positions smoothed (acceleration prior {ODOMETRY_ACCEL_MPS2:g} m/s^2, estimate "
+                         f"noise {ODOMETRY_NOISE_M * 100:g} cm): moved by median {np.median(moved):.1f} cm, at most "
                          f"{moved.max():.1f} cm")
         for t, T in zip(ego_times, ego_poses):
             w.add_ego_pose(t, T)

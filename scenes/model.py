@@ -27,6 +27,7 @@ import torch
 
 from gsim.appearance import IDENTITY_AFFINE, Sky
 from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
+from gsim.render.torch_backend import quat_to_rotmat
 from gsim.scene import Actor, Scene
 from gsim.surfels import Surfels, sh_rotation
 from gsim.transforms import bracket, rotmat_to_quat
@@ -48,13 +49,6 @@ def _quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     bw, bx, by, bz = b.unbind(-1)
     return torch.stack([aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
                         aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw], -1)
-
-
-def _quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
-    w, x, y, z = q.unbind(-1)
-    return torch.stack([torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)]),
-                        torch.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)]),
-                        torch.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)])])
 
 
 def _view_knots(times_us: Sequence[int], centres: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -149,7 +143,8 @@ class SceneModel:
     def extra_params(self) -> Dict[str, torch.Tensor]:
         return {"sky": self.sky, **{f"affine/{c}": a for c, a in self.affine.items()},
                 **{f"head/{k}": v for k, v in self.head.items()},
-                **{f"pose/{i}": v for i, v in self.pose_offsets.items()}, **{f"view/{k}": v for k, v in self.view_offsets.items()}}
+                **{f"pose/{i}": v for i, v in self.pose_offsets.items()},
+                **{f"view/{k}": v for k, v in self.view_offsets.items()}}
 
     def activated(self) -> Surfels:
         p = self.params
@@ -199,7 +194,7 @@ class SceneModel:
         c = torch.as_tensor(self.view_knots[1][k], dtype=rot.dtype, device=rot.device)
         # a rotation vector as the quaternion (1, w/2) normalised: exact rotations, first-order in the angle
         q = torch.nn.functional.normalize(torch.cat([torch.ones_like(rot[:1]), rot / 2]), dim=0)
-        R = _quat_to_rotmat(q)
+        R = quat_to_rotmat(q[None])[0]
         return R, q, c + trans - R @ c
 
     def pose_corrections(self) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -276,7 +271,8 @@ class SceneModel:
                 "head": {k: c(v) for k, v in self.head.items()},
                 "pose_offsets": {i: c(v) for i, v in self.pose_offsets.items()},
                 "pose_knots": {i: k.copy() for i, k in self.pose_knots.items()},
-                "view_knots": tuple(x.copy() for x in self.view_knots), "view_offsets": {k: c(v) for k, v in self.view_offsets.items()}}
+                "view_knots": tuple(x.copy() for x in self.view_knots),
+                "view_offsets": {k: c(v) for k, v in self.view_offsets.items()}}
 
     def replace(self, keep: torch.Tensor, new: Dict[str, torch.Tensor], new_owner: torch.Tensor) -> None:
         """Keep surfels ``keep`` (bool mask) and append ``new`` raw parameters (densification)."""

@@ -68,7 +68,7 @@ class TrainConfig:
     lr_features: float = 1e-2
     lr_head: float = 1e-3
     lr_actor_pose: float = 2e-3  # the tracks' pose offsets (m and rad per step, decays as the means'; 0: boxes as given)
-    lr_view_rot: float = 2e-4  # the views' pose corrections (rad per step, decays as the means'; both 0: poses as given)
+    lr_view_rot: float = 2e-4  # the views' pose corrections (rad per step, decays as the means'; both 0: off)
     lr_view_trans: float = 2e-3  # (m per step)
     checkpoint_every: int = 500
     movers: bool = True  # a log without actor tracks: find its moving objects in the LiDAR (scenes.movers)
