@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 
 import numba
 import numpy as np
@@ -88,13 +89,25 @@ def _clipped_disk_bounds(c0, c1, c2, u0, u1, u2, v0, v1, v2, near):
     return b0, b1, b2, b3
 
 
+@njit(cache=True, inline="always")
+def _beyond(x, z, u, r):
+    """Whether the sphere of radius r about (x, ., z) lies wholly where x > u z (past the plane x = u z)."""
+    return x - u * z > r * math.sqrt(1.0 + u * u)
+
+
 @njit(parallel=True, cache=True)
 def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far, tile_col_u, tile_row_v,
-                rec, bounds, depth, rect, closed=False):
+                rec, depth, rect, closed=False):
     """Per surfel: the rectangle of tiles [x0, x1) x [y0, y1) that its footprint bound meets, as
-    rect[i] = x0, x1, y0, y1 (x0 = x1 = 0 for culled surfels), and for the others its record, bound
-    and float32 centre depth. ``closed``: the surfels cover closed surfaces with outward normals, so
+    rect[i] = x0, x1, y0, y1 (x0 = x1 = 0 for culled surfels), and for the others its record (with
+    its footprint bound) and float32 centre depth. ``closed``: the surfels cover closed surfaces with outward normals, so
     those facing away are culled (the surface's near side hides them)."""
+    # the pixels' rays span [u_lo, u_hi] x [v_lo, v_hi] on the z=1 plane (unbounded past 90 degrees off axis)
+    u_lo, u_hi = tile_col_u[0, 0, 0], tile_col_u[0, 1, tile_col_u.shape[2] - 1]
+    v_lo, v_hi = tile_row_v[0, 0, 0], tile_row_v[0, 1, tile_row_v.shape[2] - 1]
+    bounded = np.isfinite(u_lo) and np.isfinite(u_hi) and np.isfinite(v_lo) and np.isfinite(v_hi)
+    pad = 1e-5 * (1 + max(abs(u_lo), abs(u_hi), abs(v_lo), abs(v_hi)))  # more than the footprint bounds' padding
+    u_lo, u_hi, v_lo, v_hi = u_lo - pad, u_hi + pad, v_lo - pad, v_hi + pad
     for i in prange(means.shape[0]):
         rect[i, 0], rect[i, 1] = 0, 0
         o = f64(opac[i])  # float64 maths for any input dtype (numba's float() keeps float32)
@@ -106,21 +119,25 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
         c2 = Rcw[2, 0] * m0 + Rcw[2, 1] * m1 + Rcw[2, 2] * m2 + tcw[2]
         if not (c2 > near and c2 < far):
             continue
+        lg = math.log(o * 255.0)
+        k3 = math.sqrt(2.0 * lg)
+        r2u = math.sqrt(lg / (0.5 * FILTER_INV_SQUARE)) / fx
+        r2v = math.sqrt(lg / (0.5 * FILTER_INV_SQUARE)) / fy
+        s0, s1 = f64(scales[i, 0]), f64(scales[i, 1])
+        # Out of view, tested early and conservatively (most surfels of a part that is partly in view are
+        # not): the footprint lies in the sphere of the k3-sigma disk and the filter's r2 about the centre
+        # ray, so a sphere wholly beyond a side of the pixels' pyramid widened by r2 cannot reach a pixel.
+        r = k3 * max(s0, s1) * 1.001 + 1e-9
+        if bounded and (_beyond(c0, c2, u_hi + r2u, r) or _beyond(-c0, c2, r2u - u_lo, r)
+                        or _beyond(c1, c2, v_hi + r2v, r) or _beyond(-c1, c2, r2v - v_lo, r)):
+            continue
         qw, qx, qy, qz = f64(quats[i, 0]), f64(quats[i, 1]), f64(quats[i, 2]), f64(quats[i, 3])
         qn = math.sqrt(qw * qw + qx * qx + qy * qy + qz * qz)
         qw, qx, qy, qz = qw / qn, qx / qn, qy / qn, qz / qn
         # surfel axes (columns of the world rotation) taken into the camera frame; scalar code,
-        # since small arrays allocated per surfel cost more than the arithmetic
-        ex0, ex1, ex2 = 1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy + qw * qz), 2 * (qx * qz - qw * qy)
-        ey0, ey1, ey2 = 2 * (qx * qy - qw * qz), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz + qw * qx)
+        # since small arrays allocated per surfel cost more than the arithmetic. The normal first: a
+        # closed surface's surfels that face away are culled before the rest is computed.
         ez0, ez1, ez2 = 2 * (qx * qz + qw * qy), 2 * (qy * qz - qw * qx), 1 - 2 * (qx * qx + qy * qy)
-        s0, s1 = f64(scales[i, 0]), f64(scales[i, 1])
-        u0 = (Rcw[0, 0] * ex0 + Rcw[0, 1] * ex1 + Rcw[0, 2] * ex2) * s0
-        u1 = (Rcw[1, 0] * ex0 + Rcw[1, 1] * ex1 + Rcw[1, 2] * ex2) * s0
-        u2 = (Rcw[2, 0] * ex0 + Rcw[2, 1] * ex1 + Rcw[2, 2] * ex2) * s0
-        v0 = (Rcw[0, 0] * ey0 + Rcw[0, 1] * ey1 + Rcw[0, 2] * ey2) * s1
-        v1 = (Rcw[1, 0] * ey0 + Rcw[1, 1] * ey1 + Rcw[1, 2] * ey2) * s1
-        v2 = (Rcw[2, 0] * ey0 + Rcw[2, 1] * ey1 + Rcw[2, 2] * ey2) * s1
         n0 = Rcw[0, 0] * ez0 + Rcw[0, 1] * ez1 + Rcw[0, 2] * ez2
         n1 = Rcw[1, 0] * ez0 + Rcw[1, 1] * ez1 + Rcw[1, 2] * ez2
         n2 = Rcw[2, 0] * ez0 + Rcw[2, 1] * ez1 + Rcw[2, 2] * ez2
@@ -128,16 +145,20 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
             if closed:
                 continue
             n0, n1, n2 = -n0, -n1, -n2
+        ex0, ex1, ex2 = 1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy + qw * qz), 2 * (qx * qz - qw * qy)
+        ey0, ey1, ey2 = 2 * (qx * qy - qw * qz), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz + qw * qx)
+        u0 = (Rcw[0, 0] * ex0 + Rcw[0, 1] * ex1 + Rcw[0, 2] * ex2) * s0
+        u1 = (Rcw[1, 0] * ex0 + Rcw[1, 1] * ex1 + Rcw[1, 2] * ex2) * s0
+        u2 = (Rcw[2, 0] * ex0 + Rcw[2, 1] * ex1 + Rcw[2, 2] * ex2) * s0
+        v0 = (Rcw[0, 0] * ey0 + Rcw[0, 1] * ey1 + Rcw[0, 2] * ey2) * s1
+        v1 = (Rcw[1, 0] * ey0 + Rcw[1, 1] * ey1 + Rcw[1, 2] * ey2) * s1
+        v2 = (Rcw[2, 0] * ey0 + Rcw[2, 1] * ey1 + Rcw[2, 2] * ey2) * s1
         # rows of adj(H), H = [tu, tv, c]: tv x c, c x tu, tu x tv
         a00, a01, a02 = v1 * c2 - v2 * c1, v2 * c0 - v0 * c2, v0 * c1 - v1 * c0
         a10, a11 = c1 * u2 - c2 * u1, c2 * u0 - c0 * u2
         a20, a21, a22 = u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0
         uc, vc = c0 / c2, c1 / c2
-        lg = math.log(o * 255.0)
         # footprint bounds on the z=1 plane (see torch_backend._footprint_bounds)
-        k3 = math.sqrt(2.0 * lg)
-        r2u = math.sqrt(lg / (0.5 * FILTER_INV_SQUARE)) / fx
-        r2v = math.sqrt(lg / (0.5 * FILTER_INV_SQUARE)) / fy
         t00, t01, t02 = k3 * u0, k3 * v0, c0
         t10, t11, t12 = k3 * u1, k3 * v1, c1
         t20, t21, t22 = k3 * u2, k3 * v2, c2
@@ -159,7 +180,6 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
         if not (x0 < x1 and y0 < y1):
             continue
         rect[i, 0], rect[i, 1], rect[i, 2], rect[i, 3] = x0, x1, y0, y1
-        bounds[i, 0], bounds[i, 1], bounds[i, 2], bounds[i, 3] = b0, b1, b2, b3
         # the record, written entry by entry: a view per surfel would cost a reference count
         rec[i, 0], rec[i, 1], rec[i, 2], rec[i, 3] = a00, a01, a10, a11
         rec[i, 4], rec[i, 5], rec[i, 6], rec[i, 7] = a20, a21, a22, u0 * a00 + u1 * a01 + u2 * a02
@@ -440,20 +460,47 @@ def _out_of_view(part: Part, T_world_camera: np.ndarray, camera: Camera, tab, op
                 or y - v1 * z > r * math.hypot(1, v1) or v0 * z - y > r * math.hypot(1, v0))
 
 
+@njit(parallel=True, cache=True)
+def _gather(order, rec_in, rect_in, rec, rect):
+    """Rows ``order`` of the records and the rectangles, in that order."""
+    for j in prange(order.shape[0]):
+        i = order[j]
+        for k in range(REC):
+            rec[j, k] = rec_in[i, k]
+        for k in range(4):
+            rect[j, k] = rect_in[i, k]
+
+
+_scratch = threading.local()
+
+
+def _workspace(n: int) -> list:
+    """This thread's scratch arrays for n surfels, kept between renders: fresh arrays of this size (tens of MB
+    a frame) cost more in page faults than the preprocessing costs in arithmetic. They grow to the largest
+    scene rendered. Records, depths and tile rectangles of all the surfels, then the same records and
+    rectangles of those that meet a tile (bin_surfels returns those records)."""
+    w = getattr(_scratch, "arrays", None)
+    if w is None or len(w[0]) < n:
+        cap = n + n // 4
+        w = (np.empty((cap, REC), np.float32), np.empty(cap, np.float32), np.empty((cap, 4), np.int32),
+             np.empty((cap, REC), np.float32), np.empty((cap, 4), np.int32))
+        _scratch.arrays = w
+    return list(w)
+
+
 def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions):
-    """Per-surfel records (N, REC) float32 (from float64 maths) and the tiles' surfel lists in depth
-    order (start, lst; see _tile_lists), for numpy surfels or `Scene.placed` parts: each part is projected
-    from its own frame, with the camera's pose in that frame (records are in camera and screen space, so
-    they compose), and nothing is moved or copied."""
+    """The records (M, REC) float32 (from float64 maths) of the M surfels that meet a tile, in depth order
+    (this thread's scratch memory: valid until its next bin_surfels; copy them to keep them), the tiles' lists of them (start, lst; see _tile_lists) and which surfel each is (order (M,), an index into
+    the surfels or the parts' surfels one after the other). For numpy surfels or `Scene.placed` parts: each
+    part is projected from its own frame, with the camera's pose in that frame (records are in camera and
+    screen space, so they compose), and nothing is moved or copied."""
     tab = tile_table(camera)
     if isinstance(parts, Surfels):
         parts = [Part(parts, None)]
     parts = [p for p in parts if not _out_of_view(p, T_world_camera, camera, tab, options)]
     N = sum(len(p.surfels) for p in parts)
-    rec = np.empty((N, REC), np.float32)
-    bounds = np.empty((N, 4), np.float64)
-    depth = np.empty(N, np.float32)
-    rect = np.empty((N, 4), np.int64)
+    rec_all, depth, rect_all, rec, rect = _workspace(N)
+    rec_all, depth, rect_all = rec_all[:N], depth[:N], rect_all[:N]
     c = np.ascontiguousarray  # any float dtype: the maths is float64 inside
     o = 0
     for s, T_world_part, closed, _ in parts:
@@ -463,12 +510,19 @@ def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: Rend
         sl = slice(o, o + n)
         _preprocess(c(s.means), c(s.quats), c(s.scales), c(s.opacities), c(s.colors, np.float32), R_cw, t_cw, cen,
                     float(camera.fx), float(camera.fy), float(options.near), float(options.far),
-                    tab.tile_col_u[None], tab.tile_row_v[None], rec[sl], bounds[sl], depth[sl], rect[sl], closed)
+                    tab.tile_col_u[None], tab.tile_row_v[None], rec_all[sl], depth[sl], rect_all[sl], closed)
         o += n
-    keys = _depth_keys(depth, rect)
+    keys = _depth_keys(depth, rect_all)
     keys.sort()  # numpy's (vectorized) sort
-    start, lst = _tile_lists(keys & 0xFFFFFFFF, rect, bounds, tab.bounds, tab.tiles_x, numba.get_num_threads())
-    return rec, start, lst
+    order = keys & 0xFFFFFFFF
+    # in depth order and compact: the lists then read records in increasing order, and nothing is kept of the
+    # surfels that meet no tile
+    M = len(order)
+    rec, rect = rec[:M], rect[:M]
+    _gather(order, rec_all, rect_all, rec, rect)
+    # the footprint bounds as the records hold them: padded outward in float64 by more than float32 rounds
+    start, lst = _tile_lists(np.arange(M), rect, rec[:, 18:22], tab.bounds, tab.tiles_x, numba.get_num_threads())
+    return rec, start, lst, order
 
 
 def _needs_grad(surfels: Surfels) -> bool:
@@ -488,7 +542,7 @@ def render(surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderO
     else:
         surfels = surfels.numpy()
     tab = tile_table(camera)
-    rec, start, lst = bin_surfels(surfels, camera, T_world_camera, options)
+    rec, start, lst, _ = bin_surfels(surfels, camera, T_world_camera, options)
     H, W = camera.height, camera.width
     rgb, normal = np.empty((H * W, 3), np.float32), np.empty((H * W, 3), np.float32)
     alpha, depth_img = np.empty(H * W, np.float32), np.empty(H * W, np.float32)

@@ -222,16 +222,12 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
         raise ValueError(f"numba backend: differentiable rendering and the distortion output need CPU tensors, "
                          f"got surfels on {s.means.device}; use backend='torch' or 'gsplat' there, "
                          f"or move the surfels to the CPU")
-    rec, start, lst = bin_surfels(surfels.numpy(), camera, T_world_camera, options)
-    # project only the surfels some tile lists (often a small part of a street): the torch
+    rec, start, lst, order = bin_surfels(surfels.numpy(), camera, T_world_camera, options)
+    # project only the surfels that meet a tile (often a small part of a street): the torch
     # per-surfel stage and its backward then scale with what the camera sees
-    listed = np.zeros(len(rec), bool)
-    listed[lst] = True
-    used = np.nonzero(listed)[0]
-    local = (np.cumsum(listed, dtype=np.int64) - 1).astype(lst.dtype)
-    idx = torch.from_numpy(used).to(s.means.device)
+    idx = torch.from_numpy(order).to(s.means.device)
     seen = Surfels.derived(**{k: v.index_select(0, idx) for k, v in s._fields().items()})
     proj = project(seen, T_world_camera, options.near)
-    binning = (rec[used], start, local[lst])
+    binning = (rec.copy(), start, lst)  # kept for the backward: a copy of the binning's scratch records
     acc, dist = _PixelStage.apply(proj.records, binning, camera, options.near)
     return finish(acc, dist if options.distortion else None, options.background, camera.height, camera.width)
