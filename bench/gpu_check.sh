@@ -1,12 +1,13 @@
 #!/bin/bash
 # The GPU checks in one run, for a CUDA machine lent for minutes: gsplat's kernel build, the CUDA tests,
-# the 1080p camera benchmark, the cuda preset on a log and a profile of its step. Session 9 took
-# BENCHMARKS.md's GPU numbers with it.
+# the 1080p camera benchmark, the cuda preset on a log, a scenario rendered on its reconstruction and a profile
+# of its step. Session 9 took BENCHMARKS.md's GPU numbers with it.
 #
 #   [WHEELS=DIR] [LOG=DIR] [ITERS=3000] [DOWNSCALE=2] [LIMIT=540] [OUT=DIR] bash bench/gpu_check.sh
 #
 # WHEELS: wheels to install first where the machine has no network (gsplat==1.5.3, py3-none-any); gsim itself
-# is installed editable without dependencies (torch, numba, numpy, scipy, pillow, imageio, tqdm must be there).
+# is installed editable without dependencies (torch, numba, numpy, scipy, pillow, imageio, tqdm must be there;
+# the scenario step also needs the editing extra: `pip download -d DIR trimesh==5.2.0 pydantic pyyaml`).
 # LOG: a gsim log, or one packed by bench/pack_log.py (its sweeps xz-compressed: KITTI's 96 MB log packs to 50);
 # without it the reconstruction is skipped. LIMIT: seconds the whole run may take (the reconstruction gets what
 # is left and is stopped there). Results: OUT (default out/gpu_check): the build log, the reconstruction's
@@ -49,6 +50,12 @@ if [ -n "$LOG" ]; then
   tail -12 "$OUT/recon_log.txt" | cut -c1-240
   cp $RECON/bench.json $RECON/recon/train.json $RECON/eval/metrics.json "$OUT"/ 2>/dev/null
   cp "$(ls $RECON/eval/views/*.png 2>/dev/null | head -1)" "$OUT/recon_view.png" 2>/dev/null
+  if [ -d $RECON/recon/scene ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 120 ]; then
+    el "a scenario rendered on the reconstruction with gsplat, then numba (issue 12)"
+    timeout 90 python3 bench/bench_scenario.py $RECON/recon/scene "$LOG" --backends gsplat,numba --every 4 \
+      --out /tmp/gpu_check_scenario 2>&1 | grep -v "frame/s" | tail -4
+    cp /tmp/gpu_check_scenario/scenario_bench.json "$OUT"/ 2>/dev/null
+  fi
   if [ -f $RECON/recon/checkpoint.pt ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
     el "where a training step's time goes (cProfile, 40 steps from the checkpoint)"
     timeout $(( ${LIMIT:-540} - ($(date +%s)-S) - 5 )) python3 -m cProfile -s cumtime bench/bench_scene_step.py \
