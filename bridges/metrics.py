@@ -9,7 +9,7 @@ PDMS sub-scores), route completion and score = NC x DAC x (5 TTC + 5 EP + 2 C) /
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -59,7 +59,7 @@ class Box:
         return (self.length, self.width, self.height)
 
     def moved(self, dt_s: float) -> "Box":
-        return Box(**{**asdict(self), "x": self.x + self.vx * dt_s, "y": self.y + self.vy * dt_s})
+        return replace(self, x=self.x + self.vx * dt_s, y=self.y + self.vy * dt_s)
 
     def footprint(self) -> np.ndarray:
         return footprint(self.T, self.size)

@@ -50,11 +50,15 @@ class Ground:
         up = np.abs(n[:, 2]) > UP_COS
         self.index = np.nonzero(up)[0]
         self.xyz = s.means[up].astype(np.float64)
+        # sorted by x: a footprint's candidates are one slice (a closed loop places every vehicle every step)
+        self.by_x = np.argsort(self.xyz[:, 0], kind="stable")
+        self.x_sorted = self.xyz[self.by_x, 0]
 
     def under(self, rect: np.ndarray) -> np.ndarray:
         """Indices (into self.xyz) of ground surfels inside a convex xy polygon (K,2), lowest layer only."""
         lo, hi = rect.min(0), rect.max(0)
-        cand = np.nonzero(np.all((self.xyz[:, :2] >= lo) & (self.xyz[:, :2] <= hi), axis=1))[0]
+        span = self.by_x[np.searchsorted(self.x_sorted, lo[0]):np.searchsorted(self.x_sorted, hi[0], side="right")]
+        cand = np.sort(span[(self.xyz[span, 1] >= lo[1]) & (self.xyz[span, 1] <= hi[1])])
         p = self.xyz[cand, :2]
         inside = np.ones(len(cand), bool)
         for i in range(len(rect)):

@@ -12,6 +12,7 @@ and the affines through these functions).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -58,12 +59,17 @@ class Sky:
         return out if is_tensor(dirs_world) or is_tensor(self.envmap) else out.numpy()
 
 
-def camera_ray_directions(camera, T_world_camera):
-    """(H,W,3) float32 world-frame unit directions of the camera's pixel rays (NaN where the model has none)."""
+@functools.lru_cache(maxsize=16)
+def _unit_rays(camera) -> np.ndarray:
+    """(H,W,3) float32 camera-frame unit directions of the pixel rays (cached: cameras are frozen and hashable)."""
     rays = camera.ray_table()  # (H,W,2) x/z, y/z
     d = np.concatenate([rays, np.ones(rays.shape[:2] + (1,))], -1)
-    d = d / np.linalg.norm(d, axis=-1, keepdims=True)
-    return (d @ np.asarray(T_world_camera)[:3, :3].T).astype(np.float32)
+    return (d / np.linalg.norm(d, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def camera_ray_directions(camera, T_world_camera):
+    """(H,W,3) float32 world-frame unit directions of the camera's pixel rays (NaN where the model has none)."""
+    return _unit_rays(camera) @ np.asarray(T_world_camera, np.float32)[:3, :3].T
 
 
 def compose(rgb, alpha, sky: Optional[Sky] = None, dirs_world=None, affine=None):

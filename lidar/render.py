@@ -320,11 +320,13 @@ def _outputs(R: int, F: int, candidates: int = 0) -> dict:
 
 def _group_poses(groups: SurfelGroups, times_us: np.ndarray):
     """Each group's pose at each time: world_from_group (G,C,4,4) and group_from_world (G,C,3,4)."""
-    from gsim.transforms import interpolate_poses, invert
+    from gsim.transforms import interpolate_poses, invert, rotmat_to_quat
     world_from_group = np.tile(np.eye(4), (1 + len(groups.tracks), len(times_us), 1, 1))
     for g, (ts, poses) in enumerate(groups.tracks, start=1):
-        # a parked actor's track is one pose repeated: nothing to interpolate
-        world_from_group[g] = poses[0] if np.all(poses == poses[:1]) else interpolate_poses(ts, poses, times_us)
+        # a parked actor's track is one pose repeated: nothing to interpolate; a moving one's rotations are
+        # converted once per keyframe, not twice per column
+        world_from_group[g] = poses[0] if np.all(poses == poses[:1]) else \
+            interpolate_poses(ts, poses, times_us, rotmat_to_quat(poses[:, :3, :3]))
     return world_from_group, np.ascontiguousarray(invert(world_from_group)[..., :3, :])
 
 
@@ -335,11 +337,11 @@ def _bundle_frame(groups: SurfelGroups, sensor: np.ndarray, world_from_group: np
     mid = cols[len(cols) // 2]
     o_ref, R_ref = sensor[mid, :3, 3].copy(), np.ascontiguousarray(sensor[mid, :3, :3])
     margin = np.full(len(world_from_group), float(np.linalg.norm(sensor[cols, :3, 3] - o_ref, axis=1).max()))
-    for g in range(1, len(margin)):
-        P = world_from_group[g, cols]
-        move = np.linalg.norm(P[:, :3, 3] - world_from_group[g, mid, :3, 3], axis=1)
-        turn = _rotation_angle(P[:, :3, :3] @ world_from_group[g, mid, :3, :3].T)
-        margin[g] += 1.05 * float((move + turn * groups.radius[g]).max()) + 1e-3
+    if len(margin) > 1:  # every actor at once: (actors, columns)
+        P, mid_pose = world_from_group[1:, cols], world_from_group[1:, mid, None]
+        move = np.linalg.norm(P[..., :3, 3] - mid_pose[..., :3, 3], axis=-1)
+        turn = _rotation_angle(P[..., :3, :3] @ np.swapaxes(mid_pose[..., :3, :3], -1, -2))
+        margin[1:] += 1.05 * (move + turn * groups.radius[1:, None]).max(1) + 1e-3
     return o_ref, R_ref, margin, np.ascontiguousarray(world_from_group[:, mid, :3, :])
 
 

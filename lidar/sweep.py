@@ -342,7 +342,7 @@ def render_strips(disk, rec, feats, group, M, o_ref, margin, turn, group_from_wo
                              numba.get_num_threads(), True)
     pick = (lambda x: np.ascontiguousarray(np.broadcast_to(x, (n_strips,) + x.shape[1:]))) if shared else \
         (lambda x: np.ascontiguousarray(x[1:]))
-    with small_chunks():
+    with small_chunks(1):
         _composite_strips(start, lst, fp, shared, disk, rec, feats, group, pick(M), pick(o_ref), pick(margin),
                           pick(turn), group_from_world, row_sin, row_of, row_az, step, width, origins, rot, sdirs,
                           tan_div, 1.0 / divergence ** 2, hit_alpha, out["alpha"], out["range_sum"], out["median"],

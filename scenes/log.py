@@ -44,6 +44,9 @@ FORMAT = "gsim-log"
 SCHEMA_VERSION = 1
 MANIFEST = "log.json"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+# zlib level of the PNGs a writer encodes: 1 takes a third of the time of PIL's default 6 for about a quarter more
+# bytes (a 320x200 render: 4.9 against 14.4 ms), and simulators write a log every step (the closed loop, scenarios)
+PNG_LEVEL = 1
 
 
 class LogFormatError(ValueError):
@@ -433,7 +436,7 @@ class LogWriter:
             shutil.copyfile(src, self._file(rel))
         else:
             rel = f"cameras/{sensor}/{index:06d}.png"
-            Image.fromarray(np.asarray(rgb, np.uint8)).save(self._file(rel), format="PNG")
+            Image.fromarray(np.asarray(rgb, np.uint8)).save(self._file(rel), format="PNG", compress_level=PNG_LEVEL)
         entry = {"timestamp_us": int(timestamp_us), "image": rel}
         if depth is not None:
             entry["depth"] = f"depth/{sensor}/{index:06d}.npy"
