@@ -100,6 +100,29 @@ def test_backward_matches_torch(cam, sh_degree, outputs):
         assert rel < 1e-3 and cos > 0.9999, (k, rel, cos)
 
 
+def test_numba_gradients_do_not_depend_on_the_threads():
+    """The backward sums each surfel's per-tile gradients in list order, not in the order threads finish tiles:
+    one thread and two give the same bits (so a reconstruction is reproducible)."""
+    import numba
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two numba threads")
+    s = gsim.Surfels.concatenate([random_scene(400, seed=s, sh_degree=1) for s in range(3)])
+    opts = RenderOptions(background=(0.1, 0.5, 0.2), distortion=True)
+    f, _ = render_with_grad(s, PIN, LOOK, "torch", opts)
+    w = linear_loss_weights(f, seed=4, outputs=OUTPUTS)
+    grads = []
+    previous = numba.get_num_threads()
+    try:
+        for n in (1, 2, 2):
+            numba.set_num_threads(n)
+            grads.append(render_with_grad(s, PIN, LOOK, "numba", opts, w)[1])
+    finally:
+        numba.set_num_threads(previous)
+    for k in PARAMS:
+        assert grads[0][k].abs().sum() > 0, k
+        assert torch.equal(grads[0][k], grads[1][k]) and torch.equal(grads[1][k], grads[2][k]), k
+
+
 @pytest.mark.parametrize("backend", ["torch", "numba"])
 def test_distortion_of_two_layers(backend):
     # two fronto-parallel layers on the axis: w1 = a1, w2 = (1 - a1) a2, distortion w1 w2 (m1 - m2)^2

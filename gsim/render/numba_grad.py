@@ -10,12 +10,11 @@ transmittance, the number of list entries up to the last composited surfel, and 
 distortion's running mean and M2. Backward: per tile, its list back to front from that
 last entry; each surfel's transmittance is recovered by dividing by (1 - alpha), and the
 alphas and the composited pairs are those of the forward (the shared _splat, the same
-spans and the recorded last entry). Gradients of a surfel's record are summed per thread
-(numba.get_thread_id), then over threads: tiles run in parallel and share surfels.
+spans and the recorded last entry). Each tile list entry gets its own gradient (tiles run in parallel and
+share surfels), summed per surfel in list order afterwards: the same input gives the same gradients.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 from numba import njit, prange
@@ -64,8 +63,9 @@ BU, BV, BT, BL, BS, BA, BM, BM2, BGR, BGG, BGB, BGA, BGZ, BGNX, BGNY, BGNZ, BGD 
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
-def _backward_tile(t, tid, start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, acc, aux, g_acc,
-                   g_dist, st, row_last, grad):
+def _backward_tile(t, start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, acc, aux, g_acc, g_dist,
+                   st, row_last, grad):
+    """Tile t's list entries' gradients: grad[k] = dL/d record of entry k's surfel from this tile's pixels."""
     zero = np.float32(0.0)
     st[:] = zero
     for p in range(TILE_SIZE * TILE_SIZE):
@@ -87,6 +87,9 @@ def _backward_tile(t, tid, start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, f
         row_last[py] = r
         n_max = max(n_max, r)
     two, f_sq_x, f_sq_y = np.float32(2), np.float32(2) * F_INV_SQ * fx * fx, np.float32(2) * F_INV_SQ * fy * fy
+    for k in range(start[t] + int(n_max), start[t + 1]):  # entries past every pixel's last composited one
+        for c in range(N_RECORD):
+            grad[k, c] = zero
     for k in range(start[t] + int(n_max) - 1, start[t] - 1, -1):
         kl = np.float32(k - start[t])  # composited in the forward where kl < the pixel's entry count
         j = lst[k]
@@ -156,34 +159,43 @@ def _backward_tile(t, tid, start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, f
                     g22 += g_qz
                     guc -= g_du
                     gvc -= g_dv
-        grad[tid, j, 0] += g00
-        grad[tid, j, 1] += g01
-        grad[tid, j, 2] += g10
-        grad[tid, j, 3] += g11
-        grad[tid, j, 4] += g20
-        grad[tid, j, 5] += g21
-        grad[tid, j, 6] += g22
-        grad[tid, j, 7] += gdet
-        grad[tid, j, 8] += guc
-        grad[tid, j, 9] += gvc
-        grad[tid, j, 10] += gop
-        grad[tid, j, 11] += gr
-        grad[tid, j, 12] += gg
-        grad[tid, j, 13] += gb
-        grad[tid, j, 14] += gnx
-        grad[tid, j, 15] += gny
-        grad[tid, j, 16] += gnz
-        grad[tid, j, 17] += gcz
+        grad[k, 0] = g00
+        grad[k, 1] = g01
+        grad[k, 2] = g10
+        grad[k, 3] = g11
+        grad[k, 4] = g20
+        grad[k, 5] = g21
+        grad[k, 6] = g22
+        grad[k, 7] = gdet
+        grad[k, 8] = guc
+        grad[k, 9] = gvc
+        grad[k, 10] = gop
+        grad[k, 11] = gr
+        grad[k, 12] = gg
+        grad[k, 13] = gb
+        grad[k, 14] = gnx
+        grad[k, 15] = gny
+        grad[k, 16] = gnz
+        grad[k, 17] = gcz
 
 
 @njit(parallel=True, cache=True)
 def _backward(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, acc, aux, g_acc, g_dist, grad):
-    """grad (threads, N, N_RECORD): each thread's sums of dL/d record over its tiles."""
+    """grad (entries, N_RECORD): each list entry's dL/d record (see _backward_tile)."""
     for t in prange(ray_u.shape[0]):
         st = np.empty(N_BPLANES * PLANE, np.float32)
         row_last = np.empty(TILE_SIZE, np.float32)
-        _backward_tile(t, numba.get_thread_id(), start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near,
-                       acc, aux, g_acc, g_dist, st, row_last, grad)
+        _backward_tile(t, start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, acc, aux, g_acc, g_dist,
+                       st, row_last, grad)
+
+
+@njit(parallel=True, cache=True)
+def _sum_entries(lst, grad, out):
+    """out[j] = the sum of grad[k] over the list entries k of surfel j, in list order whichever thread ran which
+    tile: a run's gradients, and so its training, are reproducible. Parallel over the record's fields."""
+    for c in prange(N_RECORD):
+        for k in range(lst.shape[0]):
+            out[lst[k], c] += grad[k, c]
 
 
 class _PixelStage(torch.autograd.Function):
@@ -209,10 +221,13 @@ class _PixelStage(torch.autograd.Function):
     def backward(ctx, g_acc, g_dist):
         args, acc, aux = ctx.saved
         f32 = lambda g: np.ascontiguousarray(g.detach().cpu().numpy(), np.float32)
-        grad = np.zeros((numba.config.NUMBA_NUM_THREADS, args[2].shape[0], N_RECORD), np.float32)
+        start, lst, rec = args[:3]
+        grad = np.empty((len(lst), N_RECORD), np.float32)  # every entry is written
         with small_chunks():
             _backward(*args, acc, aux, f32(g_acc), f32(g_dist), grad)
-        return torch.from_numpy(grad.sum(0)).to(g_acc.dtype), None, None, None
+        out = np.zeros((rec.shape[0], N_RECORD), np.float32)
+        _sum_entries(lst, grad, out)
+        return torch.from_numpy(out).to(g_acc.dtype), None, None, None
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
