@@ -262,11 +262,16 @@ def cmd_trajectory(a) -> int:
     from .scenes.render_path import camera_path, path_camera
     log = load_log(a.log)
     sensor = path_camera(log, a.camera)
-    traj = camera_path(log, sensor, a.shift_m, a.frames, a.every, a.holdout_every, a.downscale)
+    scene = None
+    if a.scene is not None:
+        from .scene import load_scene
+        scene = load_scene(a.scene)
+    traj = camera_path(log, sensor, a.shift_m, a.frames, a.every, a.holdout_every, a.downscale, scene)
     traj.save(a.out)
     cam = traj.camera
+    where = "" if scene is None or scene.pose_corrections is None else f", where {a.scene} puts the log's poses"
     print(f"wrote {a.out}: {len(traj.poses)} poses of camera {sensor} ({cam.model} {cam.width}x{cam.height}), "
-          f"shifted {a.shift_m:g} m left")
+          f"shifted {a.shift_m:g} m left{where}")
     return 0
 
 
@@ -644,6 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
     tj.add_argument("--every", type=_int_at_least(1), default=1, help="keep every N-th of those frames")
     tj.add_argument("--downscale", type=_int_at_least(1), default=1,
                     help="divide the camera's resolution (and intrinsics) by this factor")
+    tj.add_argument("--scene", default=None,
+                    help="a reconstruction of the log: follow the log's poses as its training refined them")
     tj.set_defaults(fn=cmd_trajectory)
     scn = sub.add_parser("scenario", help="scenario files: validate, apply (the edited scene), render (images, "
                                           "LiDAR, a new log, labels)")

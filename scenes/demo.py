@@ -26,7 +26,7 @@ def render_shifted_path(scene_path, log_path, out, shift_m: float, fps: float = 
     from tqdm import tqdm
     scene, log = load_scene(scene_path), load_log(log_path)
     sensor = path_camera(log)
-    traj = camera_path(log, sensor, shift_m)
+    traj = camera_path(log, sensor, shift_m, scene=scene)
     out = Path(out)
     frames = []
     for i, (t, T) in enumerate(tqdm(list(zip(traj.timestamps_us, traj.poses)), desc="novel path", unit="frame")):

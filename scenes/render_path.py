@@ -31,13 +31,15 @@ def path_camera(log: DrivingLog, sensor: Optional[str] = None) -> str:
 
 
 def camera_path(log: DrivingLog, sensor: Optional[str] = None, shift_m: float = 0.0, frames: str = "all",
-                every: int = 1, holdout_every: int = 8, downscale: int = 1) -> Trajectory:
+                every: int = 1, holdout_every: int = 8, downscale: int = 1, scene=None) -> Trajectory:
     """The trajectory of the log camera ``sensor`` (see `path_camera`) moved ``shift_m`` metres to the
     vehicle's left (negative: right), with the camera's own model (intrinsics divided by ``downscale``).
 
     ``frames`` is "all", "train" or "holdout" (the split of `scenes.views.split_frames` with
     ``holdout_every``), of which every ``every``-th is kept. A frame without an image of the camera
-    takes the frame's timestamp."""
+    takes the frame's timestamp. ``scene``: a reconstruction of the log whose training refined its poses
+    (`Scene.pose_corrections`): the path is where that scene puts the camera (`Scene.log_pose`), so that a
+    zero shift renders the log's views as evaluation does."""
     sensor = path_camera(log, sensor)
     if frames not in FRAME_SETS:
         raise ValueError(f"camera_path: frames must be one of {FRAME_SETS}, got {frames!r}")
@@ -50,6 +52,8 @@ def camera_path(log: DrivingLog, sensor: Optional[str] = None, shift_m: float = 
     times = np.array([f.cameras[sensor].timestamp_us if sensor in f.cameras else f.timestamp_us for f in chosen],
                      dtype=np.int64)
     poses = np.stack([offset_pose(log, sensor, int(t), left_m=shift_m) for t in times])
+    if scene is not None:
+        poses = scene.log_pose(poses, times)
     return Trajectory(log.cameras[sensor].camera.downscaled(downscale), times, poses)
 
 

@@ -51,6 +51,22 @@ def test_shift_moves_the_camera_centre_along_the_vehicle_y_axis(log_dir):
         assert np.array_equal(a[:3, :3], b[:3, :3])  # same orientation
 
 
+def test_a_scene_with_refined_poses_moves_the_path_where_it_puts_the_log(log_dir, tmp_path):
+    """`gsim trajectory --scene`: the poses are the scene's corrections applied to the log's (a zero shift
+    then renders the log's views as `gsim eval` does); without corrections they are the log's own."""
+    log = load_log(log_dir)
+    times = np.array([f.timestamp_us for f in log.frames], np.int64)
+    C = np.tile(np.eye(4), (len(times), 1, 1))
+    C[:, :3, 3] = np.linspace(0, 1, len(times))[:, None] * [0.05, -0.02, 0.01]
+    scene = gsim.Scene(background=initial_surfels(log, log.frames, InitOptions(voxel_m=0.5, max_surfels=2000))[0],
+                       pose_corrections=(times, C))
+    scene.save(tmp_path / "s")
+    gsim_cli("trajectory", log_dir, tmp_path / "t.json", "--scene", tmp_path / "s", "--shift-m", 1.0)
+    traj, plain = load_trajectory(tmp_path / "t.json"), camera_path(log, shift_m=1.0)
+    assert np.allclose(traj.poses, C @ plain.poses, atol=1e-9)
+    assert np.allclose(camera_path(log, shift_m=1.0, scene=gsim.Scene(background=scene.background)).poses, plain.poses)
+
+
 def test_frame_selection_and_downscale(log_dir):
     log = load_log(log_dir)
     train, held = split_frames(log, 4)
