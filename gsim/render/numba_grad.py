@@ -15,6 +15,8 @@ share surfels), summed per surfel in list order afterwards: the same input gives
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from numba import njit, prange
@@ -22,10 +24,10 @@ from torch.autograd.function import once_differentiable
 
 from ..cameras import Camera
 from ..surfels import Surfels
-from .common import N_RECORD, TILE_SIZE, CameraFrame, RenderOptions, tile_table
+from .common import N_RECORD, TILE_SIZE, CameraFrame, RenderOptions, tile_table, world_to_camera
 from .numba_backend import (A_MIN, D_SCALE, F_INV_SQ, FASTMATH, LANES, MAX_A, N_PLANES_TRACKED, ONE, PA, PF, PL,
-                            PLANE, PM, PM2, PR, PT, ROW, U_LANES, _geometry, _make_compositor, _span, _splat,
-                            bin_surfels, small_chunks)
+                            PLANE, PM, PM2, PR, PT, ROW, U_LANES, C0, _geometry, _make_compositor, _span, _splat,
+                            bin_surfels, f64, small_chunks)
 from .torch_backend import finish, project
 
 _composite_tile_tracked = _make_compositor(True)
@@ -189,13 +191,152 @@ def _backward(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near, 
                        st, row_last, grad)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _sum_entries(lst, grad, out):
     """out[j] = the sum of grad[k] over the list entries k of surfel j, in list order whichever thread ran which
-    tile: a run's gradients, and so its training, are reproducible. Parallel over the record's fields."""
-    for c in prange(N_RECORD):
-        for k in range(lst.shape[0]):
-            out[lst[k], c] += grad[k, c]
+    tile: a run's gradients, and so its training, are reproducible. One pass, row by row (a few ms)."""
+    for k in range(lst.shape[0]):
+        j = lst[k]
+        for c in range(N_RECORD):
+            out[j, c] += grad[k, c]
+
+
+@njit(parallel=True, cache=True)
+def _project(means, quats, scales, opac, sh, idx, R, t, near, rec):
+    """rec[j] = torch_backend.project's record of surfel idx[j] (SH degree 0), float64 maths."""
+    for j in prange(idx.shape[0]):
+        i = idx[j]
+        m0, m1, m2 = f64(means[i, 0]), f64(means[i, 1]), f64(means[i, 2])
+        c0 = R[0, 0] * m0 + R[0, 1] * m1 + R[0, 2] * m2 + t[0]
+        c1 = R[1, 0] * m0 + R[1, 1] * m1 + R[1, 2] * m2 + t[1]
+        c2 = R[2, 0] * m0 + R[2, 1] * m1 + R[2, 2] * m2 + t[2]
+        ex, ey, ez = _axes(quats, i)
+        s0, s1 = f64(scales[i, 0]), f64(scales[i, 1])
+        u0, u1, u2 = _turn(R, ex, s0)
+        v0, v1, v2 = _turn(R, ey, s1)
+        n0, n1, n2 = _turn(R, ez, 1.0)
+        if n0 * c0 + n1 * c1 + n2 * c2 > 0:  # face the camera
+            n0, n1, n2 = -n0, -n1, -n2
+        a00, a01, a02 = v1 * c2 - v2 * c1, v2 * c0 - v0 * c2, v0 * c1 - v1 * c0  # tv x c
+        a10, a11 = c1 * u2 - c2 * u1, c2 * u0 - c0 * u2  # c x tu
+        a20, a21, a22 = u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0  # tu x tv
+        d = c2 if c2 > near else 1.0
+        rec[j, 0], rec[j, 1], rec[j, 2], rec[j, 3] = a00, a01, a10, a11
+        rec[j, 4], rec[j, 5], rec[j, 6], rec[j, 7] = a20, a21, a22, u0 * a00 + u1 * a01 + u2 * a02
+        rec[j, 8], rec[j, 9], rec[j, 10] = c0 / d, c1 / d, opac[i]
+        for ch in range(3):
+            rec[j, 11 + ch] = max(C0 * f64(sh[i, 0, ch]) + 0.5, 0.0)
+        rec[j, 14], rec[j, 15], rec[j, 16], rec[j, 17] = n0, n1, n2, c2
+
+
+@njit(cache=True)
+def _axes(quats, i):
+    """The surfel's rotation columns (ex, ey, ez) from its normalised quaternion (torch_backend.quat_to_rotmat)."""
+    w, x, y, z = f64(quats[i, 0]), f64(quats[i, 1]), f64(quats[i, 2]), f64(quats[i, 3])
+    qn = math.sqrt(w * w + x * x + y * y + z * z)
+    w, x, y, z = w / qn, x / qn, y / qn, z / qn
+    return ((1 - 2 * (y * y + z * z), 2 * (x * y + w * z), 2 * (x * z - w * y)),
+            (2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x)),
+            (2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x * x + y * y)))
+
+
+@njit(cache=True)
+def _turn(R, e, k):
+    """R (k e)."""
+    return ((R[0, 0] * e[0] + R[0, 1] * e[1] + R[0, 2] * e[2]) * k,
+            (R[1, 0] * e[0] + R[1, 1] * e[1] + R[1, 2] * e[2]) * k,
+            (R[2, 0] * e[0] + R[2, 1] * e[1] + R[2, 2] * e[2]) * k)
+
+
+@njit(cache=True)
+def _back(R, g):
+    """R^T g."""
+    return (R[0, 0] * g[0] + R[1, 0] * g[1] + R[2, 0] * g[2], R[0, 1] * g[0] + R[1, 1] * g[1] + R[2, 1] * g[2],
+            R[0, 2] * g[0] + R[1, 2] * g[1] + R[2, 2] * g[2])
+
+
+@njit(cache=True)
+def _cross(a, b):
+    return a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]
+
+
+@njit(parallel=True, cache=True)
+def _project_backward(means, quats, scales, sh, idx, R, t, near, g_rec, g_means, g_quats, g_scales, g_opac, g_sh):
+    """The gradients of _project's records g_rec (M, N_RECORD) taken to the surfels (rows idx, each once)."""
+    for j in prange(idx.shape[0]):
+        i = idx[j]
+        m0, m1, m2 = f64(means[i, 0]), f64(means[i, 1]), f64(means[i, 2])
+        c = (R[0, 0] * m0 + R[0, 1] * m1 + R[0, 2] * m2 + t[0], R[1, 0] * m0 + R[1, 1] * m1 + R[1, 2] * m2 + t[1],
+             R[2, 0] * m0 + R[2, 1] * m1 + R[2, 2] * m2 + t[2])
+        ex, ey, ez = _axes(quats, i)
+        s0, s1 = f64(scales[i, 0]), f64(scales[i, 1])
+        tu, tv, nn = _turn(R, ex, s0), _turn(R, ey, s1), _turn(R, ez, 1.0)
+        sign = -1.0 if nn[0] * c[0] + nn[1] * c[1] + nn[2] * c[2] > 0 else 1.0
+        g = g_rec
+        g_a0, g_a1 = (f64(g[j, 0]), f64(g[j, 1]), 0.0), (f64(g[j, 2]), f64(g[j, 3]), 0.0)
+        g_a2, g_det = (f64(g[j, 4]), f64(g[j, 5]), f64(g[j, 6])), f64(g[j, 7])
+        # det = tu . (tv x c): d/dtu = tv x c, d/dtv = c x tu, d/dc = tu x tv; for u = a x b: dL/da = b x g, dL/db = g x a
+        a0, a1, a2 = _cross(tv, c), _cross(c, tu), _cross(tu, tv)
+        x0, x1, x2 = _cross(c, g_a0), _cross(g_a1, c), _cross(tv, g_a2)
+        gtu = (g_det * a0[0] + x1[0] + x2[0], g_det * a0[1] + x1[1] + x2[1], g_det * a0[2] + x1[2] + x2[2])
+        y0, y1 = _cross(g_a2, tu), x0
+        gtv = (g_det * a1[0] + y0[0] + y1[0], g_det * a1[1] + y0[1] + y1[1], g_det * a1[2] + y0[2] + y1[2])
+        z0, z1 = _cross(g_a0, tv), _cross(tu, g_a1)
+        gc0 = g_det * a2[0] + z0[0] + z1[0]
+        gc1 = g_det * a2[1] + z0[1] + z1[1]
+        gc2 = g_det * a2[2] + z0[2] + z1[2] + f64(g[j, 17])
+        gu, gv = f64(g[j, 8]), f64(g[j, 9])
+        if c[2] > near:
+            gc0, gc1 = gc0 + gu / c[2], gc1 + gv / c[2]
+            gc2 -= (gu * c[0] + gv * c[1]) / (c[2] * c[2])
+        else:
+            gc0, gc1 = gc0 + gu, gc1 + gv
+        gm = _back(R, (gc0, gc1, gc2))
+        for k in range(3):
+            g_means[i, k] = gm[k]
+        # tu = R ex s0, tv = R ey s1, n = sign R ez
+        bu, bv = _back(R, gtu), _back(R, gtv)
+        g_scales[i, 0] = ex[0] * bu[0] + ex[1] * bu[1] + ex[2] * bu[2]
+        g_scales[i, 1] = ey[0] * bv[0] + ey[1] * bv[1] + ey[2] * bv[2]
+        gx, gy = (bu[0] * s0, bu[1] * s0, bu[2] * s0), (bv[0] * s1, bv[1] * s1, bv[2] * s1)
+        bn = _back(R, (sign * f64(g[j, 14]), sign * f64(g[j, 15]), sign * f64(g[j, 16])))
+        gz = bn
+        # the rotation's columns from the normalised quaternion, then the normalisation
+        w, x, y, z = f64(quats[i, 0]), f64(quats[i, 1]), f64(quats[i, 2]), f64(quats[i, 3])
+        qn = math.sqrt(w * w + x * x + y * y + z * z)
+        w, x, y, z = w / qn, x / qn, y / qn, z / qn
+        gw = 2 * (gx[1] * z - gx[2] * y - gy[0] * z + gy[2] * x + gz[0] * y - gz[1] * x)
+        gqx = 2 * (gx[1] * y + gx[2] * z + gy[0] * y - 2 * gy[1] * x + gy[2] * w + gz[0] * z - gz[1] * w - 2 * gz[2] * x)
+        gqy = 2 * (-2 * gx[0] * y + gx[1] * x - gx[2] * w + gy[0] * x + gy[2] * z + gz[0] * w + gz[1] * z - 2 * gz[2] * y)
+        gqz = 2 * (-2 * gx[0] * z + gx[1] * w + gx[2] * x - gy[0] * w - 2 * gy[1] * z + gy[2] * y + gz[0] * x + gz[1] * y)
+        dot = w * gw + x * gqx + y * gqy + z * gqz
+        g_quats[i, 0], g_quats[i, 1] = (gw - w * dot) / qn, (gqx - x * dot) / qn
+        g_quats[i, 2], g_quats[i, 3] = (gqy - y * dot) / qn, (gqz - z * dot) / qn
+        g_opac[i] = g[j, 10]
+        for ch in range(3):
+            g_sh[i, 0, ch] = C0 * f64(g[j, 11 + ch]) if C0 * f64(sh[i, 0, ch]) + 0.5 >= 0 else 0.0
+
+
+class _Projection(torch.autograd.Function):
+    """The per-surfel stage of SH degree 0 surfels (the cpu preset's) in numba, forward and backward: the records
+    (M, N_RECORD) of surfels ``idx``, as torch_backend.project (the reference, and the path for higher degrees)."""
+
+    @staticmethod
+    def forward(ctx, means, quats, scales, opacities, colors, idx, T_world_camera, near):
+        R, t, _ = world_to_camera(T_world_camera)
+        host = [x.detach().numpy() for x in (means, quats, scales, opacities, colors)]
+        rec = np.empty((len(idx), N_RECORD), np.float32)
+        _project(*host, idx, R, t, near, rec)
+        ctx.saved = (host, idx, R, t, near)
+        return torch.from_numpy(rec).to(means.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_rec):
+        (means, quats, scales, opac, sh), idx, R, t, near = ctx.saved
+        grads = [np.zeros(x.shape, x.dtype) for x in (means, quats, scales, opac, sh)]
+        _project_backward(means, quats, scales, sh, idx, R, t, near, np.ascontiguousarray(g_rec.numpy()), *grads)
+        return (*(torch.from_numpy(x) for x in grads), None, None, None)
 
 
 class _PixelStage(torch.autograd.Function):
@@ -238,11 +379,15 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
                          f"got surfels on {s.means.device}; use backend='torch' or 'gsplat' there, "
                          f"or move the surfels to the CPU")
     rec, start, lst, order = bin_surfels(surfels.numpy(), camera, T_world_camera, options)
-    # project only the surfels that meet a tile (often a small part of a street): the torch
-    # per-surfel stage and its backward then scale with what the camera sees
-    idx = torch.from_numpy(order).to(s.means.device)
-    seen = Surfels.derived(**{k: v.index_select(0, idx) for k, v in s._fields().items()})
-    proj = project(seen, T_world_camera, options.near)
+    # project only the surfels that meet a tile (often a small part of a street): the per-surfel stage
+    # and its backward then scale with what the camera sees
+    if s.colors.shape[1] == 1:
+        fields = [s.means, s.quats, s.scales, s.opacities, s.colors]
+        records = _Projection.apply(*[x.contiguous() for x in fields], order, T_world_camera, float(options.near))
+    else:  # view-dependent colours: torch's projection (autograd through the SH basis)
+        idx = torch.from_numpy(order).to(s.means.device)
+        seen = Surfels.derived(**{k: v.index_select(0, idx) for k, v in s._fields().items()})
+        records = project(seen, T_world_camera, options.near).records
     binning = (rec.copy(), start, lst)  # kept for the backward: a copy of the binning's scratch records
-    acc, dist = _PixelStage.apply(proj.records, binning, camera, options.near)
+    acc, dist = _PixelStage.apply(records, binning, camera, options.near)
     return finish(acc, dist if options.distortion else None, options.background, camera.height, camera.width)
