@@ -6,6 +6,7 @@ and checkpoints save them as they are.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, Iterable
 
@@ -44,10 +45,10 @@ class Adam:
                 vr.mul_(b2).addcmul_(g, g, value=1 - b2)
                 m[rows], v[rows] = mr, vr
                 p[rows] -= lr * (mr / c1) / ((vr / c2).sqrt_().add_(EPS))
-            else:
+            else:  # (m / c1) / (sqrt(v / c2) + eps) with the corrections folded into scalars: no temporaries
                 m.mul_(b1).add_(p.grad, alpha=1 - b1)
                 v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                p.addcdiv_(m / c1, (v / c2).sqrt_().add_(EPS), value=-lr)
+                p.addcdiv_(m, v.sqrt().add_(EPS * math.sqrt(c2)), value=-lr * math.sqrt(c2) / c1)
             p.grad = None
 
     def remap(self, names, keep: torch.Tensor, source: torch.Tensor) -> None:
