@@ -100,8 +100,8 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
                 rec, depth, rect, closed=False):
     """Per surfel: the rectangle of tiles [x0, x1) x [y0, y1) that its footprint bound meets, as
     rect[i] = x0, x1, y0, y1 (x0 = x1 = 0 for culled surfels), and for the others its record (with
-    its footprint bound) and float32 centre depth. ``closed``: the surfels cover closed surfaces with outward normals, so
-    those facing away are culled (the surface's near side hides them)."""
+    its footprint bound) and float32 centre depth. ``closed``: the surfels cover closed surfaces with
+    outward normals, so those facing away are culled (the surface's near side hides them)."""
     # the pixels' rays span [u_lo, u_hi] x [v_lo, v_hi] on the z=1 plane (unbounded past 90 degrees off axis)
     u_lo, u_hi = tile_col_u[0, 0, 0], tile_col_u[0, 1, tile_col_u.shape[2] - 1]
     v_lo, v_hi = tile_row_v[0, 0, 0], tile_row_v[0, 1, tile_row_v.shape[2] - 1]
@@ -490,8 +490,9 @@ def _workspace(n: int) -> list:
 
 def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions):
     """The records (M, REC) float32 (from float64 maths) of the M surfels that meet a tile, in depth order
-    (this thread's scratch memory: valid until its next bin_surfels; copy them to keep them), the tiles' lists of them (start, lst; see _tile_lists) and which surfel each is (order (M,), an index into
-    the surfels or the parts' surfels one after the other). For numpy surfels or `Scene.placed` parts: each
+    (this thread's scratch memory: valid until its next bin_surfels; copy them to keep them), the tiles'
+    lists of them (start, lst; see _tile_lists) and which surfel each is (order (M,), an index into the
+    surfels or the parts' surfels one after the other). For numpy surfels or `Scene.placed` parts: each
     part is projected from its own frame, with the camera's pose in that frame (records are in camera and
     screen space, so they compose), and nothing is moved or copied."""
     tab = tile_table(camera)

@@ -275,16 +275,19 @@ def _project_backward(means, quats, scales, sh, idx, R, t, near, g_rec, g_means,
         g = g_rec
         g_a0, g_a1 = (f64(g[j, 0]), f64(g[j, 1]), 0.0), (f64(g[j, 2]), f64(g[j, 3]), 0.0)
         g_a2, g_det = (f64(g[j, 4]), f64(g[j, 5]), f64(g[j, 6])), f64(g[j, 7])
-        # det = tu . (tv x c): d/dtu = tv x c, d/dtv = c x tu, d/dc = tu x tv; for u = a x b: dL/da = b x g, dL/db = g x a
+        # det = tu . (tv x c): d/dtu = tv x c, d/dtv = c x tu, d/dc = tu x tv;
+        # a0 = tv x c, a1 = c x tu, a2 = tu x tv, and for u = a x b: dL/da = b x dL/du, dL/db = dL/du x a
         a0, a1, a2 = _cross(tv, c), _cross(c, tu), _cross(tu, tv)
-        x0, x1, x2 = _cross(c, g_a0), _cross(g_a1, c), _cross(tv, g_a2)
-        gtu = (g_det * a0[0] + x1[0] + x2[0], g_det * a0[1] + x1[1] + x2[1], g_det * a0[2] + x1[2] + x2[2])
-        y0, y1 = _cross(g_a2, tu), x0
-        gtv = (g_det * a1[0] + y0[0] + y1[0], g_det * a1[1] + y0[1] + y1[1], g_det * a1[2] + y0[2] + y1[2])
-        z0, z1 = _cross(g_a0, tv), _cross(tu, g_a1)
-        gc0 = g_det * a2[0] + z0[0] + z1[0]
-        gc1 = g_det * a2[1] + z0[1] + z1[1]
-        gc2 = g_det * a2[2] + z0[2] + z1[2] + f64(g[j, 17])
+        tu_a1, tu_a2 = _cross(g_a1, c), _cross(tv, g_a2)
+        tv_a0, tv_a2 = _cross(c, g_a0), _cross(g_a2, tu)
+        c_a0, c_a1 = _cross(g_a0, tv), _cross(tu, g_a1)
+        gtu = (g_det * a0[0] + tu_a1[0] + tu_a2[0], g_det * a0[1] + tu_a1[1] + tu_a2[1],
+               g_det * a0[2] + tu_a1[2] + tu_a2[2])
+        gtv = (g_det * a1[0] + tv_a0[0] + tv_a2[0], g_det * a1[1] + tv_a0[1] + tv_a2[1],
+               g_det * a1[2] + tv_a0[2] + tv_a2[2])
+        gc0 = g_det * a2[0] + c_a0[0] + c_a1[0]
+        gc1 = g_det * a2[1] + c_a0[1] + c_a1[1]
+        gc2 = g_det * a2[2] + c_a0[2] + c_a1[2] + f64(g[j, 17])
         gu, gv = f64(g[j, 8]), f64(g[j, 9])
         if c[2] > near:
             gc0, gc1 = gc0 + gu / c[2], gc1 + gv / c[2]
@@ -298,17 +301,19 @@ def _project_backward(means, quats, scales, sh, idx, R, t, near, g_rec, g_means,
         bu, bv = _back(R, gtu), _back(R, gtv)
         g_scales[i, 0] = ex[0] * bu[0] + ex[1] * bu[1] + ex[2] * bu[2]
         g_scales[i, 1] = ey[0] * bv[0] + ey[1] * bv[1] + ey[2] * bv[2]
-        gx, gy = (bu[0] * s0, bu[1] * s0, bu[2] * s0), (bv[0] * s1, bv[1] * s1, bv[2] * s1)
-        bn = _back(R, (sign * f64(g[j, 14]), sign * f64(g[j, 15]), sign * f64(g[j, 16])))
-        gz = bn
+        gx, gy = (bu[0] * s0, bu[1] * s0, bu[2] * s0), (bv[0] * s1, bv[1] * s1, bv[2] * s1)  # dL/d ex, ey
+        gz = _back(R, (sign * f64(g[j, 14]), sign * f64(g[j, 15]), sign * f64(g[j, 16])))  # dL/d ez
         # the rotation's columns from the normalised quaternion, then the normalisation
         w, x, y, z = f64(quats[i, 0]), f64(quats[i, 1]), f64(quats[i, 2]), f64(quats[i, 3])
         qn = math.sqrt(w * w + x * x + y * y + z * z)
         w, x, y, z = w / qn, x / qn, y / qn, z / qn
         gw = 2 * (gx[1] * z - gx[2] * y - gy[0] * z + gy[2] * x + gz[0] * y - gz[1] * x)
-        gqx = 2 * (gx[1] * y + gx[2] * z + gy[0] * y - 2 * gy[1] * x + gy[2] * w + gz[0] * z - gz[1] * w - 2 * gz[2] * x)
-        gqy = 2 * (-2 * gx[0] * y + gx[1] * x - gx[2] * w + gy[0] * x + gy[2] * z + gz[0] * w + gz[1] * z - 2 * gz[2] * y)
-        gqz = 2 * (-2 * gx[0] * z + gx[1] * w + gx[2] * x - gy[0] * w - 2 * gy[1] * z + gy[2] * y + gz[0] * x + gz[1] * y)
+        gqx = 2 * (gx[1] * y + gx[2] * z + gy[0] * y - 2 * gy[1] * x + gy[2] * w + gz[0] * z - gz[1] * w
+                   - 2 * gz[2] * x)
+        gqy = 2 * (-2 * gx[0] * y + gx[1] * x - gx[2] * w + gy[0] * x + gy[2] * z + gz[0] * w + gz[1] * z
+                   - 2 * gz[2] * y)
+        gqz = 2 * (-2 * gx[0] * z + gx[1] * w + gx[2] * x - gy[0] * w - 2 * gy[1] * z + gy[2] * y + gz[0] * x
+                   + gz[1] * y)
         dot = w * gw + x * gqx + y * gqy + z * gqz
         g_quats[i, 0], g_quats[i, 1] = (gw - w * dot) / qn, (gqx - x * dot) / qn
         g_quats[i, 2], g_quats[i, 3] = (gqy - y * dot) / qn, (gqz - z * dot) / qn
