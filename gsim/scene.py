@@ -197,10 +197,7 @@ class Scene:
     def log_pose(self, T_world_sensor: np.ndarray, timestamp_us) -> np.ndarray:
         """A pose (4,4) or poses (M,4,4) of the log's sensors at ``timestamp_us`` (scalar or (M,)) as this
         scene places them (``pose_corrections`` applied; unchanged without them)."""
-        if self.pose_corrections is None:
-            return T_world_sensor
-        C = interpolate_poses(*self.pose_corrections, timestamp_us)
-        return C[0] @ T_world_sensor if np.ndim(timestamp_us) == 0 else C @ T_world_sensor
+        return corrected_poses(self.pose_corrections, T_world_sensor, timestamp_us)
 
     def placed(self, timestamp_us: Optional[int] = None, eye: Optional[np.ndarray] = None,
                focal_px: float = 0.0) -> list:
@@ -225,6 +222,16 @@ class Scene:
 
     def save(self, path) -> None:
         save_scene(self, path)
+
+
+def corrected_poses(corrections: Optional[tuple], T_world_sensor: np.ndarray, timestamp_us) -> np.ndarray:
+    """Poses of a log's sensors as refined pose corrections (times (K,), (K,4,4) C; see `Scene.pose_corrections`)
+    place them: ``C(t) @ T`` with C blended at ``timestamp_us`` (scalar, for a (4,4) pose, or (M,)); unchanged
+    for None."""
+    if corrections is None:
+        return T_world_sensor
+    C = interpolate_poses(*corrections, timestamp_us)
+    return C[0] @ T_world_sensor if np.ndim(timestamp_us) == 0 else C @ T_world_sensor
 
 
 def world_surfels(parts: list) -> Surfels:

@@ -9,7 +9,7 @@ import torch
 from gsim.lidar.heads import head_inputs, mlp
 from gsim.lidar.reference import composite
 from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, trace_rays
-from gsim.transforms import interpolate_poses
+from gsim.scene import corrected_poses
 
 from .lidar_rays import SweepRays
 from .log import DrivingLog
@@ -26,10 +26,8 @@ def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
         groups = SurfelGroups.build(host(p["means"]), host(torch.nn.functional.normalize(p["quats"], dim=-1)),
                                     host(p["log_scales"].exp()), host(torch.sigmoid(p["logit_opacities"])), None,
                                     host(model.owner + 1), model.track_poses())
-    poses = rays.poses(log)
-    corrections = model.pose_corrections()
-    if corrections is not None:  # the sweeps move with the views' refined poses (not learnt from the rays)
-        poses = interpolate_poses(*corrections, rays.times_us) @ poses
+    # the sweeps move with the views' refined poses (not learnt from the rays)
+    poses = corrected_poses(model.pose_corrections(), rays.poses(log), rays.times_us)
     out, order, poses, dirs = trace_rays(groups, poses, rays.times_us, rays.dirs, HIT_ALPHA, "numba",
                                          CANDIDATES)
     # recomposite with gradients, activating only the surfels some ray takes (a street has far more)

@@ -38,17 +38,19 @@ class Adam:
             m = self.m.setdefault(k, torch.zeros_like(p))
             v = self.v.setdefault(k, torch.zeros_like(p))
             lr = self.lrs[k] * (lr_scale or {}).get(k, 1.0)
+            # lr (m / c1) / (sqrt(v / c2) + eps), the corrections folded into scalars: no full-size temporaries
+            step, eps = lr * math.sqrt(c2) / c1, EPS * math.sqrt(c2)
             if k in self.sparse:
                 rows = torch.nonzero(p.grad.reshape(len(p), -1).any(1))[:, 0]
                 g, mr, vr = p.grad[rows], m[rows], v[rows]
                 mr.mul_(b1).add_(g, alpha=1 - b1)
                 vr.mul_(b2).addcmul_(g, g, value=1 - b2)
                 m[rows], v[rows] = mr, vr
-                p[rows] -= lr * (mr / c1) / ((vr / c2).sqrt_().add_(EPS))
-            else:  # (m / c1) / (sqrt(v / c2) + eps) with the corrections folded into scalars: no temporaries
+                p[rows] -= step * mr / vr.sqrt().add_(eps)
+            else:
                 m.mul_(b1).add_(p.grad, alpha=1 - b1)
                 v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                p.addcdiv_(m, v.sqrt().add_(EPS * math.sqrt(c2)), value=-lr * math.sqrt(c2) / c1)
+                p.addcdiv_(m, v.sqrt().add_(eps), value=-step)
             p.grad = None
 
     def remap(self, names, keep: torch.Tensor, source: torch.Tensor) -> None:

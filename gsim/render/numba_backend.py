@@ -456,8 +456,7 @@ def _out_of_view(part: Part, T_world_camera: np.ndarray, camera: Camera, tab, op
     v0, v1 = tab.tile_row_v[0, 0] - 4 / camera.fy, tab.tile_row_v[1, -1] + 4 / camera.fy
     if not np.all(np.isfinite([u0, u1, v0, v1])):
         return False
-    return bool(x - u1 * z > r * math.hypot(1, u1) or u0 * z - x > r * math.hypot(1, u0)
-                or y - v1 * z > r * math.hypot(1, v1) or v0 * z - y > r * math.hypot(1, v0))
+    return bool(_beyond(x, z, u1, r) or _beyond(-x, z, -u0, r) or _beyond(y, z, v1, r) or _beyond(-y, z, -v0, r))
 
 
 @njit(parallel=True, cache=True)
@@ -485,7 +484,7 @@ def _workspace(n: int) -> list:
         w = (np.empty((cap, REC), np.float32), np.empty(cap, np.float32), np.empty((cap, 4), np.int32),
              np.empty((cap, REC), np.float32), np.empty((cap, 4), np.int32))
         _scratch.arrays = w
-    return list(w)
+    return [a[:n] for a in w]
 
 
 def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions):
@@ -501,7 +500,6 @@ def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: Rend
     parts = [p for p in parts if not _out_of_view(p, T_world_camera, camera, tab, options)]
     N = sum(len(p.surfels) for p in parts)
     rec_all, depth, rect_all, rec, rect = _workspace(N)
-    rec_all, depth, rect_all = rec_all[:N], depth[:N], rect_all[:N]
     c = np.ascontiguousarray  # any float dtype: the maths is float64 inside
     o = 0
     for s, T_world_part, closed, _ in parts:

@@ -201,40 +201,9 @@ def _sum_entries(lst, grad, out):
             out[j, c] += grad[k, c]
 
 
-@njit(parallel=True, cache=True)
-def _project(means, quats, scales, opac, sh, idx, R, t, near, rec):
-    """rec[j] = torch_backend.project's record of surfel idx[j] (SH degree 0), float64 maths."""
-    for j in prange(idx.shape[0]):
-        i = idx[j]
-        m0, m1, m2 = f64(means[i, 0]), f64(means[i, 1]), f64(means[i, 2])
-        c0 = R[0, 0] * m0 + R[0, 1] * m1 + R[0, 2] * m2 + t[0]
-        c1 = R[1, 0] * m0 + R[1, 1] * m1 + R[1, 2] * m2 + t[1]
-        c2 = R[2, 0] * m0 + R[2, 1] * m1 + R[2, 2] * m2 + t[2]
-        ex, ey, ez = _axes(quats, i)
-        s0, s1 = f64(scales[i, 0]), f64(scales[i, 1])
-        u0, u1, u2 = _turn(R, ex, s0)
-        v0, v1, v2 = _turn(R, ey, s1)
-        n0, n1, n2 = _turn(R, ez, 1.0)
-        if n0 * c0 + n1 * c1 + n2 * c2 > 0:  # face the camera
-            n0, n1, n2 = -n0, -n1, -n2
-        a00, a01, a02 = v1 * c2 - v2 * c1, v2 * c0 - v0 * c2, v0 * c1 - v1 * c0  # tv x c
-        a10, a11 = c1 * u2 - c2 * u1, c2 * u0 - c0 * u2  # c x tu
-        a20, a21, a22 = u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0  # tu x tv
-        d = c2 if c2 > near else 1.0
-        rec[j, 0], rec[j, 1], rec[j, 2], rec[j, 3] = a00, a01, a10, a11
-        rec[j, 4], rec[j, 5], rec[j, 6], rec[j, 7] = a20, a21, a22, u0 * a00 + u1 * a01 + u2 * a02
-        rec[j, 8], rec[j, 9], rec[j, 10] = c0 / d, c1 / d, opac[i]
-        for ch in range(3):
-            rec[j, 11 + ch] = max(C0 * f64(sh[i, 0, ch]) + 0.5, 0.0)
-        rec[j, 14], rec[j, 15], rec[j, 16], rec[j, 17] = n0, n1, n2, c2
-
-
 @njit(cache=True)
-def _axes(quats, i):
-    """The surfel's rotation columns (ex, ey, ez) from its normalised quaternion (torch_backend.quat_to_rotmat)."""
-    w, x, y, z = f64(quats[i, 0]), f64(quats[i, 1]), f64(quats[i, 2]), f64(quats[i, 3])
-    qn = math.sqrt(w * w + x * x + y * y + z * z)
-    w, x, y, z = w / qn, x / qn, y / qn, z / qn
+def _axes(w, x, y, z):
+    """The rotation columns (ex, ey, ez) of a unit quaternion (torch_backend.quat_to_rotmat)."""
     return ((1 - 2 * (y * y + z * z), 2 * (x * y + w * z), 2 * (x * z - w * y)),
             (2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x)),
             (2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x * x + y * y)))
@@ -262,13 +231,17 @@ def _cross(a, b):
 
 @njit(parallel=True, cache=True)
 def _project_backward(means, quats, scales, sh, idx, R, t, near, g_rec, g_means, g_quats, g_scales, g_opac, g_sh):
-    """The gradients of _project's records g_rec (M, N_RECORD) taken to the surfels (rows idx, each once)."""
+    """The gradients g_rec (M, N_RECORD) of surfels idx's records (torch_backend.project's, SH degree 0) taken
+    to the surfels (rows idx, each once)."""
     for j in prange(idx.shape[0]):
         i = idx[j]
         m0, m1, m2 = f64(means[i, 0]), f64(means[i, 1]), f64(means[i, 2])
         c = (R[0, 0] * m0 + R[0, 1] * m1 + R[0, 2] * m2 + t[0], R[1, 0] * m0 + R[1, 1] * m1 + R[1, 2] * m2 + t[1],
              R[2, 0] * m0 + R[2, 1] * m1 + R[2, 2] * m2 + t[2])
-        ex, ey, ez = _axes(quats, i)
+        w, x, y, z = f64(quats[i, 0]), f64(quats[i, 1]), f64(quats[i, 2]), f64(quats[i, 3])
+        qn = math.sqrt(w * w + x * x + y * y + z * z)
+        w, x, y, z = w / qn, x / qn, y / qn, z / qn
+        ex, ey, ez = _axes(w, x, y, z)
         s0, s1 = f64(scales[i, 0]), f64(scales[i, 1])
         tu, tv, nn = _turn(R, ex, s0), _turn(R, ey, s1), _turn(R, ez, 1.0)
         sign = -1.0 if nn[0] * c[0] + nn[1] * c[1] + nn[2] * c[2] > 0 else 1.0
@@ -304,9 +277,6 @@ def _project_backward(means, quats, scales, sh, idx, R, t, near, g_rec, g_means,
         gx, gy = (bu[0] * s0, bu[1] * s0, bu[2] * s0), (bv[0] * s1, bv[1] * s1, bv[2] * s1)  # dL/d ex, ey
         gz = _back(R, (sign * f64(g[j, 14]), sign * f64(g[j, 15]), sign * f64(g[j, 16])))  # dL/d ez
         # the rotation's columns from the normalised quaternion, then the normalisation
-        w, x, y, z = f64(quats[i, 0]), f64(quats[i, 1]), f64(quats[i, 2]), f64(quats[i, 3])
-        qn = math.sqrt(w * w + x * x + y * y + z * z)
-        w, x, y, z = w / qn, x / qn, y / qn, z / qn
         gw = 2 * (gx[1] * z - gx[2] * y - gy[0] * z + gy[2] * x + gz[0] * y - gz[1] * x)
         gqx = 2 * (gx[1] * y + gx[2] * z + gy[0] * y - 2 * gy[1] * x + gy[2] * w + gz[0] * z - gz[1] * w
                    - 2 * gz[2] * x)
@@ -323,17 +293,15 @@ def _project_backward(means, quats, scales, sh, idx, R, t, near, g_rec, g_means,
 
 
 class _Projection(torch.autograd.Function):
-    """The per-surfel stage of SH degree 0 surfels (the cpu preset's) in numba, forward and backward: the records
-    (M, N_RECORD) of surfels ``idx``, as torch_backend.project (the reference, and the path for higher degrees)."""
+    """The per-surfel stage of SH degree 0 surfels (the cpu preset's), differentiable: the records (M, N_RECORD)
+    of surfels ``idx`` that the binning computed (numba_backend._preprocess, the same maths as
+    torch_backend.project: the reference, and the path for higher degrees), with _project_backward's gradients."""
 
     @staticmethod
-    def forward(ctx, means, quats, scales, opacities, colors, idx, T_world_camera, near):
+    def forward(ctx, means, quats, scales, opacities, colors, records, idx, T_world_camera, near):
         R, t, _ = world_to_camera(T_world_camera)
-        host = [x.detach().numpy() for x in (means, quats, scales, opacities, colors)]
-        rec = np.empty((len(idx), N_RECORD), np.float32)
-        _project(*host, idx, R, t, near, rec)
-        ctx.saved = (host, idx, R, t, near)
-        return torch.from_numpy(rec).to(means.dtype)
+        ctx.saved = ([x.detach().numpy() for x in (means, quats, scales, opacities, colors)], idx, R, t, near)
+        return torch.from_numpy(np.ascontiguousarray(records[:, :N_RECORD])).to(means.dtype)
 
     @staticmethod
     @once_differentiable
@@ -341,7 +309,7 @@ class _Projection(torch.autograd.Function):
         (means, quats, scales, opac, sh), idx, R, t, near = ctx.saved
         grads = [np.zeros(x.shape, x.dtype) for x in (means, quats, scales, opac, sh)]
         _project_backward(means, quats, scales, sh, idx, R, t, near, np.ascontiguousarray(g_rec.numpy()), *grads)
-        return (*(torch.from_numpy(x) for x in grads), None, None, None)
+        return (*(torch.from_numpy(x) for x in grads), None, None, None, None)
 
 
 class _PixelStage(torch.autograd.Function):
@@ -388,7 +356,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
     # and its backward then scale with what the camera sees
     if s.colors.shape[1] == 1:
         fields = [s.means, s.quats, s.scales, s.opacities, s.colors]
-        records = _Projection.apply(*[x.contiguous() for x in fields], order, T_world_camera, float(options.near))
+        records = _Projection.apply(*[x.contiguous() for x in fields], rec, order, T_world_camera, float(options.near))
     else:  # view-dependent colours: torch's projection (autograd through the SH basis)
         idx = torch.from_numpy(order).to(s.means.device)
         seen = Surfels.derived(**{k: v.index_select(0, idx) for k, v in s._fields().items()})
