@@ -248,6 +248,17 @@ def test_sweep_kernel_matches_the_ray_kernel(still):
         assert differ("alpha", 1e-3) < 1e-3
         assert all(differ(k, 1e-2) < 0.01 for k in ("median", "range_sum", "features", "normal"))
 
+def test_strip_order_is_a_stable_sort_by_distance():
+    """The strips' radix sort: the order of a stable sort by distance, ties (frequent in float32) in the
+    given order, over the whole float range a sweep meets."""
+    from gsim.lidar.sweep import _front_to_back
+    rng = np.random.default_rng(3)
+    dist = np.r_[rng.uniform(0, 200, 5000), np.repeat(rng.uniform(0, 80, 50), 40), 0.0, 1e-30, 3e38].astype(np.float32)
+    idx = rng.permutation(len(dist)).astype(np.int64)
+    got = _front_to_back(dist, idx)
+    assert np.array_equal(got, idx[np.argsort(dist, kind="stable")])
+
+
 def test_a_ray_table_renders_as_one_row():
     from gsim.lidar import RayTableSpec
     az, el = np.meshgrid(np.radians(np.linspace(-40, 40, 81)), np.radians(np.linspace(-10, 10, 21)))
