@@ -138,27 +138,30 @@ def bracket(times_us: np.ndarray, t_us) -> Tuple[np.ndarray, np.ndarray]:
 def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us, quats: Optional[np.ndarray] = None) -> np.ndarray:
     """Poses at the times ``t_us`` (M,) from a timed track (T,) / (T,4,4): (M,4,4), linear in
     translation, slerp in rotation. Times outside the track clamp to its ends (an actor holds
-    its first/last pose). ``quats``: the track's rotations as (T,4) quaternions, when known."""
+    its first/last pose). ``quats``: the track's rotations as (T,4) quaternions, when known.
+    Tracks that share their times come stacked: poses (...,T,4,4), quats (...,T,4) -> (...,M,4,4)."""
     times_us = np.asarray(times_us, np.int64)
+    poses = np.asarray(poses, np.float64)
     t = np.atleast_1d(np.asarray(t_us, np.int64))
     if len(times_us) == 1:
-        return np.repeat(np.asarray(poses[:1], np.float64), len(t), 0)
+        return np.repeat(poses[..., :1, :, :], len(t), -3)
     i, a = bracket(times_us, t)
     a = a[:, None]
     if quats is None:
-        q0, q1 = rotmat_to_quat(poses[i - 1, :3, :3]), rotmat_to_quat(poses[i, :3, :3])
-    else:
-        q0, q1 = quats[i - 1], quats[i]
-    d = np.sum(q0 * q1, axis=1, keepdims=True)
+        quats = rotmat_to_quat(poses[..., :3, :3]).reshape(poses.shape[:-2] + (4,))
+    q0, q1 = quats[..., i - 1, :], quats[..., i, :]
+    d = np.sum(q0 * q1, axis=-1, keepdims=True)
     q1, d = np.where(d < 0, -q1, q1), np.abs(d)
     th = np.arccos(np.clip(d, -1.0, 1.0))
     sin_th = np.where(d > 0.9995, 1.0, np.sin(th))
     w0 = np.where(d > 0.9995, 1 - a, np.sin((1 - a) * th) / sin_th)  # nearly equal: linear, then normalised
     w1 = np.where(d > 0.9995, a, np.sin(a * th) / sin_th)
     q = w0 * q0 + w1 * q1
-    T = np.tile(np.eye(4), (len(t), 1, 1))
-    T[:, :3, :3] = quat_to_rotmat(q / np.linalg.norm(q, axis=1, keepdims=True))
-    T[:, :3, 3] = (1 - a) * poses[i - 1, :3, 3] + a * poses[i, :3, 3]
+    T = np.zeros(q.shape[:-1] + (4, 4))
+    T[..., 3, 3] = 1.0
+    T[..., :3, :3] = quat_to_rotmat(q / np.linalg.norm(q, axis=-1, keepdims=True))
+    p = poses[..., :3, 3]
+    T[..., :3, 3] = (1 - a) * p[..., i - 1, :] + a * p[..., i, :]
     return T
 
 

@@ -320,13 +320,17 @@ def _outputs(R: int, F: int, candidates: int = 0) -> dict:
 
 def _group_poses(groups: SurfelGroups, times_us: np.ndarray):
     """Each group's pose at each time: world_from_group (G,C,4,4) and group_from_world (G,C,3,4)."""
-    from gsim.transforms import interpolate_poses, invert, rotmat_to_quat
+    from gsim.transforms import interpolate_poses, invert
     world_from_group = np.tile(np.eye(4), (1 + len(groups.tracks), len(times_us), 1, 1))
+    moving = {}  # a parked actor's track is one pose repeated: nothing to interpolate
     for g, (ts, poses) in enumerate(groups.tracks, start=1):
-        # a parked actor's track is one pose repeated: nothing to interpolate; a moving one's rotations are
-        # converted once per keyframe, not twice per column
-        world_from_group[g] = poses[0] if np.all(poses == poses[:1]) else \
-            interpolate_poses(ts, poses, times_us, rotmat_to_quat(poses[:, :3, :3]))
+        if np.all(poses == poses[:1]):
+            world_from_group[g] = poses[0]
+        else:
+            moving.setdefault(np.asarray(ts, np.int64).tobytes(), []).append(g)
+    for gs in moving.values():  # tracks with the same times (a simulator's vehicles) in one batch
+        world_from_group[gs] = interpolate_poses(groups.tracks[gs[0] - 1][0],
+                                                 np.stack([groups.tracks[g - 1][1] for g in gs]), times_us)
     return world_from_group, np.ascontiguousarray(invert(world_from_group)[..., :3, :])
 
 

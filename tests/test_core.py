@@ -97,6 +97,12 @@ def test_interpolate_pose_is_interpolate_poses_one_at_a_time():
         for i, ti in enumerate(t):
             assert np.allclose(interpolate_pose(ts, poses, int(ti), quats), batch[i], atol=1e-12)
     assert np.array_equal(interpolate_pose(ts[:1], poses[:1], 7), poses[0])
+    # tracks that share their times, stacked: each as if alone, bit for bit (the LiDAR batches a simulator's vehicles)
+    stack = np.stack([poses, poses[::-1], np.tile(poses[:1], (6, 1, 1))])
+    together = interpolate_poses(ts, stack, t)
+    assert together.shape == (3, len(t), 4, 4)
+    assert all(np.array_equal(together[k], interpolate_poses(ts, stack[k], t)) for k in range(3))
+    assert np.array_equal(interpolate_poses(ts[:1], stack[:, :1], t)[1], np.repeat(poses[-1:], len(t), 0))
 
 
 @pytest.mark.parametrize("cam", CAMERAS, ids=lambda c: c.model)
