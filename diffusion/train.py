@@ -28,11 +28,12 @@ class TrainOptions(Config):
     index is not a multiple of holdout_every (interpolation: its novel views lie between seen ones);
     extrapolated: (first, last, iterations) of each one trained on that share of the training frames only
     (its renders of the others look ahead of or behind what it saw, as a lane shift looks beside it);
-    crop: training crops' side (a multiple of the UNet's)."""
+    crop: training crops' side (a multiple of the UNet's; 64 trains 2.3x faster than 96 on a CPU for the same
+    repairs on the demo street, BENCHMARKS.md)."""
 
     steps: int = 2000
     batch: int = 4
-    crop: int = 96
+    crop: int = 64
     lr: float = 5e-4
     seed: int = 0
     checkpoint_every: int = 250
