@@ -16,6 +16,7 @@ import contextlib
 import math
 import tempfile
 import time
+from concurrent import futures
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -123,6 +124,16 @@ class GroundGrid:
         T[:3, 0], T[:3, 1], T[:3, 2] = fwd, np.cross(n, fwd), n
         T[:3, 3] = np.array([x, y, a * x + b * y + c]) + lift * n
         return T
+
+
+def _concurrent() -> bool:
+    """Whether numba's threading layer runs parallel kernels from two threads at once (omp and tbb do; the
+    workqueue layer aborts the process)."""
+    import numba
+    try:
+        return numba.threading_layer() in ("omp", "tbb")
+    except ValueError:  # no parallel kernel has run yet: the layer is not chosen
+        return False
 
 
 def _speed_at(ts: np.ndarray, poses: np.ndarray, t_us: int, half_us: int = 50_000) -> float:
@@ -322,31 +333,37 @@ class ClosedLoop:
             with self.timer("sensors"):
                 # the LiDARs in a worker thread while the cameras render here: each renderer leaves a core idle
                 # in its serial parts (two threads make either 1.3x faster, not 2x), which the other one fills
-                sweeps = self._worker().submit(self._sweeps, scene, T, t) if self.lidars else None
-                with self.timer("cameras"):
-                    for n, (cam, T_vc) in self.cameras.items():
-                        cams[n] = to_uint8(render_image(scene, cam, T @ T_vc, t, n)[0])
-                if sweeps is not None:
-                    lidars, ranges, took = sweeps.result()
-                    self.timings.setdefault("lidars", []).append(took)
+                import numba
+                job = (self._sweeps, scene, self.prev_T, T, t, numba.get_num_threads())
+                sweeps = self._worker().submit(*job) if self.lidars and _concurrent() else None
+                try:
+                    with self.timer("cameras"):
+                        for n, (cam, T_vc) in self.cameras.items():
+                            cams[n] = to_uint8(render_image(scene, cam, T @ T_vc, t, n)[0])
+                finally:  # a camera's error waits for the sweeps too: nothing renders on past the step
+                    if sweeps is not None:
+                        futures.wait([sweeps])
+                lidars, ranges, took = sweeps.result() if sweeps is not None else job[0](*job[1:])
+                self.timings.setdefault("lidars", []).append(took)
         s = self.state
         return Observation(self.step_index, t, s, T, self.road.ahead((s.x_m, s.y_m), s.yaw_rad, ROUTE_AHEAD_M), cams,
                            lidars, ranges, boxes)
 
     def _worker(self):
-        from concurrent.futures import ThreadPoolExecutor
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="gsim-lidar")
+            self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="gsim-lidar")
         return self._pool
 
-    def _sweeps(self, scene, T: np.ndarray, t: int):
-        """Every LiDAR's sweep over the last step (from the previous pose to this one): points (N,5) and range
-        images by name, and the wall time (s) they took."""
+    def _sweeps(self, scene, prev_T: np.ndarray, T: np.ndarray, t: int, threads: int):
+        """Every LiDAR's sweep over the last step (from the vehicle's previous pose to this one) with ``threads``
+        numba threads (a per-thread setting): points (N,5) and range images by name, and the wall time (s)."""
+        import numba
         from gsim.lidar import render_lidar
         start = time.perf_counter()
+        numba.set_num_threads(threads)
         lidars, ranges = {}, {}
         for n, (spec, T_vl) in self.lidars.items():
-            f = render_lidar(scene, spec, (np.array([t - self.dt_us, t]), np.stack([self.prev_T @ T_vl, T @ T_vl])),
+            f = render_lidar(scene, spec, (np.array([t - self.dt_us, t]), np.stack([prev_T @ T_vl, T @ T_vl])),
                              timestamp_us=t - self.dt_us)
             inten = f.intensity if f.intensity is not None else np.zeros(len(f.ranges), np.float32)
             lidars[n] = np.c_[f.points, inten, f.time_offset_us].astype(np.float32)

@@ -230,7 +230,7 @@ def cmd_expand(a) -> int:
 def cmd_diffusion_train(a) -> int:
     from .diffusion.repair import RepairConfig
     from .diffusion.train import TrainOptions, train
-    opts = TrainOptions(steps=a.steps, crop=a.crop, seed=a.seed)
+    opts = TrainOptions(steps=a.steps, seed=a.seed, **({} if a.crop is None else {"crop": a.crop}))
     card = train(a.scene, a.log, a.out, opts, RepairConfig(loss=a.loss), resume=a.resume)
     print(f"wrote the repair model {a.out}: {card['steps']} steps, loss {card['loss_first_100']:.4f} -> "
           f"{card['loss_last_100']:.4f}, {card['wall_s']:.0f} s (pairs: {card['pairs']})")
@@ -570,7 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("log")
     dt.add_argument("--out", required=True, help="the model directory (its work files go to OUT-work)")
     dt.add_argument("--steps", type=_int_at_least(1), default=2000)
-    dt.add_argument("--crop", type=_int_at_least(8), default=96, help="training crops' side, a multiple of 8")
+    dt.add_argument("--crop", type=_int_at_least(8), default=None,
+                    help="training crops' side, a multiple of 8 (default: TrainOptions', 64)")
     dt.add_argument("--seed", type=int, default=0)
     dt.add_argument("--resume", action="store_true", help="go on from OUT-work's checkpoint")
     dt.add_argument("--loss", choices=("l1", "l2"), default="l1", help="the denoising loss")

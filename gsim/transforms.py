@@ -147,8 +147,10 @@ def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us, quats: Opti
         return np.repeat(poses[..., :1, :, :], len(t), -3)
     i, a = bracket(times_us, t)
     a = a[:, None]
-    if quats is None:
-        quats = rotmat_to_quat(poses[..., :3, :3]).reshape(poses.shape[:-2] + (4,))
+    if quats is None:  # the keyframes used, each once (a long track queried at a few times converts a few)
+        k = np.unique(np.r_[i - 1, i])
+        quats = np.zeros(poses.shape[:-2] + (4,))
+        quats[..., k, :] = rotmat_to_quat(poses[..., k, :3, :3]).reshape(poses.shape[:-3] + (len(k), 4))
     q0, q1 = quats[..., i - 1, :], quats[..., i, :]
     d = np.sum(q0 * q1, axis=-1, keepdims=True)
     q1, d = np.where(d < 0, -q1, q1), np.abs(d)

@@ -203,7 +203,7 @@ def _front_to_back(dist, idx):
     distances' bits (positive floats order like their bits), 11 bits a pass, stable; a strip's few ten
     thousand surfels sort in a tenth of a merge sort's time."""
     n = idx.shape[0]
-    keys, out_keys = dist.view(np.uint32).copy(), np.empty(n, np.uint32)
+    keys, out_keys = dist.view(np.uint32) & np.uint32(0x7FFFFFFF), np.empty(n, np.uint32)  # -0.0 as 0.0
     idx, out_idx = idx.copy(), np.empty(n, idx.dtype)
     for shift in range(0, 32, 11):
         count = np.zeros(2049, np.int64)

@@ -231,3 +231,12 @@ def test_export_ply_of_a_scene_with_actors_asks_for_the_option(recon, tmp_path):
 def test_bad_options_are_named_as_typed(args, option):
     p = gsim_cli(*args, check=False)
     assert p.returncode == 2 and f"argument {option}" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_diffusion_train_takes_the_library_defaults():
+    """`gsim diffusion train` without --crop / --steps trains as TrainOptions() does (the README's time is for it)."""
+    from gsim.cli import build_parser
+    from gsim.diffusion.train import TrainOptions
+    a = build_parser().parse_args(["diffusion", "train", "scene", "log", "--out", "model"])
+    assert a.crop is None and a.steps == TrainOptions().steps
+    assert build_parser().parse_args(["diffusion", "train", "s", "l", "--out", "m", "--crop", "96"]).crop == 96
