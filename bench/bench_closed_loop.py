@@ -5,7 +5,8 @@ table, the steps per second and each stage's share of a step.
 
 Needs the demo street at out/demo (`./quickstart.sh demo`, or `gsim closed-loop stopped-car ...` builds it).
 Writes OUT/table.md, OUT/table.json (the runs' metrics, each with timing_ms: median ms per step of each
-stage; the cameras and the LiDARs render at the same time, "sensors" is both) and OUT/<scenario>/<agent>/seed<k>/ (each run's directory).
+stage; "sensors" is the cameras and the LiDARs together) and OUT/<scenario>/<agent>/seed<k>/ (each run's
+directory).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from gsim.bridges.agents import BUILTIN  # noqa: E402
 from gsim.bridges.runner import run_batch  # noqa: E402
 from gsim.bridges.scenario import SHIPPED  # noqa: E402
 
-# "sensors" is the cameras and the LiDARs together: they render at once (bridges.loop), so their own times overlap
+# "sensors" is the cameras and the LiDARs together: where numba's threading layer allows it they render at once
+# (bridges.loop), and then their own times overlap
 STAGES = ("agent", "dynamics", "sumo", "actors", "sensors", "cameras", "lidars", "metrics", "record")
 
 

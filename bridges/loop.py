@@ -334,8 +334,8 @@ class ClosedLoop:
                 # the LiDARs in a worker thread while the cameras render here: each renderer leaves a core idle
                 # in its serial parts (two threads make either 1.3x faster, not 2x), which the other one fills
                 import numba
-                job = (self._sweeps, scene, self.prev_T, T, t, numba.get_num_threads())
-                sweeps = self._worker().submit(*job) if self.lidars and _concurrent() else None
+                args = (scene, self.prev_T, T, t, numba.get_num_threads())
+                sweeps = self._worker().submit(self._sweeps, *args) if self.lidars and _concurrent() else None
                 try:
                     with self.timer("cameras"):
                         for n, (cam, T_vc) in self.cameras.items():
@@ -343,7 +343,7 @@ class ClosedLoop:
                 finally:  # a camera's error waits for the sweeps too: nothing renders on past the step
                     if sweeps is not None:
                         futures.wait([sweeps])
-                lidars, ranges, took = sweeps.result() if sweeps is not None else job[0](*job[1:])
+                lidars, ranges, took = sweeps.result() if sweeps is not None else self._sweeps(*args)
                 self.timings.setdefault("lidars", []).append(took)
         s = self.state
         return Observation(self.step_index, t, s, T, self.road.ahead((s.x_m, s.y_m), s.yaw_rad, ROUTE_AHEAD_M), cams,

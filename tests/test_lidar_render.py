@@ -253,7 +253,8 @@ def test_strip_order_is_a_stable_sort_by_distance():
     given order, over the whole float range a sweep meets."""
     from gsim.lidar.sweep import _front_to_back
     rng = np.random.default_rng(3)
-    dist = np.r_[rng.uniform(0, 200, 5000), np.repeat(rng.uniform(0, 80, 50), 40), 0.0, -0.0, 1e-30, 1e-40, 3e38].astype(np.float32)
+    dist = np.r_[rng.uniform(0, 200, 5000), np.repeat(rng.uniform(0, 80, 50), 40),
+                 0.0, -0.0, 1e-30, 1e-40, 3e38].astype(np.float32)
     idx = rng.permutation(len(dist)).astype(np.int64)
     got = _front_to_back(dist, idx)
     assert np.array_equal(got, idx[np.argsort(dist, kind="stable")])
