@@ -27,6 +27,8 @@ from typing import Optional
 
 import numpy as np
 
+from gsim.errors import InputError
+
 from .dynamics import Controls, TrajectoryTracker, path_waypoints
 from .loop import WAYPOINT_TIMES_S, LoopInfo, Observation
 from .road import Polyline
@@ -225,7 +227,7 @@ class ProcessAgent:
         try:
             return Controls(float(reply["accel_mps2"]), float(reply["steer_rate_rps"]))
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"expected {{'accel_mps2', 'steer_rate_rps'}} or {{'waypoints'}}, got {reply}") from None
+            raise InputError(f"expected {{'accel_mps2', 'steer_rate_rps'}} or {{'waypoints'}}, got {reply}") from None
 
     def _send(self, obj: dict) -> None:
         try:
@@ -253,7 +255,7 @@ class ProcessAgent:
         try:
             return json.loads(line)
         except json.JSONDecodeError:
-            raise ValueError(f"agent process {self.command!r} wrote a line that is not JSON: {line[:200]!r}") from None
+            raise InputError(f"agent process {self.command!r} wrote a line that is not JSON: {line[:200]!r}") from None
 
     def close(self) -> None:
         if self.proc is not None:
@@ -274,16 +276,16 @@ def load_agent(name: str):
         return BUILTIN[name]()
     if name.startswith("exec:"):
         if not name[5:].strip():
-            raise ValueError("agent 'exec:': give the command, e.g. exec:'python my_agent.py'")
+            raise InputError("agent 'exec:': give the command, e.g. exec:'python my_agent.py'")
         return ProcessAgent(name[5:])
     if ":" in name:
         mod, attr = name.split(":", 1)
         try:
             factory = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"agent {name!r}: cannot import it ({e})") from None
+            raise InputError(f"agent {name!r}: cannot import it ({e})") from None
         agent = factory()
         if not callable(getattr(agent, "act", None)):
-            raise ValueError(f"agent {name!r}: the object has no act(observation) method")
+            raise InputError(f"agent {name!r}: the object has no act(observation) method")
         return agent
-    raise ValueError(f"unknown agent {name!r}; built-in: {', '.join(BUILTIN)}, or module:attribute, or exec:COMMAND")
+    raise InputError(f"unknown agent {name!r}; built-in: {', '.join(BUILTIN)}, or module:attribute, or exec:COMMAND")

@@ -23,6 +23,7 @@ from typing import Dict, Optional, Tuple
 import grpc
 import numpy as np
 
+from gsim.errors import InputError
 from gsim.lidar import LidarSpec
 from gsim.transforms import interpolate_pose
 
@@ -84,7 +85,7 @@ def _times(req, timestamp_us: Optional[int], end_timestamp_us: Optional[int]) ->
 
 def _encoding(name: str) -> int:
     if name not in ENCODINGS:
-        raise ValueError(f"encoding: expected one of {', '.join(ENCODINGS)}, got {name!r}")
+        raise InputError(f"encoding: expected one of {', '.join(ENCODINGS)}, got {name!r}")
     return ENCODINGS[name]
 
 

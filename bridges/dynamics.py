@@ -24,12 +24,13 @@ from typing import Optional, Tuple
 import numpy as np
 
 from gsim.config import Config
+from gsim.errors import InputError
 
 STANDSTILL_MPS = 0.05  # a planned speed below this means "stop here": brake to a standstill
 _SINC_SERIES_BELOW = 1e-4  # |u| under which sin(u)/u = 1 - u^2/6 is exact in float64 (next term u^4/120)
 
 
-class ActionError(ValueError):
+class ActionError(InputError):
     """Controls that cannot be applied (NaN, inf, not a number); the message names the step and field."""
 
 
@@ -40,7 +41,7 @@ def _is_real(v) -> bool:
 def _check_positive_time(name: str, v) -> float:
     """A step or horizon length in seconds: finite and > 0."""
     if not (_is_real(v) and math.isfinite(v) and v > 0):
-        raise ValueError(f"{name}: expected a finite time > 0 s, got {v!r}")
+        raise InputError(f"{name}: expected a finite time > 0 s, got {v!r}")
     return float(v)
 
 
@@ -48,7 +49,7 @@ def _check_dt(v) -> float:
     """A step length: finite, > 0 and at least 1 us (the timestamps are integer microseconds)."""
     dt = _check_positive_time("dt_s", v)
     if round(dt * 1e6) < 1:
-        raise ValueError(f"dt_s: expected a step of at least 1 us (timestamps are integer microseconds), got {v!r}")
+        raise InputError(f"dt_s: expected a step of at least 1 us (timestamps are integer microseconds), got {v!r}")
     return dt
 
 
@@ -90,13 +91,13 @@ class VehicleParams(Config):
         for name, what in expected.items():
             v = getattr(self, name)
             if not (_is_real(v) and math.isfinite(v) and v > 0):
-                raise ValueError(f"VehicleParams.{name}: expected {what}, got {v!r}")
+                raise InputError(f"VehicleParams.{name}: expected {what}, got {v!r}")
         v = self.max_steer_rad
         if not (_is_real(v) and 0 < v < math.pi / 2):  # tan(steer) must stay finite
-            raise ValueError(f"VehicleParams.max_steer_rad: expected an angle in (0, pi/2) rad, got {v!r}")
+            raise InputError(f"VehicleParams.max_steer_rad: expected an angle in (0, pi/2) rad, got {v!r}")
         v = self.rear_axle_to_centre_m
         if not (_is_real(v) and math.isfinite(v) and abs(v) <= self.length_m / 2):
-            raise ValueError(f"VehicleParams.rear_axle_to_centre_m: expected a finite offset within "
+            raise InputError(f"VehicleParams.rear_axle_to_centre_m: expected a finite offset within "
                              f"+-length_m/2 = +-{self.length_m / 2} m (the rear axle is inside the box), got {v!r}")
 
 
@@ -119,11 +120,11 @@ class EgoState:
         for name in ("x_m", "y_m", "yaw_rad", "speed_mps", "steer_rad", "accel_mps2"):
             v = getattr(self, name)
             if not (_is_real(v) and math.isfinite(v)):
-                raise ValueError(f"EgoState.{name}: expected a finite number, got {v!r}")
+                raise InputError(f"EgoState.{name}: expected a finite number, got {v!r}")
         if self.speed_mps < 0:
-            raise ValueError(f"EgoState.speed_mps: expected a speed >= 0 m/s (no reversing), got {self.speed_mps!r}")
+            raise InputError(f"EgoState.speed_mps: expected a speed >= 0 m/s (no reversing), got {self.speed_mps!r}")
         if not isinstance(self.timestamp_us, (int, np.integer)) or isinstance(self.timestamp_us, bool):
-            raise ValueError(f"EgoState.timestamp_us: expected an integer (microseconds), got {self.timestamp_us!r}")
+            raise InputError(f"EgoState.timestamp_us: expected an integer (microseconds), got {self.timestamp_us!r}")
         object.__setattr__(self, "timestamp_us", int(self.timestamp_us))
 
     def T_world_rear_axle(self, z: float = 0.0) -> np.ndarray:
@@ -201,7 +202,7 @@ class BicycleModel:
 
     def __init__(self, params: VehicleParams = VehicleParams()):
         if not isinstance(params, VehicleParams):
-            raise ValueError(f"params: expected a VehicleParams, got {type(params).__name__}")
+            raise InputError(f"params: expected a VehicleParams, got {type(params).__name__}")
         self.params = params
 
     def step(self, state: EgoState, controls: Controls, dt_s: float) -> EgoState:
@@ -228,14 +229,14 @@ def _check_waypoints(waypoints) -> np.ndarray:
     try:
         w = np.asarray(waypoints, dtype=np.float64)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"waypoints: expected a (K,3) array of numbers (t_s, x_m, y_m), got {e}") from None
+        raise InputError(f"waypoints: expected a (K,3) array of numbers (t_s, x_m, y_m), got {e}") from None
     if w.ndim != 2 or w.shape[1] != 3 or len(w) == 0:
-        raise ValueError(f"waypoints: expected shape (K,3) with K >= 1 (t_s, x_m, y_m), got {w.shape}")
+        raise InputError(f"waypoints: expected shape (K,3) with K >= 1 (t_s, x_m, y_m), got {w.shape}")
     if not np.isfinite(w).all():
-        raise ValueError("waypoints: expected finite values, got NaN or inf")
+        raise InputError("waypoints: expected finite values, got NaN or inf")
     t = w[:, 0]
     if t[0] <= 0 or np.any(np.diff(t) <= 0):
-        raise ValueError(f"waypoints: expected times t_s > 0 and strictly increasing, got {t.tolist()}")
+        raise InputError(f"waypoints: expected times t_s > 0 and strictly increasing, got {t.tolist()}")
     return w
 
 
@@ -286,14 +287,14 @@ class TrajectoryTracker:
     def __init__(self, params: VehicleParams = VehicleParams(), lookahead_s: float = 1.0,
                  min_lookahead_m: float = 3.0, kp: float = 1.0, ki: float = 0.1, kd: float = 0.0):
         if not isinstance(params, VehicleParams):
-            raise ValueError(f"params: expected a VehicleParams, got {type(params).__name__}")
+            raise InputError(f"params: expected a VehicleParams, got {type(params).__name__}")
         for name, v, what in (("lookahead_s", lookahead_s, "a finite time > 0 s"),
                               ("min_lookahead_m", min_lookahead_m, "a finite distance > 0 m")):
             if not (_is_real(v) and math.isfinite(v) and v > 0):
-                raise ValueError(f"TrajectoryTracker.{name}: expected {what}, got {v!r}")
+                raise InputError(f"TrajectoryTracker.{name}: expected {what}, got {v!r}")
         for name, v in (("kp", kp), ("ki", ki), ("kd", kd)):
             if not (_is_real(v) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"TrajectoryTracker.{name}: expected a finite gain >= 0, got {v!r}")
+                raise InputError(f"TrajectoryTracker.{name}: expected a finite gain >= 0, got {v!r}")
         self.params, self.lookahead_s, self.min_lookahead_m = params, float(lookahead_s), float(min_lookahead_m)
         self.kp, self.ki, self.kd = float(kp), float(ki), float(kd)
         self.reset()
@@ -374,20 +375,20 @@ def path_waypoints(path_xy_world: np.ndarray, state: EgoState, speed_mps: float,
     try:
         path = np.asarray(path_xy_world, dtype=np.float64)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"path_xy_world: expected an (N,2) array of numbers, got {e}") from None
+        raise InputError(f"path_xy_world: expected an (N,2) array of numbers, got {e}") from None
     if path.ndim != 2 or path.shape[1] != 2:
-        raise ValueError(f"path_xy_world: expected shape (N,2), got {path.shape}")
+        raise InputError(f"path_xy_world: expected shape (N,2), got {path.shape}")
     if not np.isfinite(path).all():
-        raise ValueError("path_xy_world: expected finite values, got NaN or inf")
+        raise InputError("path_xy_world: expected finite values, got NaN or inf")
     if not (_is_real(speed_mps) and math.isfinite(speed_mps) and speed_mps >= 0):
-        raise ValueError(f"speed_mps: expected a finite speed >= 0 m/s, got {speed_mps!r}")
+        raise InputError(f"speed_mps: expected a finite speed >= 0 m/s, got {speed_mps!r}")
     if not (_is_real(stop_decel_mps2) and math.isfinite(stop_decel_mps2) and stop_decel_mps2 > 0):
-        raise ValueError(f"stop_decel_mps2: expected a finite deceleration > 0 m/s^2, got {stop_decel_mps2!r}")
+        raise InputError(f"stop_decel_mps2: expected a finite deceleration > 0 m/s^2, got {stop_decel_mps2!r}")
     horizon_s, dt_s = _check_positive_time("horizon_s", horizon_s), _check_positive_time("dt_s", dt_s)
     if len(path):  # repeated points would give zero-length segments, which neither project nor interpolate
         path = path[np.concatenate([[True], np.any(np.diff(path, axis=0) != 0, axis=1)])]
     if len(path) < 2:
-        raise ValueError(f"path_xy_world: expected at least 2 distinct points, got {len(path)}")
+        raise InputError(f"path_xy_world: expected at least 2 distinct points, got {len(path)}")
 
     q = np.array([state.x_m, state.y_m])
     seg = np.diff(path, axis=0)

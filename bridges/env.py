@@ -24,6 +24,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from gsim.errors import InputError
+
 from .dynamics import Controls
 from .loop import ROUTE_POINTS, WAYPOINT_TIMES_S, ClosedLoop
 from .record import frame_view
@@ -36,9 +38,9 @@ class ClosedLoopEnv(gym.Env):
     def __init__(self, scenario="stopped-car", action: str = "controls", render_mode: Optional[str] = None,
                  client: str = "libsumo"):
         if action not in ("controls", "waypoints"):
-            raise ValueError(f"ClosedLoopEnv: action must be 'controls' or 'waypoints', got {action!r}")
+            raise InputError(f"ClosedLoopEnv: action must be 'controls' or 'waypoints', got {action!r}")
         if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"ClosedLoopEnv: render_mode must be None or 'rgb_array', got {render_mode!r}")
+            raise InputError(f"ClosedLoopEnv: render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.scenario = load_loop_scenario(scenario) if not hasattr(scenario, "closed_loop") else scenario
         self.action_kind, self.render_mode = action, render_mode
         self.loop = ClosedLoop(self.scenario, seed=0, client=client)  # 'traci': several envs in one process

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from gsim.errors import GsimError
 from gsim.scene import Actor
 
 from .dynamics import ActionError, BicycleModel, Controls, EgoState, TrajectoryTracker, VehicleParams, yaw_rate
@@ -39,7 +40,7 @@ SUMO_CLASSES = ("car", "truck", "bus")  # the log's actors SUMO can take over (m
 VCLASS_OF = {"car": "passenger", "truck": "truck", "bus": "bus"}
 
 
-class LoopError(RuntimeError):
+class LoopError(GsimError, RuntimeError):
     """A closed-loop run that cannot go on (a SUMO fault, an agent's bad action): names the step."""
 
 

@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type
 import numpy as np
 from PIL import Image
 
+from gsim.errors import InputError, MissingExtra
 from gsim.transforms import check_pose, rotmat_to_quat
 
 TF_TOPIC = "/tf"
@@ -73,7 +74,7 @@ def _deps() -> SimpleNamespace:
         from mcap.writer import LIBRARY_IDENTIFIER, Writer
         from mcap_protobuf.schema import build_file_descriptor_set
     except ImportError as exc:
-        raise ImportError(
+        raise MissingExtra(
             "MCAP recording needs mcap, mcap-protobuf-support and foxglove-schemas-protobuf: "
             f'pip install -e ".[sumo]" (missing: {exc.name})') from exc
     return SimpleNamespace(**locals())
@@ -187,9 +188,9 @@ class McapRecorder:
         stamp = self._check_stamp(timestamp_us, topic)
         _check_name(frame_id, "frame_id", topic)
         if format not in ("jpeg", "png"):
-            raise ValueError(f"format on topic '{topic}': expected 'jpeg' or 'png', got {format!r}")
+            raise InputError(f"format on topic '{topic}': expected 'jpeg' or 'png', got {format!r}")
         if format == "jpeg" and not 1 <= int(quality) <= 100:
-            raise ValueError(f"quality on topic '{topic}': expected 1..100, got {quality}")
+            raise InputError(f"quality on topic '{topic}': expected 1..100, got {quality}")
         pixels = _to_uint8_rgb(rgb, topic)
         buf = BytesIO()
         if format == "jpeg":
@@ -208,12 +209,12 @@ class McapRecorder:
         _check_name(frame_id, "frame_id", topic)
         pts = np.asarray(points)
         if pts.ndim != 2 or pts.shape[1] not in (3, 4):
-            raise ValueError(f"points on topic '{topic}': expected shape (N,3) or (N,4), got {pts.shape}")
+            raise InputError(f"points on topic '{topic}': expected shape (N,3) or (N,4), got {pts.shape}")
         if not (np.issubdtype(pts.dtype, np.floating) or np.issubdtype(pts.dtype, np.integer)):
-            raise ValueError(f"points on topic '{topic}': expected a real numeric array, got {pts.dtype}")
+            raise InputError(f"points on topic '{topic}': expected a real numeric array, got {pts.dtype}")
         packed = np.ascontiguousarray(pts, dtype="<f4")
         if not np.all(np.isfinite(packed)):
-            raise ValueError(f"points on topic '{topic}': contains NaN or inf (or values beyond float32); "
+            raise InputError(f"points on topic '{topic}': contains NaN or inf (or values beyond float32); "
                              "drop invalid returns first")
         fx = self._fx
         names = ("x", "y", "z", "intensity")[: pts.shape[1]]
@@ -238,7 +239,7 @@ class McapRecorder:
         for i, item in enumerate(boxes):
             box, T, size, color = _check_box(item, i, topic)
             if box.id in seen:  # a second entity with the same id would silently replace the first
-                raise ValueError(f"boxes[{i}] on topic '{topic}': duplicate id {box.id!r}")
+                raise InputError(f"boxes[{i}] on topic '{topic}': duplicate id {box.id!r}")
             seen.add(box.id)
             entity = update.entities.add(frame_id=frame_id, id=box.id)
             entity.timestamp.FromNanoseconds(stamp)
@@ -261,7 +262,7 @@ class McapRecorder:
         """
         stamp = self._check_stamp(timestamp_us, topic)
         if not isinstance(data, Mapping):
-            raise ValueError(f"data on topic '{topic}': expected a dict, got {type(data).__name__}")
+            raise InputError(f"data on topic '{topic}': expected a dict, got {type(data).__name__}")
         plain = _jsonable(data, f"data on topic '{topic}'")
         name = schema_name or "gsim" + topic.replace("/", ".")
 
@@ -278,12 +279,12 @@ class McapRecorder:
         if self._closed:
             raise RuntimeError(f"McapRecorder for {self.path} is closed (writing topic '{topic}')")
         if not isinstance(topic, str) or not topic:
-            raise ValueError(f"topic: expected a non-empty string, got {topic!r}")
+            raise InputError(f"topic: expected a non-empty string, got {topic!r}")
         if isinstance(timestamp_us, (bool, np.bool_)) or not isinstance(timestamp_us, (int, np.integer)):
-            raise ValueError(f"timestamp_us on topic '{topic}': expected an integer (microseconds), "
+            raise InputError(f"timestamp_us on topic '{topic}': expected an integer (microseconds), "
                              f"got {timestamp_us!r}")
         if timestamp_us < 0:
-            raise ValueError(f"timestamp_us on topic '{topic}': must be >= 0, got {timestamp_us}")
+            raise InputError(f"timestamp_us on topic '{topic}': must be >= 0, got {timestamp_us}")
         return int(timestamp_us) * 1000
 
     def _write_proto(self, topic: str, msg: Any, stamp_ns: int) -> None:
@@ -305,7 +306,7 @@ class McapRecorder:
             self._sequence[topic] = 0
         channel_id, registered = self._channels[topic]
         if registered != schema_name:
-            raise ValueError(f"topic '{topic}' carries {registered}; cannot write {schema_name} to it")
+            raise InputError(f"topic '{topic}' carries {registered}; cannot write {schema_name} to it")
         self._writer.add_message(channel_id=channel_id, log_time=stamp_ns, data=payload,
                                  publish_time=stamp_ns, sequence=self._sequence[topic])
         self._sequence[topic] += 1
@@ -313,20 +314,20 @@ class McapRecorder:
 
 def _check_name(value: Any, arg: str, topic: str) -> None:
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{arg} on topic '{topic}': expected a non-empty string, got {value!r}")
+        raise InputError(f"{arg} on topic '{topic}': expected a non-empty string, got {value!r}")
 
 
 def _to_uint8_rgb(rgb: Any, topic: str) -> np.ndarray:
     """(H,W,3) uint8 or float [0,1] -> contiguous (H,W,3) uint8."""
     img = np.asarray(rgb)
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] == 0 or img.shape[1] == 0:
-        raise ValueError(f"rgb on topic '{topic}': expected shape (H,W,3), got {img.shape}")
+        raise InputError(f"rgb on topic '{topic}': expected shape (H,W,3), got {img.shape}")
     if img.dtype == np.uint8:
         return np.ascontiguousarray(img)
     if not np.issubdtype(img.dtype, np.floating):
-        raise ValueError(f"rgb on topic '{topic}': expected uint8 or float in [0,1], got {img.dtype}")
+        raise InputError(f"rgb on topic '{topic}': expected uint8 or float in [0,1], got {img.dtype}")
     if not np.all(np.isfinite(img)) or img.min() < 0.0 or img.max() > 1.0:
-        raise ValueError(f"rgb on topic '{topic}': float values must be finite and in [0,1]")
+        raise InputError(f"rgb on topic '{topic}': float values must be finite and in [0,1]")
     return np.round(img.astype(np.float32) * 255.0).astype(np.uint8)
 
 
@@ -338,29 +339,29 @@ def _check_box(item: BoxLike, i: int, topic: str) -> Tuple[Box, np.ndarray, np.n
     elif isinstance(item, Mapping):
         unknown = set(item) - set(_BOX_FIELDS)
         if unknown:  # catches typos such as 'lable' that would otherwise drop data silently
-            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; expected {_BOX_FIELDS}")
+            raise InputError(f"{where}: unknown keys {sorted(unknown)}; expected {_BOX_FIELDS}")
         try:
             box = Box(**item)
         except TypeError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+            raise InputError(f"{where}: {exc}") from None
     else:
         missing = [k for k in ("id", "T", "size") if not hasattr(item, k)]
         if missing:
-            raise ValueError(f"{where}: expected a Box, dict or object with id, T, size; missing {missing}")
+            raise InputError(f"{where}: expected a Box, dict or object with id, T, size; missing {missing}")
         box = Box(id=item.id, T=item.T, size=item.size, color=getattr(item, "color", Box.color),
                   label=getattr(item, "label", None))
     if not isinstance(box.id, str) or not box.id:
-        raise ValueError(f"{where}: id must be a non-empty string, got {box.id!r}")
+        raise InputError(f"{where}: id must be a non-empty string, got {box.id!r}")
     where = f"boxes[{i}] (id {box.id!r}) on topic '{topic}'"
     T = check_pose(box.T, f"{where} T")
     size = np.asarray(box.size, dtype=np.float64)
     if size.shape != (3,) or not np.all(np.isfinite(size)) or np.any(size <= 0):
-        raise ValueError(f"{where}: size must be 3 finite positive lengths (l, w, h), got {box.size!r}")
+        raise InputError(f"{where}: size must be 3 finite positive lengths (l, w, h), got {box.size!r}")
     color = np.asarray(box.color, dtype=np.float64)
     if color.shape != (4,) or not np.all(np.isfinite(color)) or color.min() < 0 or color.max() > 1:
-        raise ValueError(f"{where}: color must be (r, g, b, a) in 0..1, got {box.color!r}")
+        raise InputError(f"{where}: color must be (r, g, b, a) in 0..1, got {box.color!r}")
     if box.label is not None and not isinstance(box.label, str):
-        raise ValueError(f"{where}: label must be a string or None, got {box.label!r}")
+        raise InputError(f"{where}: label must be a string or None, got {box.label!r}")
     return box, T, size, color
 
 
@@ -393,7 +394,7 @@ def _jsonable(value: Any, where: str) -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ValueError(f"{where}: keys must be strings, got {k!r}")
+                raise InputError(f"{where}: keys must be strings, got {k!r}")
             out[k] = _jsonable(v, f"{where}[{k!r}]")
         return out
     if isinstance(value, np.ndarray):
@@ -406,7 +407,7 @@ def _jsonable(value: Any, where: str) -> Any:
         return value if math.isfinite(value) else None
     if value is None or isinstance(value, (bool, int, str)):
         return value
-    raise ValueError(f"{where}: cannot encode {type(value).__name__} as JSON")
+    raise InputError(f"{where}: cannot encode {type(value).__name__} as JSON")
 
 
 def _json_schema(value: Any) -> Dict[str, Any]:

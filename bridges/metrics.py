@@ -15,6 +15,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 
 from gsim.boxes import footprint, overlap
+from gsim.errors import InputError
 
 from .road import Road
 
@@ -130,7 +131,7 @@ class MetricsTracker:
     def summary(self) -> Dict:
         """The run's metrics (keys documented in docs/closed_loop.md)."""
         if not self.steps:
-            raise ValueError("metrics: no step was run")
+            raise InputError("metrics: no step was run")
         s = self.steps
         fault = [m for m in s if m["at_fault_collision"]]
         nc = 1.0 if not fault else (0.5 if all(m["at_fault_static_only"] for m in fault) else 0.0)

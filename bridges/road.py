@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence, Tuple
 
 import numpy as np
+from gsim.errors import InputError
 
 
 class Polyline:
@@ -19,12 +20,12 @@ class Polyline:
     def __init__(self, xy, where: str = "polyline"):
         xy = np.asarray(xy, np.float64)
         if xy.ndim != 2 or xy.shape[1] != 2 or len(xy) < 2 or not np.all(np.isfinite(xy)):
-            raise ValueError(f"{where}: expected a finite (N,2) polyline with N >= 2, got shape {xy.shape}")
+            raise InputError(f"{where}: expected a finite (N,2) polyline with N >= 2, got shape {xy.shape}")
         seg = np.linalg.norm(np.diff(xy, axis=0), axis=1)
         keep = np.r_[True, seg > 1e-9]  # repeated points make zero-length segments
         self.xy = xy[keep]
         if len(self.xy) < 2:
-            raise ValueError(f"{where}: all points coincide")
+            raise InputError(f"{where}: all points coincide")
         d = np.diff(self.xy, axis=0)
         self.seg_len = np.linalg.norm(d, axis=1)
         self.dirs = d / self.seg_len[:, None]
@@ -80,7 +81,7 @@ class Road:
         s0 = float(route.project(start_xy)[0][0])
         s1 = float(route.project(end_xy)[0][0])
         if not s1 > s0:
-            raise ValueError(f"route: its end (s = {s1:.1f} m) is not ahead of the start (s = {s0:.1f} m)")
+            raise InputError(f"route: its end (s = {s1:.1f} m) is not ahead of the start (s = {s0:.1f} m)")
         # a junction between two edges of a straight road is a lane of zero length: nothing to drive on
         lanes = [(i, c, w) for i, c, w in lanes if np.ptp(np.asarray(c, float), axis=0).max() > 1e-6]
         return Road(tuple(Lane(i, Polyline(c, f"lane {i}"), float(w)) for i, c, w in lanes), route, s0, s1)

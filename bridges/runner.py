@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from gsim.errors import GsimError
 from gsim.io import write_bytes, write_json
 
 from .agents import load_agent
@@ -19,7 +20,7 @@ from .record import RunRecorder
 from .scenario import load_loop_scenario
 
 
-class AgentError(RuntimeError):
+class AgentError(GsimError, RuntimeError):
     """The agent under test raised: the message names the step and the agent's error."""
 
 

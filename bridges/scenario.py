@@ -25,6 +25,7 @@ from typing import Dict, List, Literal, Optional, Tuple
 from pydantic import Field, model_validator
 
 from gsim.editing.scenario import Scenario, ScenarioError, _Strict, load_scenario
+from gsim.errors import InputError
 
 from .sumo import VEHICLE_CLASSES
 
@@ -47,7 +48,7 @@ class RoadOptions(_Strict):
     @model_validator(mode="after")
     def _lane(self):
         if self.ego_lane >= self.lanes:
-            raise ValueError(f"ego_lane {self.ego_lane} is not one of the {self.lanes} forward lanes (0 = rightmost)")
+            raise InputError(f"ego_lane {self.ego_lane} is not one of the {self.lanes} forward lanes (0 = rightmost)")
         return self
 
 

@@ -24,6 +24,7 @@ from typing import Dict, Optional, Tuple
 import grpc
 import numpy as np
 
+from gsim.errors import InputError
 from gsim.lidar import LidarSpec, render_lidar
 from gsim.render import available_backends, backend_report, render_camera
 
@@ -599,10 +600,10 @@ def start(served: Dict[str, Served], host: str = "127.0.0.1", port: int = 50051,
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
     if host not in LOCALHOST and not token:
-        raise ValueError(f"--host {host}: a server reachable from other machines needs a bearer token "
+        raise InputError(f"--host {host}: a server reachable from other machines needs a bearer token "
                          f"(--token-file or GSIM_SERVE_TOKEN)")
     if limits.workers > 1 and backend != "gsplat":
-        raise ValueError(f"--workers {limits.workers}: the CPU kernels already use every core for one render (more "
+        raise InputError(f"--workers {limits.workers}: the CPU kernels already use every core for one render (more "
                          f"workers add no throughput there, and numba's workqueue threading layer, where it is the "
                          f"one in use, cannot run two at once); more workers need --backend gsplat")
     admitted = limits.workers + limits.queue

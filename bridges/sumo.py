@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from gsim.config import Config
+from gsim.errors import GsimError, InputError, MissingExtra, NotFound
 
 __all__ = [
     "SumoError", "RoadSpec", "Network", "TrafficVehicle", "SumoTraffic", "build_network", "load_network",
@@ -97,7 +98,7 @@ VEHICLE_CLASSES: Mapping[str, _VehicleClass] = {
 _DEFAULT_MIX: Mapping[str, float] = {"passenger": 0.8, "truck": 0.1, "bus": 0.1}
 
 
-class SumoError(RuntimeError):
+class SumoError(GsimError, RuntimeError):
     """SUMO or netconvert failed: the message names the command or step and what SUMO said."""
 
 
@@ -105,7 +106,7 @@ def _sumolib() -> Any:
     try:
         import sumolib
     except ImportError as e:  # optional extra
-        raise ImportError("gsim.bridges.sumo needs sumolib: pip install 'gsim[sumo]'") from e
+        raise MissingExtra("gsim.bridges.sumo needs sumolib: pip install 'gsim[sumo]'") from e
     return sumolib
 
 
@@ -115,17 +116,17 @@ def _sumolib() -> Any:
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"RoadSpec.{name} must be an integer, got {value!r}")
+        raise InputError(f"RoadSpec.{name} must be an integer, got {value!r}")
     if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"RoadSpec.{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}")
+        raise InputError(f"RoadSpec.{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}")
 
 
 def _check_float(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ValueError(f"RoadSpec.{name} must be a number, got {value!r}")
+        raise InputError(f"RoadSpec.{name} must be a number, got {value!r}")
     v = float(value)
     if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
-        raise ValueError(f"RoadSpec.{name} must be finite and in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
+        raise InputError(f"RoadSpec.{name} must be finite and in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,14 +162,14 @@ class RoadSpec(Config):
 def _validate_path(path_xy: Any) -> np.ndarray:
     p = np.asarray(path_xy, dtype=np.float64)
     if p.ndim != 2 or p.shape[1] != 2:
-        raise ValueError(f"path_xy must have shape (N, 2), got {p.shape}")
+        raise InputError(f"path_xy must have shape (N, 2), got {p.shape}")
     if len(p) < 2:
-        raise ValueError(f"path_xy needs at least 2 points, got {len(p)}")
+        raise InputError(f"path_xy needs at least 2 points, got {len(p)}")
     if not np.isfinite(p).all():
-        raise ValueError("path_xy contains NaN or infinite values")
+        raise InputError("path_xy contains NaN or infinite values")
     length = float(np.linalg.norm(np.diff(p, axis=0), axis=1).sum())
     if length <= 1.0:
-        raise ValueError(f"path_xy must be longer than 1 m, got {length:.3f} m")
+        raise InputError(f"path_xy must be longer than 1 m, got {length:.3f} m")
     return p
 
 
@@ -231,10 +232,10 @@ def _check_curvature(p: np.ndarray, offsets: Sequence[float]) -> None:
     turn = np.sum(seg[:-1] * seg[1:], axis=1)
     if np.any(turn <= 0.0):
         i = int(np.argmax(turn <= 0.0)) + 1
-        raise ValueError(f"path_xy turns by 90 degrees or more at point {p[i].tolist()}; cannot build a road along it")
+        raise InputError(f"path_xy turns by 90 degrees or more at point {p[i].tolist()}; cannot build a road along it")
     for d in offsets:
         if np.any(np.sum(np.diff(_miter_offset(p, d), axis=0) * seg, axis=1) <= 0.0):
-            raise ValueError(f"path_xy is curved too tightly for a road edge {d:+.2f} m to its side "
+            raise InputError(f"path_xy is curved too tightly for a road edge {d:+.2f} m to its side "
                              "(fewer or narrower lanes, or a smoother path)")
 
 
@@ -306,7 +307,7 @@ def build_network(path_xy: Any, spec: RoadSpec, out_dir: str | os.PathLike) -> "
     world x-y. Raises ValueError for bad input and SumoError when netconvert fails.
     """
     if not isinstance(spec, RoadSpec):
-        raise ValueError(f"spec must be a RoadSpec, got {type(spec).__name__}")
+        raise InputError(f"spec must be a RoadSpec, got {type(spec).__name__}")
     path = _validate_path(path_xy)
     w = spec.lane_width_m
     # Offsets (left of the path) of the forward carriageway's left border and of the road's outer borders.
@@ -315,7 +316,7 @@ def build_network(path_xy: Any, spec: RoadSpec, out_dir: str | os.PathLike) -> "
         thin = _thin(path, step)
         p = _simplify(thin, _SIMPLIFY_M)
         if _cumlen(p)[-1] <= 1.0:
-            raise ValueError("path_xy goes less than 1 m away from where it starts")
+            raise InputError("path_xy goes less than 1 m away from where it starts")
         try:
             _check_curvature(p, [border + spec.opposite_lanes * w, -(spec.ego_lane + 0.5) * w])
             break
@@ -352,13 +353,13 @@ def build_network(path_xy: Any, spec: RoadSpec, out_dir: str | os.PathLike) -> "
 def _validate_T(T: Any) -> np.ndarray:
     T = np.asarray(T, dtype=np.float64)
     if T.shape != (4, 4) or not np.isfinite(T).all():
-        raise ValueError(f"T_world_net must be a finite 4x4 matrix, got shape {T.shape}")
+        raise InputError(f"T_world_net must be a finite 4x4 matrix, got shape {T.shape}")
     R = T[:3, :3]
     ok = (np.allclose(T[3], [0, 0, 0, 1], atol=1e-9) and np.allclose(R[2], [0, 0, 1], atol=1e-6)
           and np.allclose(R[:, 2], [0, 0, 1], atol=1e-6) and np.allclose(R @ R.T, np.eye(3), atol=1e-6)
           and np.linalg.det(R) > 0)
     if not ok:
-        raise ValueError("T_world_net must be a rotation about z plus a translation (SUMO networks are 2D, "
+        raise InputError("T_world_net must be a rotation about z plus a translation (SUMO networks are 2D, "
                          f"right-handed, metres); got\n{T}")
     return T
 
@@ -439,11 +440,11 @@ class Network:
         try:
             self._net = sumolib.net.readNet(str(net_xml), withInternal=True)
         except Exception as e:  # sumolib raises SAX, KeyError, ValueError... for broken files
-            raise ValueError(f"{net_xml} is not a readable SUMO network: {type(e).__name__}: {e}") from e
+            raise InputError(f"{net_xml} is not a readable SUMO network: {type(e).__name__}: {e}") from e
         if not self._net.getEdges(withInternal=False):
-            raise ValueError(f"{net_xml} is not a usable SUMO network: it has no edges")
+            raise InputError(f"{net_xml} is not a usable SUMO network: it has no edges")
         if isinstance(ego_lane, bool) or not isinstance(ego_lane, (int, np.integer)) or ego_lane < 0:
-            raise ValueError(f"ego_lane must be a non-negative integer, got {ego_lane!r}")
+            raise InputError(f"ego_lane must be a non-negative integer, got {ego_lane!r}")
         self._path = Path(net_xml)
         self._offset = np.asarray(self._net.getLocationOffset(), dtype=np.float64)[:2]
         self._T = T_world_net
@@ -471,10 +472,10 @@ class Network:
         route = [str(e) for e in route]
         for e in route:
             if not self._net.hasEdge(e) or e.startswith(":"):
-                raise ValueError(f"{name}: edge {e!r} is not a normal edge of {self._path}")
+                raise InputError(f"{name}: edge {e!r} is not a normal edge of {self._path}")
         for a, b in zip(route, route[1:]):
             if self._net.getEdge(b) not in self._net.getEdge(a).getOutgoing():
-                raise ValueError(f"{name}: edge {a!r} does not connect to {b!r}")
+                raise InputError(f"{name}: edge {a!r} does not connect to {b!r}")
         return route
 
     # -- frames -------------------------------------------------------------------------------------------
@@ -530,7 +531,7 @@ class Network:
     def lane_count(self, edge_id: str) -> int:
         """Number of lanes of a normal edge."""
         if not self._net.hasEdge(edge_id):
-            raise KeyError(f"no edge {edge_id!r} in {self._path}")
+            raise NotFound(f"no edge {edge_id!r} in {self._path}")
         return self._net.getEdge(edge_id).getLaneNumber()
 
     def speed_limit(self, edge_id: str) -> float:
@@ -556,9 +557,9 @@ class Network:
 
     def _route(self, route: str) -> list[str]:
         if route not in self._routes:
-            raise ValueError(f"route must be 'forward' or 'opposite', got {route!r}")
+            raise InputError(f"route must be 'forward' or 'opposite', got {route!r}")
         if not self._routes[route]:
-            raise ValueError(f"the network {self._path} has no {route} route")
+            raise InputError(f"the network {self._path} has no {route} route")
         return self._routes[route]
 
     def _chain(self, route: str, lane: int) -> _Chain:
@@ -627,10 +628,10 @@ _label_counter = itertools.count()
 
 def _check_num(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise InputError(f"{name} must be a number, got {value!r}")
     v = float(value)
     if not math.isfinite(v) or v < lo or v > hi:
-        raise ValueError(f"{name} must be finite and in [{lo}, {hi}], got {value!r}")
+        raise InputError(f"{name} must be finite and in [{lo}, {hi}], got {value!r}")
     return v
 
 
@@ -644,7 +645,7 @@ def _stop_speed(gap_m: float, leader_speed: float) -> float:
 
 def _check_vclass(vclass: str) -> _VehicleClass:
     if vclass not in VEHICLE_CLASSES:
-        raise ValueError(f"vclass must be one of {sorted(VEHICLE_CLASSES)}, got {vclass!r}")
+        raise InputError(f"vclass must be one of {sorted(VEHICLE_CLASSES)}, got {vclass!r}")
     return VEHICLE_CLASSES[vclass]
 
 
@@ -663,15 +664,15 @@ class SumoTraffic:
     def __init__(self, network: Network, step_s: float = 0.1, seed: int = 0, begin_s: float = 0.0,
                  client: str = "libsumo", gui: bool = False) -> None:
         if not isinstance(network, Network):
-            raise ValueError(f"network must be a Network, got {type(network).__name__}")
+            raise InputError(f"network must be a Network, got {type(network).__name__}")
         self._step_s = _check_num("step_s", step_s, 1e-3, 60.0)
         begin = _check_num("begin_s", begin_s, 0.0)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**31:
-            raise ValueError(f"seed must be an integer in [0, 2**31), got {seed!r}")
+            raise InputError(f"seed must be an integer in [0, 2**31), got {seed!r}")
         if client not in ("libsumo", "traci"):
-            raise ValueError(f"client must be 'libsumo' or 'traci', got {client!r}")
+            raise InputError(f"client must be 'libsumo' or 'traci', got {client!r}")
         if gui and client != "traci":
-            raise ValueError("gui=True needs client='traci' (libsumo runs SUMO in-process without a GUI)")
+            raise InputError("gui=True needs client='traci' (libsumo runs SUMO in-process without a GUI)")
         self.network = network
         self.client = client
         self._api: Any = None
@@ -829,9 +830,9 @@ class SumoTraffic:
         """Add vehicle 'ego' (box centre x, y world metres; yaw rad; speed m/s; box length and width metres)
         on the forward route; SUMO inserts it at the next :meth:`step`."""
         if not self.network.forward_route:
-            raise ValueError("the network has no forward route to put the ego on")
+            raise InputError("the network has no forward route to put the ego on")
         if self._ego is not None:
-            raise ValueError("the ego was already added; use set_ego to move it")
+            raise InputError("the ego was already added; use set_ego to move it")
         pose = [_check_num(n, v) for n, v in (("x", x), ("y", y), ("yaw", yaw))]
         self._ego = {"x": pose[0], "y": pose[1], "yaw": pose[2], "speed": _check_num("speed", speed, 0.0),
                      "length_m": _check_num("length_m", length_m, 0.1, 50.0),
@@ -844,7 +845,7 @@ class SumoTraffic:
     def set_ego(self, x: float, y: float, yaw: float, speed: float) -> None:
         """Move the ego to box centre (x, y) world metres with yaw (rad) and speed (m/s); call before step()."""
         if self._ego is None:
-            raise ValueError("add_ego first")
+            raise InputError("add_ego first")
         pose = [_check_num(n, v) for n, v in (("x", x), ("y", y), ("yaw", yaw))]
         self._ego.update(x=pose[0], y=pose[1], yaw=pose[2], speed=_check_num("speed", speed, 0.0))
         with self._guard("set_ego"):
@@ -865,7 +866,7 @@ class SumoTraffic:
     # -- other vehicles -----------------------------------------------------------------------------------
     def _check_id(self, veh_id: str) -> str:
         if not isinstance(veh_id, str) or not veh_id or veh_id == EGO_ID:
-            raise ValueError(f"veh_id must be a non-empty string other than {EGO_ID!r}, got {veh_id!r}")
+            raise InputError(f"veh_id must be a non-empty string other than {EGO_ID!r}, got {veh_id!r}")
         return veh_id
 
     def _add_on_route(self, veh_id: str, route: str, lane: int, centre_s: float, speed: float, vclass: str,
@@ -901,7 +902,7 @@ class SumoTraffic:
         length = _check_vclass(vclass).length_m
         n_lanes = self.network.route_lanes(route)
         if isinstance(lane, bool) or not isinstance(lane, (int, np.integer)) or not 0 <= lane < n_lanes:
-            raise ValueError(f"lane must be an integer in [0, {n_lanes}) on the {route} route, got {lane!r}")
+            raise InputError(f"lane must be an integer in [0, {n_lanes}) on the {route} route, got {lane!r}")
         total = self.network._chain(route, int(lane)).length
         pos = _check_num("pos_m", pos_m, 0.5 * length, total - 0.5 * length)
         speed = _check_num("speed_mps", speed_mps, 0.0, VEHICLE_CLASSES[vclass].max_speed_mps)
@@ -932,7 +933,7 @@ class SumoTraffic:
     def _route_by_heading(self, x: float, y: float, yaw: float) -> str:
         net = self.network
         if not net.forward_route:
-            raise ValueError("the network has no forward route")
+            raise InputError("the network has no forward route")
         if not net.opposite_route:
             return "forward"
         chain = net._chain("forward", net.ego_lane)
@@ -972,20 +973,20 @@ class SumoTraffic:
         """
         density = _check_num("vehicles_per_km_per_lane", vehicles_per_km_per_lane, 0.0, 1000.0)
         if isinstance(rng_seed, bool) or not isinstance(rng_seed, (int, np.integer)):
-            raise ValueError(f"rng_seed must be an integer, got {rng_seed!r}")
+            raise InputError(f"rng_seed must be an integer, got {rng_seed!r}")
         mix = dict(_DEFAULT_MIX if vclass_mix is None else vclass_mix)
         for name, w in mix.items():
             _check_vclass(name)
             _check_num(f"vclass_mix[{name!r}]", w, 0.0)
         classes = [c for c in mix if mix[c] > 0]
         if not classes:
-            raise ValueError("vclass_mix needs at least one class with a positive weight")
+            raise InputError("vclass_mix needs at least one class with a positive weight")
         probs = np.array([mix[c] for c in classes]) / sum(mix[c] for c in classes)
         zone = None
         if keep_clear_m is not None:
             lo, hi = (_check_num("keep_clear_m", v) for v in keep_clear_m)
             if lo > hi:
-                raise ValueError(f"keep_clear_m must be (x_min, x_max) with x_min <= x_max, got {keep_clear_m}")
+                raise InputError(f"keep_clear_m must be (x_min, x_max) with x_min <= x_max, got {keep_clear_m}")
             if self._ego is not None:
                 s_ego = float(self.network.route_distance([[self._ego["x"], self._ego["y"]]])[0])
                 zone = (s_ego + lo, s_ego + hi)

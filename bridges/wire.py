@@ -14,6 +14,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from gsim.cameras import camera_from_dict
+from gsim.errors import InputError
 from gsim.lidar import LidarFrame, LidarSpec
 from gsim.render.common import CameraFrame
 from gsim.transforms import check_pose
@@ -24,7 +25,7 @@ DTYPES = ("uint8", "int32", "int64", "float32", "float64")
 CAMERA_COEFFS = {"pinhole": (), "opencv": ("k1", "k2", "p1", "p2", "k3"), "fisheye": ("k1", "k2", "k3", "k4")}
 
 
-class WireError(ValueError):
+class WireError(InputError):
     """A request field that cannot be used: the message names it."""
 
 

@@ -1,4 +1,5 @@
 """gsim.diffusion: diffusion-based scene expansion and harmonization."""
+from gsim.errors import InputError
 
 
 def open_repairer(model=None, pretrained=None, controlnet=None, strength: float = 0.35, steps: int = 20):
@@ -7,9 +8,9 @@ def open_repairer(model=None, pretrained=None, controlnet=None, strength: float 
     inpainting or img2img directory with an optional depth ``controlnet`` (run at ``strength`` for ``steps``
     steps); None for neither."""
     if model and pretrained:
-        raise ValueError("give a repair model (--repair) or pretrained weights (--pretrained), not both")
+        raise InputError("give a repair model (--repair) or pretrained weights (--pretrained), not both")
     if controlnet and not pretrained:
-        raise ValueError("--controlnet guides pretrained weights: it needs --pretrained")
+        raise InputError("--controlnet guides pretrained weights: it needs --pretrained")
     if model:
         from .repair import RepairModel
         return RepairModel.load(model)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from gsim.config import Config
+from gsim.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,14 @@ class ExpandOptions(Config):
             d = tuple(sorted(float(x) for x in getattr(self, name)))
             object.__setattr__(self, name, d)
             if d and not (d[0] > 0 and d[-1] <= most):
-                raise ValueError(f"ExpandOptions.{name}: expected distances in (0, {most}] m, got {d}")
+                raise InputError(f"ExpandOptions.{name}: expected distances in (0, {most}] m, got {d}")
         if not self.shifts and not self.ahead:
-            raise ValueError("ExpandOptions: give shifts or ahead distances")
+            raise InputError("ExpandOptions: give shifts or ahead distances")
         for name in ("iterations", "every", "fill_stride"):
             if getattr(self, name) < 1:
-                raise ValueError(f"ExpandOptions.{name}: expected >= 1, got {getattr(self, name)}")
+                raise InputError(f"ExpandOptions.{name}: expected >= 1, got {getattr(self, name)}")
         if not 0 <= self.real_fraction <= 1 or not 0 < self.pseudo_weight <= 1:
-            raise ValueError(f"ExpandOptions: expected 0 <= real_fraction <= 1 and 0 < pseudo_weight <= 1, got "
+            raise InputError(f"ExpandOptions: expected 0 <= real_fraction <= 1 and 0 < pseudo_weight <= 1, got "
                              f"{self.real_fraction}, {self.pseudo_weight}")
 
 

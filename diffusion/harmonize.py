@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Tuple
 
 import numpy as np
+from gsim.errors import InputError
 
 
 def region(object_mask: np.ndarray, dilate_px: int = 6, contact_px: int = 8, feather_px: int = 3) -> np.ndarray:
@@ -33,9 +34,9 @@ def region(object_mask: np.ndarray, dilate_px: int = 6, contact_px: int = 8, fea
     from scipy.ndimage import distance_transform_edt
     m = np.asarray(object_mask)
     if m.ndim != 2:
-        raise ValueError(f"region: expected an (H,W) object mask, got shape {m.shape}")
+        raise InputError(f"region: expected an (H,W) object mask, got shape {m.shape}")
     if min(dilate_px, contact_px, feather_px) < 0:
-        raise ValueError(f"region: pixel widths must be >= 0, got dilate_px={dilate_px}, contact_px={contact_px}, "
+        raise InputError(f"region: pixel widths must be >= 0, got dilate_px={dilate_px}, contact_px={contact_px}, "
                          f"feather_px={feather_px}")
     m = m > 0.5 if m.dtype != bool else m
     if not m.any():

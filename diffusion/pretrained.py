@@ -45,6 +45,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from gsim.errors import InputError, MissingExtra
 
 __all__ = ["PretrainedError", "load_pretrained", "KINDS", "PretrainedRepair"]
 
@@ -65,7 +66,7 @@ PIPELINES = {("inpaint", False): "StableDiffusionInpaintPipeline",
              ("img2img", True): "StableDiffusionControlNetImg2ImgPipeline"}
 
 
-class PretrainedError(ValueError):
+class PretrainedError(InputError):
     """A pretrained directory that cannot be used; the message names the path and the problem."""
 
 
@@ -174,7 +175,7 @@ def load_pretrained(path, kind: str = "auto", controlnet=None, dtype: torch.dtyp
     try:
         import diffusers
     except ImportError as e:  # pragma: no cover - the extra is missing
-        raise ImportError("loading pretrained weights needs the diffusion extra: pip install 'gsim[diffusion]'") from e
+        raise MissingExtra("loading pretrained weights needs the diffusion extra: pip install 'gsim[diffusion]'") from e
 
     common = dict(local_files_only=True, dtype=dtype)
     extra = {}
@@ -213,11 +214,11 @@ class PretrainedRepair:
 
     def __init__(self, pipe, strength: float = 0.35, steps: int = 20):
         if not 0 < strength <= 1:
-            raise ValueError(f"PretrainedRepair: strength must be in (0, 1], got {strength}")
+            raise InputError(f"PretrainedRepair: strength must be in (0, 1], got {strength}")
         if int(steps) != steps or steps < 1:
-            raise ValueError(f"PretrainedRepair: steps must be an integer >= 1, got {steps}")
+            raise InputError(f"PretrainedRepair: steps must be an integer >= 1, got {steps}")
         if int(steps * strength) < 1:  # diffusers runs int(steps * strength) steps and refuses 0
-            raise ValueError(f"PretrainedRepair: steps * strength must be >= 1 (the pipeline runs "
+            raise InputError(f"PretrainedRepair: steps * strength must be >= 1 (the pipeline runs "
                              f"int(steps * strength) steps), got steps={steps}, strength={strength}")
         self.pipe, self.strength, self.steps = pipe, float(strength), int(steps)
         self.inpaint = pipe.unet.config.in_channels == UNET_CHANNELS["inpaint"]
@@ -246,11 +247,11 @@ class PretrainedRepair:
         """(H,W,3) float32 in [0,1]: the render repaired (see the class); ValueError for mismatched shapes."""
         rgb, alpha, depth = (np.asarray(a, np.float32) for a in (rgb, alpha, depth))
         if rgb.ndim != 3 or rgb.shape[2] != 3:
-            raise ValueError(f"repair_image: rgb must be (H,W,3), got {rgb.shape}")
+            raise InputError(f"repair_image: rgb must be (H,W,3), got {rgb.shape}")
         H, W = rgb.shape[:2]
         for name, a in (("alpha", alpha), ("depth", depth), ("mask", mask)):
             if a is not None and np.shape(a) != (H, W):
-                raise ValueError(f"repair_image: {name} must be (H,W)=({H},{W}) like rgb {rgb.shape}, "
+                raise InputError(f"repair_image: {name} must be (H,W)=({H},{W}) like rgb {rgb.shape}, "
                                  f"got {np.shape(a)}")
         mask = None if mask is None else np.asarray(mask, np.float32)
         region = mask

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from gsim.config import Config
+from gsim.errors import InputError
 from gsim.io import atomic_directory
 
 CONDITION_CHANNELS = 5  # rgb, alpha, inverse depth
@@ -43,11 +44,11 @@ class RepairConfig(Config):
     def __post_init__(self):
         object.__setattr__(self, "channels", tuple(int(c) for c in self.channels))
         if not self.channels or any(c < 8 or c % 8 for c in self.channels):
-            raise ValueError(f"RepairConfig.channels: expected widths that are multiples of 8, got {self.channels}")
+            raise InputError(f"RepairConfig.channels: expected widths that are multiples of 8, got {self.channels}")
         if self.loss not in ("l1", "l2"):
-            raise ValueError(f"RepairConfig.loss: expected 'l1' or 'l2', got {self.loss!r}")
+            raise InputError(f"RepairConfig.loss: expected 'l1' or 'l2', got {self.loss!r}")
         if not 0 < self.repair_t < self.train_timesteps:
-            raise ValueError(f"RepairConfig.repair_t: expected 0 < repair_t < train_timesteps "
+            raise InputError(f"RepairConfig.repair_t: expected 0 < repair_t < train_timesteps "
                              f"({self.train_timesteps}), got {self.repair_t}")
 
     @property
@@ -86,7 +87,7 @@ class RepairModel:
     def _check(self, rgb) -> None:
         m = self.config.multiple
         if rgb.ndim != 4 or rgb.shape[1] != 3 or rgb.shape[2] % m or rgb.shape[3] % m:
-            raise ValueError(f"repair model: expected rgb (B,3,H,W) with H and W multiples of {m}, got "
+            raise InputError(f"repair model: expected rgb (B,3,H,W) with H and W multiples of {m}, got "
                              f"{tuple(rgb.shape)} (pad or crop the image)")
 
     def loss(self, real, rgb, alpha, depth, weight=None, generator=None) -> torch.Tensor:
@@ -166,7 +167,7 @@ class RepairModel:
             unet = UNet2DModel.from_pretrained(p / "unet", local_files_only=True)
             scheduler = DDPMScheduler.from_pretrained(p / "scheduler", local_files_only=True)
         except (OSError, ValueError, json.JSONDecodeError) as e:
-            raise ValueError(f"{p}: unreadable repair model ({type(e).__name__}: {e})") from None
+            raise InputError(f"{p}: unreadable repair model ({type(e).__name__}: {e})") from None
         finally:
             logging.set_verbosity(level)
         unet.eval()

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from gsim.config import Config
+from gsim.errors import InputError
 from gsim.io import atomic_path
 
 from .repair import RepairConfig, RepairModel
@@ -44,13 +45,13 @@ class TrainOptions(Config):
         object.__setattr__(self, "degraded", tuple(tuple(int(x) for x in d) for d in self.degraded))
         object.__setattr__(self, "extrapolated", tuple((float(a), float(b), int(n)) for a, b, n in self.extrapolated))
         if any(not 0 <= a < b <= 1 or n < 1 for a, b, n in self.extrapolated):
-            raise ValueError(f"TrainOptions.extrapolated: expected (first, last, iterations) with 0 <= first < last "
+            raise InputError(f"TrainOptions.extrapolated: expected (first, last, iterations) with 0 <= first < last "
                              f"<= 1 and iterations >= 1, got {self.extrapolated}")
         for name in ("steps", "batch", "crop", "checkpoint_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"TrainOptions.{name}: expected a positive integer, got {getattr(self, name)!r}")
+                raise InputError(f"TrainOptions.{name}: expected a positive integer, got {getattr(self, name)!r}")
         if any(len(d) != 2 or d[0] < 2 or d[1] < 1 for d in self.degraded):
-            raise ValueError(f"TrainOptions.degraded: expected (holdout_every >= 2, iterations >= 1) pairs, got "
+            raise InputError(f"TrainOptions.degraded: expected (holdout_every >= 2, iterations >= 1) pairs, got "
                              f"{self.degraded}")
 
 
@@ -122,7 +123,7 @@ def _batch(pairs: Pairs, options: TrainOptions, rng: np.random.Generator):
     n, H, W = pairs.rgb.shape[:3]
     c = options.crop
     if c > H or c > W:
-        raise ValueError(f"TrainOptions.crop: {c} is larger than the images ({W}x{H})")
+        raise InputError(f"TrainOptions.crop: {c} is larger than the images ({W}x{H})")
     idx = rng.integers(0, n, options.batch)
     ys, xs = rng.integers(0, H - c + 1, options.batch), rng.integers(0, W - c + 1, options.batch)
     crop = lambda a: np.stack([a[i, y:y + c, x:x + c] for i, y, x in zip(idx, ys, xs)])  # noqa: E731
@@ -141,7 +142,7 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
     work = Path(work) if work is not None else out.parent / f"{out.name}-work"
     work.mkdir(parents=True, exist_ok=True)
     if options.crop % config.multiple:
-        raise ValueError(f"TrainOptions.crop: {options.crop} must be a multiple of {config.multiple} (the UNet's)")
+        raise InputError(f"TrainOptions.crop: {options.crop} must be a multiple of {config.multiple} (the UNet's)")
     t0 = time.perf_counter()
     pairs = make_pairs(scene_path, log_path, work, options, progress=progress)
     model = RepairModel.new(config, seed=options.seed)

@@ -20,6 +20,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from gsim.boxes import footprint, overlap
+from gsim.errors import InputError
 from gsim.scene import Actor, Scene
 from gsim.surfels import Surfels, rgb_to_sh, sh_to_rgb
 from gsim.transforms import quat_to_rotmat, rotmat_to_quat
@@ -33,7 +34,7 @@ REFERENCE_LUMA = 0.42  # the starter assets' median luminance (neutral daylight)
 DEFAULT_REFLECTANCE = 0.2
 
 
-class EditError(ValueError):
+class EditError(InputError):
     """An edit that cannot be made as asked (overlaps, no ground, unknown actor): the message says why."""
 
 

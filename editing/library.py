@@ -22,7 +22,7 @@ from typing import List, Literal, Optional, Tuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gsim.errors import SceneFormatError
+from gsim.errors import InputError, NotFound, SceneFormatError
 from gsim.io import atomic_directory
 from gsim.scene import ACTOR_ID, load_array, load_surfels, save_surfels
 from gsim.surfels import Surfels
@@ -76,14 +76,14 @@ class Asset:
         try:
             m = self.manifest()
         except ValidationError as e:
-            raise ValueError(f"asset {self.id!r}: {_error_text(e)}") from None
+            raise InputError(f"asset {self.id!r}: {_error_text(e)}") from None
         if any(not (x > 0) for x in m.size):
-            raise ValueError(f"asset {self.id!r}: size must be three lengths > 0 m, got {self.size}")
+            raise InputError(f"asset {self.id!r}: size must be three lengths > 0 m, got {self.size}")
         object.__setattr__(self, "size", tuple(float(x) for x in m.size))
         if self.reflectance is not None:
             r = np.asarray(self.reflectance, np.float32)
             if r.shape != (len(self.surfels),) or not np.all((r >= 0) & (r <= 1)):
-                raise ValueError(f"asset {self.id!r}: reflectance must be ({len(self.surfels)},) values in [0, 1]")
+                raise InputError(f"asset {self.id!r}: reflectance must be ({len(self.surfels)},) values in [0, 1]")
             object.__setattr__(self, "reflectance", r)
 
     def manifest(self, thumbnail: Optional[str] = None) -> Manifest:
@@ -173,7 +173,7 @@ class AssetLibrary:
     def get(self, asset_id: str) -> Asset:
         if asset_id not in self.ids():
             where = "the built-in library" if self.is_builtin else str(self.path)
-            raise KeyError(f"unknown asset {asset_id!r} in {where}; it has {self.ids()}")
+            raise NotFound(f"unknown asset {asset_id!r} in {where}; it has {self.ids()}")
         if self.is_builtin:
             return _builtin_asset(asset_id)
         return load_asset(self.path / asset_id)

@@ -13,6 +13,7 @@ from typing import Tuple
 
 import numpy as np
 
+from gsim.errors import InputError
 from gsim.surfels import Surfels, rgb_to_sh
 from gsim.transforms import rotmat_to_quat
 
@@ -29,14 +30,14 @@ def load_mesh(path) -> "trimesh.Trimesh":
     try:
         mesh = trimesh.load(path, force="mesh", process=False)
     except Exception as e:  # trimesh raises many types for malformed files
-        raise ValueError(f"{path}: not a readable mesh ({type(e).__name__}: {e})") from None
+        raise InputError(f"{path}: not a readable mesh ({type(e).__name__}: {e})") from None
     if not isinstance(mesh, trimesh.Trimesh) or len(mesh.faces) == 0:
-        raise ValueError(f"{path}: no triangles in the file (expected a surface mesh)")
+        raise InputError(f"{path}: no triangles in the file (expected a surface mesh)")
     if not np.all(np.isfinite(mesh.vertices)):
-        raise ValueError(f"{path}: vertices hold NaN or infinite coordinates")
+        raise InputError(f"{path}: vertices hold NaN or infinite coordinates")
     area = float(mesh.area)
     if not area > 0:
-        raise ValueError(f"{path}: the faces have no area (degenerate mesh)")
+        raise InputError(f"{path}: the faces have no area (degenerate mesh)")
     return mesh
 
 
@@ -65,10 +66,10 @@ def sample_mesh(mesh, spacing_m: float, seed: int = 0) -> Tuple[np.ndarray, np.n
     samples), with their face normals and colours: (N,3) points, (N,3) unit normals, (N,3) RGB."""
     import trimesh
     if not spacing_m > 0:
-        raise ValueError(f"sample_mesh: spacing_m must be > 0, got {spacing_m}")
+        raise InputError(f"sample_mesh: spacing_m must be > 0, got {spacing_m}")
     count = int(np.ceil(float(mesh.area) / spacing_m ** 2))
     if count > 5_000_000:
-        raise ValueError(f"sample_mesh: {count} surfels at a {spacing_m} m spacing over {mesh.area:.1f} m^2; "
+        raise InputError(f"sample_mesh: {count} surfels at a {spacing_m} m spacing over {mesh.area:.1f} m^2; "
                          f"choose a larger spacing")
     points, faces, bary = trimesh.sample.sample_surface(mesh, max(count, 1), return_barycentric=True, seed=seed)
     normals = mesh.face_normals[faces]

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from gsim.errors import InputError
 from gsim.io import atomic_directory, to_uint8, write_png, write_video
 from gsim.render import render_camera
 
@@ -112,14 +113,14 @@ def sensor_rig(log, sens) -> Tuple[Dict[str, object], Dict[str, object]]:
     lidars = sens.lidars if sens.lidars is not None else sorted(n for n in log.lidars if log.lidars[n].beams)
     for c in cams:
         if c not in log.cameras:
-            raise ValueError(f"sensors.cameras: the log has no camera {c!r}; it has {sorted(log.cameras)}")
+            raise InputError(f"sensors.cameras: the log has no camera {c!r}; it has {sorted(log.cameras)}")
     specs = {}
     for n in lidars:
         if n not in log.lidars:
-            raise ValueError(f"sensors.lidars: the log has no LiDAR {n!r}; it has {sorted(log.lidars)}")
+            raise InputError(f"sensors.lidars: the log has no LiDAR {n!r}; it has {sorted(log.lidars)}")
         specs[n] = lidar_spec(log, n)
         if specs[n] is None:
-            raise ValueError(f"sensors.lidars: LiDAR {n!r} has no beam model in the log; leave it out")
+            raise InputError(f"sensors.lidars: LiDAR {n!r} has no beam model in the log; leave it out")
     cameras = {c: log.cameras[c].camera.downscaled(sens.downscale) if sens.downscale > 1 else log.cameras[c].camera
                for c in cams}
     return cameras, specs

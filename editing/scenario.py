@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Annotated, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from gsim.errors import InputError
 
 SCHEMA_VERSION = 1
 
@@ -59,16 +60,16 @@ class Track(_Strict):
     @model_validator(mode="after")
     def _one_kind(self):
         if (self.poses is None) == (self.path is None):
-            raise ValueError("give either poses or path (with speed_mps)")
+            raise InputError("give either poses or path (with speed_mps)")
         if self.poses is not None:
             t = [p.t_us for p in self.poses]
             if any(b <= a for a, b in zip(t, t[1:])):
-                raise ValueError("poses: t_us must increase strictly")
+                raise InputError("poses: t_us must increase strictly")
         else:
             if self.speed_mps is None:
-                raise ValueError("path: give speed_mps (one speed or one per vertex)")
+                raise InputError("path: give speed_mps (one speed or one per vertex)")
             if isinstance(self.speed_mps, list) and len(self.speed_mps) != len(self.path):
-                raise ValueError(f"speed_mps: {len(self.speed_mps)} speeds for {len(self.path)} path vertices")
+                raise InputError(f"speed_mps: {len(self.speed_mps)} speeds for {len(self.path)} path vertices")
         return self
 
 
@@ -140,7 +141,7 @@ class Scenario(_Strict):
                                        "library": self.library if self.library == "builtin" else r(self.library)})
 
 
-class ScenarioError(ValueError):
+class ScenarioError(InputError):
     """A scenario file that cannot be read or validated; the message names the file and the field path."""
 
 

@@ -6,6 +6,7 @@ from typing import Optional
 
 import numpy as np
 
+from gsim.errors import InputError, NotFound
 from gsim.scene import load_scene
 from gsim.surfels import Surfels
 
@@ -19,13 +20,13 @@ _UP = {"z": np.eye(3), "y": np.array([[1.0, 0, 0], [0, 0, -1], [0, 1, 0]]),
 
 def _category(category: str, where: str) -> str:
     if category not in CATEGORIES:
-        raise ValueError(f"{where}: category {category!r} is not one of {list(CATEGORIES)}")
+        raise InputError(f"{where}: category {category!r} is not one of {list(CATEGORIES)}")
     return category
 
 
 def _orient(up: str, where: str) -> np.ndarray:
     if up not in _UP:
-        raise ValueError(f"{where}: up axis {up!r} is not one of {list(_UP)}")
+        raise InputError(f"{where}: up axis {up!r} is not one of {list(_UP)}")
     T = np.eye(4)
     T[:3, :3] = _UP[up]
     return T
@@ -38,7 +39,7 @@ def asset_from_mesh(path, asset_id: str, category: str, spacing_m: float = 0.03,
     reflectance (insertion uses a default)."""
     _category(category, str(path))
     if not scale > 0:
-        raise ValueError(f"{path}: scale must be > 0, got {scale}")
+        raise InputError(f"{path}: scale must be > 0, got {scale}")
     mesh = load_mesh(path)
     T = _orient(up, str(path))
     T[:3, :3] *= scale
@@ -54,7 +55,7 @@ def asset_from_ply(path, asset_id: str, category: str, up: str = "z", license: s
     _category(category, str(path))
     s = load_ply(path)
     if len(s) == 0:
-        raise ValueError(f"{path}: the PLY holds no Gaussians")
+        raise InputError(f"{path}: the PLY holds no Gaussians")
     s = s.transformed(_orient(up, str(path)))
     surfels, size = box_frame(s)
     return Asset(asset_id, category, size, surfels, Source(kind="ply", detail=str(Path(path).resolve())), license)
@@ -76,7 +77,7 @@ def asset_from_actor(scene_path, actor_id: str, asset_id: Optional[str] = None, 
     scene = load_scene(scene_path)
     ids = [a.id for a in scene.actors]
     if actor_id not in ids:
-        raise KeyError(f"{scene_path}: no actor {actor_id!r}; the scene has {ids}")
+        raise NotFound(f"{scene_path}: no actor {actor_id!r}; the scene has {ids}")
     a = scene.actors[ids.index(actor_id)]
     lift = np.eye(4)
     lift[2, 3] = a.size[2] / 2

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
+from gsim.errors import NotFound
 
 from .mesh import sample_mesh, surfels_from_samples
 
@@ -294,7 +295,7 @@ def _shade(rgb: np.ndarray, points: np.ndarray, normals: np.ndarray, height: flo
 def build(asset_id: str, seed: int = 0):
     """The starter asset ``asset_id`` as (category, surfels in its box frame, (l, w, h) m, reflectance (N,))."""
     if asset_id not in STARTER:
-        raise KeyError(f"no built-in asset {asset_id!r}; the starter set has {sorted(STARTER)}")
+        raise NotFound(f"no built-in asset {asset_id!r}; the starter set has {sorted(STARTER)}")
     category, parts_fn, spacing = STARTER[asset_id]
     parts = parts_fn()
     pts, nrm, rgb, refl = [], [], [], []

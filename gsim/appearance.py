@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .errors import InputError
 from .surfels import is_tensor
 
 IDENTITY_AFFINE = np.hstack([np.eye(3), np.zeros((3, 1))])
@@ -33,9 +34,9 @@ class Sky:
     def __post_init__(self):
         e = self.envmap
         if tuple(e.shape[2:]) != (3,) or e.ndim != 3 or e.shape[0] < 1 or e.shape[1] < 1:
-            raise ValueError(f"Sky.envmap: expected shape (H,W,3), got {tuple(e.shape)}")
+            raise InputError(f"Sky.envmap: expected shape (H,W,3), got {tuple(e.shape)}")
         if not bool(e.detach().isfinite().all() if is_tensor(e) else np.isfinite(e).all()):
-            raise ValueError("Sky.envmap: contains NaN or inf")
+            raise InputError("Sky.envmap: contains NaN or inf")
 
     def color(self, dirs_world):
         """(...,3) directions (any length) in the world frame -> (...,3) sky RGB."""

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import ClassVar, Union
 
 import numpy as np
+from .errors import InputError
 
 # Rays are parametrised on the z=1 plane, so a fisheye's field of view is kept below 180 deg.
 FISHEYE_MAX_THETA = math.radians(89.0)
@@ -25,14 +26,14 @@ def _check_intrinsics(cam) -> None:
     for f in ("width", "height"):
         v = getattr(cam, f)
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"{name}.{f}: expected a positive integer number of pixels, got {v!r}")
+            raise InputError(f"{name}.{f}: expected a positive integer number of pixels, got {v!r}")
     for f in fields(cam):
         v = getattr(cam, f.name)
         if f.name not in ("width", "height") and not (isinstance(v, (int, float, np.floating, np.integer))
                                                         and math.isfinite(v)):
-            raise ValueError(f"{name}.{f.name}: expected a finite number, got {v!r}")
+            raise InputError(f"{name}.{f.name}: expected a finite number, got {v!r}")
     if cam.fx <= 0 or cam.fy <= 0:
-        raise ValueError(f"{name}: focal lengths fx, fy must be > 0 pixels, got {cam.fx}, {cam.fy}")
+        raise InputError(f"{name}: focal lengths fx, fy must be > 0 pixels, got {cam.fx}, {cam.fy}")
 
 
 class _CameraBase:
@@ -110,7 +111,7 @@ class _Intrinsics(_CameraBase):
         """The camera of images box-averaged by an integer ``factor`` (cropped to a multiple of it at
         the right and bottom): pixel coordinates divide by the factor, distortion is unchanged."""
         if not isinstance(factor, (int, np.integer)) or factor < 1 or factor > min(self.width, self.height):
-            raise ValueError(f"downscale factor: expected an integer in [1, {min(self.width, self.height)}], "
+            raise InputError(f"downscale factor: expected an integer in [1, {min(self.width, self.height)}], "
                              f"got {factor!r}")
         return dataclasses.replace(self, width=self.width // factor, height=self.height // factor,
                                    fx=self.fx / factor, fy=self.fy / factor, cx=self.cx / factor, cy=self.cy / factor)
@@ -232,14 +233,14 @@ CAMERA_MODELS = {c.model: c for c in (PinholeCamera, OpenCVCamera, FisheyeCamera
 def camera_from_dict(d: dict, where: str = "camera") -> Camera:
     """Inverse of ``camera.to_dict()``; errors name ``where`` and the field."""
     if not isinstance(d, dict) or d.get("model") not in CAMERA_MODELS:
-        raise ValueError(f"{where}.model: expected one of {sorted(CAMERA_MODELS)}, got "
+        raise InputError(f"{where}.model: expected one of {sorted(CAMERA_MODELS)}, got "
                          f"{d.get('model') if isinstance(d, dict) else d!r}")
     cls = CAMERA_MODELS[d["model"]]
     names = {f.name for f in fields(cls)}
     unknown = set(d) - names - {"model"}
     if unknown:
-        raise ValueError(f"{where}: unknown fields {sorted(unknown)} for model {d['model']!r}")
+        raise InputError(f"{where}: unknown fields {sorted(unknown)} for model {d['model']!r}")
     try:
         return cls(**{k: v for k, v in d.items() if k != "model"})
     except TypeError as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise InputError(f"{where}: {e}") from None

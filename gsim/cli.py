@@ -7,7 +7,7 @@ import time
 import warnings
 from pathlib import Path
 
-from .errors import GsimWarning
+from .errors import GsimWarning, InputError
 
 
 def _render_sequence(scene, trajectory, out: Path, backend: str, fps: float, depth: bool, video: bool,
@@ -209,7 +209,7 @@ def cmd_expand(a) -> int:
     from .diffusion.expand import ExpandOptions, expand
     repair = _repairer(a)
     if repair is None:
-        raise ValueError(f"gsim expand needs a repairer: train one with `gsim diffusion train {a.scene} {a.log} --out "
+        raise InputError(f"gsim expand needs a repairer: train one with `gsim diffusion train {a.scene} {a.log} --out "
                          f"MODEL_DIR` and give --model MODEL_DIR, or give local Stable Diffusion weights with "
                          f"--pretrained DIR")
     opts = ExpandOptions(shifts=a.shifts, ahead=a.ahead, iterations=a.iterations, every=a.every,
@@ -250,7 +250,7 @@ def cmd_export_ply(a) -> int:
     from .ply import save_ply
     scene = load_scene(a.scene)
     if scene.actors and a.timestamp_us is None:  # checked here so that the error names the option
-        raise ValueError(f"{a.scene}: the scene has {len(scene.actors)} actors; give --timestamp-us "
+        raise InputError(f"{a.scene}: the scene has {len(scene.actors)} actors; give --timestamp-us "
                          f"(integer microseconds) to place them")
     save_ply(scene.at(a.timestamp_us), a.out, layout=a.layout)
     print(f"wrote {a.out}")
@@ -377,7 +377,7 @@ def cmd_closed_loop(a) -> int:
     try:
         seeds = [int(x) for x in a.seed.split(",")]
     except ValueError:
-        raise ValueError(f"--seed: expected integers separated by commas, got {a.seed!r}") from None
+        raise InputError(f"--seed: expected integers separated by commas, got {a.seed!r}") from None
     for name in agents:
         load_agent(name)  # bad input fails before anything starts
     for sc in a.scenario:
@@ -402,21 +402,21 @@ def cmd_serve(a) -> int:
     from .bridges.scenario import SCENARIOS_DIR, SHIPPED
     from .bridges.server import Limits, load_served, serve_forever, start
     if bool(a.tls_cert) != bool(a.tls_key):
-        raise ValueError("--tls-cert and --tls-key: give both (a PEM certificate chain and its private key)")
+        raise InputError("--tls-cert and --tls-key: give both (a PEM certificate chain and its private key)")
     token = os.environ.get("GSIM_SERVE_TOKEN") or None
     if a.token_file:
         token = Path(a.token_file).read_text().strip()
         if not token:
-            raise ValueError(f"--token-file {a.token_file}: the file is empty")
+            raise InputError(f"--token-file {a.token_file}: the file is empty")
     tls = (Path(a.tls_key).read_bytes(), Path(a.tls_cert).read_bytes()) if a.tls_cert else None
     if not (a.session_timeout_s > 0):
-        raise ValueError(f"--session-timeout-s: expected a number of seconds > 0, got {a.session_timeout_s}")
+        raise InputError(f"--session-timeout-s: expected a number of seconds > 0, got {a.session_timeout_s}")
     served = {}
     for arg in a.scene or [*SHIPPED, str(SCENARIOS_DIR.parent / "out" / "demo")]:  # (the scenarios build it)
         t0 = time.perf_counter()
         s = load_served(arg, progress=True)
         if s.id in served:
-            raise ValueError(f"{arg}: a second scene with the id {s.id!r} (ids are folder or scenario names)")
+            raise InputError(f"{arg}: a second scene with the id {s.id!r} (ids are folder or scenario names)")
         served[s.id] = s
         print(f"gsim serve: {s.kind} {s.id!r} ({len(s.scene.actors)} actors, cameras {sorted(s.cameras)}, LiDARs "
               f"{sorted(s.lidars)}) loaded in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 from typing import ClassVar
+from .errors import InputError
 
 
 class Config:
@@ -19,9 +20,9 @@ class Config:
     def from_dict(cls, d: dict):
         name = cls.__name__
         if not isinstance(d, dict) or d.get("schema_version") != cls.SCHEMA_VERSION:
-            raise ValueError(f"{name}.schema_version: expected {cls.SCHEMA_VERSION}, got "
+            raise InputError(f"{name}.schema_version: expected {cls.SCHEMA_VERSION}, got "
                              f"{d.get('schema_version') if isinstance(d, dict) else d!r}")
         unknown = set(d) - {f.name for f in fields(cls)} - {"schema_version"}
         if unknown:
-            raise ValueError(f"{name}: unknown fields {sorted(unknown)}")
+            raise InputError(f"{name}: unknown fields {sorted(unknown)}")
         return cls(**{k: v for k, v in d.items() if k != "schema_version"})

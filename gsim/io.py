@@ -15,12 +15,25 @@ from typing import Iterator
 
 import numpy as np
 
+from .errors import InputError, check_name
+
 
 def umask_mode(base: int) -> int:
     """``base`` permissions as the process umask allows (what open() would give)."""
     mask = os.umask(0)
     os.umask(mask)
     return base & ~mask
+
+
+def child_path(root, name: str, what: str) -> Path:
+    """``root / name`` for a ``name`` that becomes a file or folder name (a scenario name, an asset or session id):
+    a full match of `gsim.errors.NAME_PATTERN`, and a path that resolves inside ``root`` (so a symlink planted
+    at ``root / name`` cannot lead a write elsewhere). Else an `InputError` naming ``what``."""
+    check_name(name, what)
+    path = Path(root) / name
+    if path.resolve().parent != Path(root).resolve():
+        raise InputError(f"{what}: {path} leads outside {root} (a link?); refusing to write there")
+    return path
 
 
 @contextlib.contextmanager

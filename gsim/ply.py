@@ -32,7 +32,7 @@ from typing import Union
 
 import numpy as np
 
-from .errors import SceneFormatError
+from .errors import InputError, SceneFormatError
 from .io import atomic_path
 from .surfels import Surfels
 from .transforms import quat_to_rotmat, rotmat_to_quat
@@ -207,7 +207,7 @@ def save_ply(surfels: Surfels, path: PathLike, layout: str = "3dgs") -> None:
     ``layout`` is "3dgs" (three scales, ``scale_2`` a thin disk) or "2dgs" (two scales).
     """
     if layout not in ("3dgs", "2dgs"):
-        raise ValueError(f"save_ply: unknown layout {layout!r}; expected '3dgs' or '2dgs'")
+        raise InputError(f"save_ply: unknown layout {layout!r}; expected '3dgs' or '2dgs'")
     s = surfels.numpy()
     n, k = len(s), s.colors.shape[1]
     f64 = lambda a: np.asarray(a, dtype=np.float64)

@@ -28,7 +28,7 @@ from typing import Dict, NamedTuple, Optional
 import numpy as np
 
 from .appearance import Sky
-from .errors import SceneFormatError
+from .errors import InputError, NAME_PATTERN, SceneFormatError, check_name
 from .io import atomic_directory
 from .ply import load_ply
 from .surfels import Surfels
@@ -38,7 +38,7 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 FORMAT = "gsim-scene"
 SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
-ACTOR_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # also a safe folder name
+ACTOR_ID = re.compile(NAME_PATTERN)  # also a folder name: use with fullmatch (or check_name)
 # 1.5 px apart, their scales grown to cover, the inserted actors' pixels come within 49.3-49.6 dB of drawing every
 # surfel, and 20 of them ahead of the ego cost half the time they cost at 0.75 px (BENCHMARKS.md, scene editing)
 LOD_PIXELS = 1.5  # an actor with a level of detail keeps its surfels about this far apart on screen ...
@@ -99,21 +99,19 @@ class Actor:
     def __post_init__(self):
         if self.lod_spacing_m is not None and not (isinstance(self.lod_spacing_m, (int, float, np.floating))
                                                    and self.lod_spacing_m > 0):
-            raise ValueError(f"actor {self.id}: lod_spacing_m must be None or > 0, got {self.lod_spacing_m!r}")
+            raise InputError(f"actor {self.id}: lod_spacing_m must be None or > 0, got {self.lod_spacing_m!r}")
         if not (isinstance(self.shadow_surfels, (int, np.integer)) and 0 <= self.shadow_surfels < len(self.surfels)):
-            raise ValueError(f"actor {self.id}: shadow_surfels must be an integer in [0, {len(self.surfels)}), "
+            raise InputError(f"actor {self.id}: shadow_surfels must be an integer in [0, {len(self.surfels)}), "
                              f"got {self.shadow_surfels!r}")
-        if not isinstance(self.id, str) or not ACTOR_ID.fullmatch(self.id):
-            raise ValueError(f"actor id {self.id!r}: expected letters, digits, '_', '.', '-' "
-                             f"(not starting with '.' or '-')")
+        check_name(self.id, "actor id")
         ts = np.asarray(self.track_timestamps_us)
         poses = np.asarray(self.track_poses, dtype=np.float64)
         if ts.ndim != 1 or len(ts) == 0 or ts.dtype.kind not in "iu":
-            raise ValueError(f"actor {self.id}: track_timestamps_us must be a non-empty 1D integer array")
+            raise InputError(f"actor {self.id}: track_timestamps_us must be a non-empty 1D integer array")
         if np.any(np.diff(ts) <= 0):
-            raise ValueError(f"actor {self.id}: track_timestamps_us must be strictly increasing")
+            raise InputError(f"actor {self.id}: track_timestamps_us must be strictly increasing")
         if poses.shape != (len(ts), 4, 4):
-            raise ValueError(f"actor {self.id}: track_poses must be ({len(ts)},4,4), got {poses.shape}")
+            raise InputError(f"actor {self.id}: track_poses must be ({len(ts)},4,4), got {poses.shape}")
         for i, T in enumerate(poses):
             check_pose(T, f"actor {self.id}: track_poses[{i}]")
         object.__setattr__(self, "track_timestamps_us", ts.astype(np.int64))
@@ -178,19 +176,19 @@ class Scene:
             times, C = (np.asarray(x) for x in self.pose_corrections)
             if (times.ndim != 1 or not np.issubdtype(times.dtype, np.integer) or len(times) == 0
                     or np.any(np.diff(times) <= 0) or C.shape != (len(times), 4, 4)):
-                raise ValueError(f"Scene.pose_corrections: expected increasing integer times (K,) and (K,4,4) "
+                raise InputError(f"Scene.pose_corrections: expected increasing integer times (K,) and (K,4,4) "
                                  f"matrices, got {times.dtype} {times.shape} and {C.shape}")
             for k in range(len(C)):
                 check_pose(C[k], f"Scene.pose_corrections[{k}]")
             object.__setattr__(self, "pose_corrections", (times.astype(np.int64), C.astype(np.float64)))
         d = self.train_downscale
         if d is not None and (not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1):
-            raise ValueError(f"Scene.train_downscale: expected None or an integer >= 1, got {d!r}")
+            raise InputError(f"Scene.train_downscale: expected None or an integer >= 1, got {d!r}")
         app = {}
         for name, A in dict(self.appearance).items():
             A = np.asarray(A, dtype=np.float64)
             if A.shape != (3, 4) or not np.all(np.isfinite(A)):
-                raise ValueError(f"Scene.appearance[{name!r}]: expected a finite (3,4) affine, got shape {A.shape}")
+                raise InputError(f"Scene.appearance[{name!r}]: expected a finite (3,4) affine, got shape {A.shape}")
             app[str(name)] = A
         object.__setattr__(self, "appearance", app)
 
@@ -209,7 +207,7 @@ class Scene:
         if not self.actors:
             return [Part(self.background, None)]
         if timestamp_us is None:
-            raise ValueError("Scene.at: this scene has actors; give timestamp_us (integer microseconds)")
+            raise InputError("Scene.at: this scene has actors; give timestamp_us (integer microseconds)")
         parts = [Part(self.background.numpy(), None)]
         for a in self.actors:
             parts.append(a.part(a.pose_at(int(timestamp_us)), eye, focal_px))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .cameras import PinholeCamera
+from .errors import InputError
 from .surfels import Surfels
 from .transforms import rotmat_to_quat
 
@@ -67,7 +68,7 @@ def _flat(color):
 def street_surfels(n: int = 100_000, seed: int = 0) -> Surfels:
     """Exactly ``n`` surfels (float32) of a street: 45% ground, 35% facades, 20% objects."""
     if n < 100:
-        raise ValueError(f"street_surfels: n must be at least 100, got {n}")
+        raise InputError(f"street_surfels: n must be at least 100, got {n}")
     rng = np.random.default_rng(seed)
     target, n = n, int(n * 1.03)  # patches round their counts: build a few more, keep a random n
     x0, x1 = STREET_X

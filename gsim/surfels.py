@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 import numpy as np
+from .errors import InputError
 
 SH_C0 = 0.28209479177387814
 _FIELDS = ("means", "quats", "scales", "opacities", "colors", "features")
@@ -120,40 +121,40 @@ class Surfels:
             object.__setattr__(self, f, _prepare(f, getattr(self, f), tensors))
         m = self.means
         if m.ndim != 2 or m.shape[1] != 3:
-            raise ValueError(f"Surfels.means: expected shape (N,3), got {tuple(m.shape)}")
+            raise InputError(f"Surfels.means: expected shape (N,3), got {tuple(m.shape)}")
         n = m.shape[0]
         expect = {"quats": (n, 4), "scales": (n, 2), "opacities": (n,)}
         for f, shape in expect.items():
             if tuple(getattr(self, f).shape) != shape:
-                raise ValueError(f"Surfels.{f}: expected shape {shape}, got {tuple(getattr(self, f).shape)}")
+                raise InputError(f"Surfels.{f}: expected shape {shape}, got {tuple(getattr(self, f).shape)}")
         c = self.colors
         if c.ndim == 2 and c.shape == (n, 3):
             c = rgb_to_sh(c)[:, None, :]
             object.__setattr__(self, "colors", c)
         if c.ndim != 3 or c.shape[0] != n or c.shape[2] != 3 or c.shape[1] not in (1, 4, 9, 16):
-            raise ValueError(f"Surfels.colors: expected (N,3) RGB or (N,K,3) SH with K in 1,4,9,16 "
+            raise InputError(f"Surfels.colors: expected (N,3) RGB or (N,K,3) SH with K in 1,4,9,16 "
                              f"and N={n}, got {tuple(c.shape)}")
         if self.features is not None and (self.features.ndim != 2 or self.features.shape[0] != n):
-            raise ValueError(f"Surfels.features: expected shape (N,F) with N={n}, got {tuple(self.features.shape)}")
+            raise InputError(f"Surfels.features: expected shape (N,F) with N={n}, got {tuple(self.features.shape)}")
 
     def _check_values(self) -> None:
         tensors = self.is_torch
         for f in self._fields_present():
             if not _all_finite(getattr(self, f)):
-                raise ValueError(f"Surfels.{f}: contains NaN or inf")
+                raise InputError(f"Surfels.{f}: contains NaN or inf")
         q = self.quats.detach() if tensors else self.quats
         norms = (q * q).sum(1) ** 0.5
         bad = (abs(norms - 1) > QUAT_NORM_TOL)
         if bool(bad.any()):
             i = int(bad.nonzero()[0][0]) if not tensors else int(bad.nonzero()[0, 0])
-            raise ValueError(f"Surfels.quats: quaternion {i} has norm {float(norms[i]):.6g}; expected "
+            raise InputError(f"Surfels.quats: quaternion {i} has norm {float(norms[i]):.6g}; expected "
                              f"unit wxyz quaternions (normalize them first; zero is not a rotation)")
         s = self.scales.detach() if tensors else self.scales
         if bool((s < 0).any()):
-            raise ValueError("Surfels.scales: expected scales >= 0 (metres, activated, not log)")
+            raise InputError("Surfels.scales: expected scales >= 0 (metres, activated, not log)")
         o = self.opacities.detach() if tensors else self.opacities
         if bool(((o < 0) | (o > 1)).any()):
-            raise ValueError("Surfels.opacities: expected values in [0, 1] (activated, not logits)")
+            raise InputError("Surfels.opacities: expected values in [0, 1] (activated, not logits)")
 
     def __len__(self) -> int:
         return int(self.means.shape[0])
@@ -190,11 +191,11 @@ class Surfels:
     def concatenate(parts: list["Surfels"]) -> "Surfels":
         """Concatenate surfel sets; SH degrees are padded with zeros to the largest."""
         if not parts:
-            raise ValueError("Surfels.concatenate: nothing to concatenate")
+            raise InputError("Surfels.concatenate: nothing to concatenate")
         k = max(p.colors.shape[1] for p in parts)
         has_feat = [p.features is not None for p in parts]
         if any(has_feat) and not all(has_feat):
-            raise ValueError("Surfels.concatenate: some parts have features and others do not")
+            raise InputError("Surfels.concatenate: some parts have features and others do not")
         if parts[0].is_torch:
             import torch
             cat = lambda xs: torch.cat(xs, 0)

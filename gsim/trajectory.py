@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .cameras import Camera, camera_from_dict
+from .errors import InputError
 from .io import write_json
 from .transforms import check_pose
 
@@ -47,28 +48,28 @@ def load_timed_poses(path, pose_key: str, what: str = "trajectory"):
     try:
         d = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(f"{path}: {what} file not found") from None
+        raise InputError(f"{path}: {what} file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise InputError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(d, dict) or d.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: field 'schema_version' must be {SCHEMA_VERSION}")
+        raise InputError(f"{path}: field 'schema_version' must be {SCHEMA_VERSION}")
     frames = d.get("frames")
     if not isinstance(frames, list) or not frames:
-        raise ValueError(f"{path}: field 'frames' must be a non-empty list")
+        raise InputError(f"{path}: field 'frames' must be a non-empty list")
     ts, poses = [], []
     for i, f in enumerate(frames):
         where = f"{path}: frames[{i}]"
         if not isinstance(f, dict) or not isinstance(f.get("timestamp_us"), int) or isinstance(f.get("timestamp_us"), bool):
-            raise ValueError(f"{where}.timestamp_us: expected an integer (microseconds)")
+            raise InputError(f"{where}.timestamp_us: expected an integer (microseconds)")
         try:
             T = np.asarray(f.get(pose_key), dtype=np.float64)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}.{pose_key}: expected a 4x4 array of numbers") from None
+            raise InputError(f"{where}.{pose_key}: expected a 4x4 array of numbers") from None
         poses.append(check_pose(T, f"{where}.{pose_key}"))
         ts.append(f["timestamp_us"])
     ts = np.asarray(ts, dtype=np.int64)
     if np.any(np.diff(ts) < 0):
-        raise ValueError(f"{path}: frames' timestamp_us must not decrease")
+        raise InputError(f"{path}: frames' timestamp_us must not decrease")
     return d, ts, np.stack(poses)
 
 

@@ -9,6 +9,7 @@ import math
 from typing import Optional, Tuple
 
 import numpy as np
+from .errors import InputError
 
 RIGID_TOL = 1e-6
 
@@ -79,13 +80,13 @@ def check_pose(T, name: str = "pose") -> np.ndarray:
     """Return ``T`` as a 4x4 float64 rigid transform or raise ValueError naming ``name``."""
     T = np.asarray(T.detach().cpu().numpy() if hasattr(T, "detach") else T, dtype=np.float64)
     if T.shape != (4, 4):
-        raise ValueError(f"{name}: expected a 4x4 matrix, got shape {T.shape}")
+        raise InputError(f"{name}: expected a 4x4 matrix, got shape {T.shape}")
     if not np.all(np.isfinite(T)):
-        raise ValueError(f"{name}: contains NaN or inf")
+        raise InputError(f"{name}: contains NaN or inf")
     R = T[:3, :3]
     if (np.abs(R @ R.T - np.eye(3)).max() > RIGID_TOL * 100 or abs(np.linalg.det(R) - 1) > 1e-4
             or np.abs(T[3] - [0, 0, 0, 1]).max() > RIGID_TOL):
-        raise ValueError(f"{name}: not a rigid transform (rotation must be orthonormal with "
+        raise InputError(f"{name}: not a rigid transform (rotation must be orthonormal with "
                          f"det +1 and the last row [0, 0, 0, 1])")
     return T
 
@@ -106,11 +107,11 @@ def look_at(eye, target, up=(0.0, 0.0, 1.0)) -> np.ndarray:
     eye, target, up = (np.asarray(v, dtype=np.float64) for v in (eye, target, up))
     z = target - eye
     if np.linalg.norm(z) == 0:
-        raise ValueError("look_at: eye and target coincide")
+        raise InputError("look_at: eye and target coincide")
     z /= np.linalg.norm(z)
     x = np.cross(z, up)
     if np.linalg.norm(x) < 1e-9:
-        raise ValueError("look_at: viewing direction is parallel to up")
+        raise InputError("look_at: viewing direction is parallel to up")
     x /= np.linalg.norm(x)
     y = np.cross(z, x)
     T = np.eye(4)

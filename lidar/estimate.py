@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import numpy as np
+from gsim.errors import InputError
 
 __all__ = ["BeamEstimate", "estimate_beams"]
 
@@ -56,12 +57,12 @@ SweepsLike = Union[np.ndarray, Sequence[np.ndarray]]
 def _as_sweeps(sweeps: SweepsLike) -> list:
     arrays = [sweeps] if isinstance(sweeps, np.ndarray) and sweeps.ndim == 2 else list(sweeps)
     if not arrays:
-        raise ValueError("sweeps: expected at least one (N, >=3) array of sensor-frame points")
+        raise InputError("sweeps: expected at least one (N, >=3) array of sensor-frame points")
     out = []
     for i, a in enumerate(arrays):
         a = np.asarray(a)
         if a.ndim != 2 or a.shape[1] < 3:
-            raise ValueError(f"sweeps[{i}]: expected an (N, >=3) array of x, y, z (metres), got shape {a.shape}")
+            raise InputError(f"sweeps[{i}]: expected an (N, >=3) array of x, y, z (metres), got shape {a.shape}")
         out.append(a[:, :3].astype(np.float64))
     return out
 
@@ -213,21 +214,21 @@ def estimate_beams(sweeps: SweepsLike, n_lasers: Optional[int] = None, *, min_ra
     n_lasers: the number of lasers if known; otherwise the prominent elevation peaks are counted.
     """
     if n_lasers is not None and (not isinstance(n_lasers, (int, np.integer)) or n_lasers < 1):
-        raise ValueError(f"n_lasers: expected a positive integer or None, got {n_lasers!r}")
+        raise InputError(f"n_lasers: expected a positive integer or None, got {n_lasers!r}")
     arrays = _as_sweeps(sweeps)
     p = np.concatenate(arrays)
     rho = np.hypot(p[:, 0], p[:, 1])
     ok = np.isfinite(p).all(1) & (rho > min_range_m)
     p, rho = p[ok], rho[ok]
     if len(p) < 10 * (n_lasers or 1):
-        raise ValueError(f"sweeps: only {len(p)} returns beyond {min_range_m} m, too few to estimate beams")
+        raise InputError(f"sweeps: only {len(p)} returns beyond {min_range_m} m, too few to estimate beams")
     if len(p) > max_points:
         pick = np.random.default_rng(seed).choice(len(p), max_points, replace=False)
         p, rho = p[pick], rho[pick]
     u, t = 1.0 / rho, p[:, 2] / rho
     a, h = _initial_lines(u, t, n_lasers)
     if len(a) == 0:
-        raise ValueError("sweeps: no elevation peaks found (are the points in the sensor frame?)")
+        raise InputError("sweeps: no elevation peaks found (are the points in the sensor frame?)")
     a, h = _refit(u, t, a, h, 30)
     if n_lasers is not None:
         a, h = _split_merge(u, t, a, h, n_lasers)

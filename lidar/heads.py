@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gsim.errors import InputError
 
 SCHEMA_VERSION = 1
 FEATURES = 8
@@ -59,7 +60,7 @@ class LidarHead:
         for k, shape in shapes.items():
             v = np.asarray(getattr(self, k), np.float32)
             if v.shape != shape or not np.all(np.isfinite(v)):
-                raise ValueError(f"LidarHead.{k}: expected finite values of shape {shape}, got {v.shape}")
+                raise InputError(f"LidarHead.{k}: expected finite values of shape {shape}, got {v.shape}")
             object.__setattr__(self, k, v)
 
     @staticmethod
@@ -82,16 +83,16 @@ class LidarHead:
     @staticmethod
     def from_dict(d: dict, where: str = "LidarHead") -> "LidarHead":
         if not isinstance(d, dict) or d.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"{where}: field 'schema_version' must be {SCHEMA_VERSION}")
+            raise InputError(f"{where}: field 'schema_version' must be {SCHEMA_VERSION}")
         if d.get("features") != FEATURES or d.get("hidden") != HIDDEN:
-            raise ValueError(f"{where}: this gsim reads heads with features={FEATURES}, hidden={HIDDEN}; got "
+            raise InputError(f"{where}: this gsim reads heads with features={FEATURES}, hidden={HIDDEN}; got "
                              f"features={d.get('features')}, hidden={d.get('hidden')}")
         try:
             return LidarHead(*(np.asarray(d[k], np.float32) for k in WEIGHTS))
         except KeyError as e:
-            raise ValueError(f"{where}: missing field {e}") from None
+            raise InputError(f"{where}: missing field {e}") from None
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: {e}") from None
+            raise InputError(f"{where}: {e}") from None
 
     def save(self, path) -> None:
         from gsim.io import write_json
@@ -103,5 +104,5 @@ class LidarHead:
         try:
             d = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: cannot read a LiDAR head ({e})") from None
+            raise InputError(f"{path}: cannot read a LiDAR head ({e})") from None
         return LidarHead.from_dict(d, str(path))

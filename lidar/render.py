@@ -25,6 +25,7 @@ from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
+from gsim.errors import InputError, Unavailable
 from gsim.lidar.spec import LidarSpec, RayTableSpec
 
 BEAM_DIVERGENCE_RAD = 3e-3  # full angle; spec sheets give 1.5-3 mrad (HDL-64E ~2, VLP-16 3)
@@ -139,7 +140,7 @@ def _geometry(parts) -> SurfelGroups:
     from gsim.scene import body_surfels
     bodies = [body_surfels(p, k).numpy() for p, k in parts]  # shadows are no geometry
     if len({None if p.features is None else p.features.shape[1] for p in bodies}) > 1:
-        raise ValueError("render_lidar: the background and actors must all have features of one width, or none")
+        raise InputError("render_lidar: the background and actors must all have features of one width, or none")
     cat = lambda k: np.concatenate([getattr(p, k) for p in bodies])
     return SurfelGroups.build(cat("means"), cat("quats"), cat("scales"), cat("opacities"),
                               None if bodies[0].features is None else cat("features"),
@@ -155,11 +156,11 @@ def _sensor_poses(T_world_lidar, timestamp_us: Optional[int], times_us: np.ndarr
         ts = np.asarray(ts, np.int64)
         poses = np.asarray(poses, np.float64)
         if ts.ndim != 1 or len(ts) == 0 or poses.shape != (len(ts), 4, 4) or np.any(np.diff(ts) <= 0):
-            raise ValueError("render_lidar: a trajectory is (timestamps_us (K,) strictly increasing, poses (K,4,4))")
+            raise InputError("render_lidar: a trajectory is (timestamps_us (K,) strictly increasing, poses (K,4,4))")
         for i, T in enumerate(poses):
             check_pose(T, f"trajectory pose {i}")
         if timestamp_us is None:
-            raise ValueError("render_lidar: give timestamp_us (the sweep start) with a trajectory")
+            raise InputError("render_lidar: give timestamp_us (the sweep start) with a trajectory")
         at = times_us if rolling else np.full(len(times_us), timestamp_us)
         return interpolate_poses(ts, poses, at)
     T = check_pose(T_world_lidar, "T_world_lidar")
@@ -198,14 +199,14 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     on big scenes). head: the `LidarHead` that decodes the surfels' features into intensity and ray drop
     (default: the scene's own; none: intensity is None and only geometry drops rays). numpy out."""
     if not isinstance(spec, (LidarSpec, RayTableSpec)):
-        raise ValueError(f"render_lidar: spec must be a gsim.lidar.LidarSpec (e.g. LidarSpec.preset("
+        raise InputError(f"render_lidar: spec must be a gsim.lidar.LidarSpec (e.g. LidarSpec.preset("
                          f"'velodyne-hdl64e')) or RayTableSpec, got {type(spec).__name__}")
     if not 0 < hit_alpha < 1:
-        raise ValueError(f"render_lidar: hit_alpha must lie in (0, 1), got {hit_alpha}")
+        raise InputError(f"render_lidar: hit_alpha must lie in (0, 1), got {hit_alpha}")
     name = _backend(backend)
     groups = _groups(scene_or_surfels)
     if groups.tracks and timestamp_us is None:
-        raise ValueError("render_lidar: this scene has actors; give timestamp_us (integer microseconds)")
+        raise InputError("render_lidar: this scene has actors; give timestamp_us (integer microseconds)")
     lay = _layout(spec)
     t0 = 0 if timestamp_us is None else int(timestamp_us)
     times = t0 + lay.column_us if rolling else np.full(len(lay.column_us), t0)
@@ -228,7 +229,7 @@ def _head(scene_or_surfels, head, groups: SurfelGroups):
     from .heads import FEATURES
     head = head if head is not None else getattr(scene_or_surfels, "lidar_head", None)
     if head is not None and groups.features.shape[1] != FEATURES:
-        raise ValueError(f"render_lidar: the LiDAR head decodes {FEATURES} features per surfel, the surfels have "
+        raise InputError(f"render_lidar: the LiDAR head decodes {FEATURES} features per surfel, the surfels have "
                          f"{groups.features.shape[1]}")
     return head
 
@@ -249,11 +250,11 @@ def _returns(out: dict, dirs: np.ndarray, hit_alpha: float, min_range_m: float, 
 def _backend(backend: str) -> str:
     name = "numba" if backend == "auto" else backend
     if name not in ("numba", "torch"):
-        raise ValueError(f"render_lidar: backend must be 'auto', 'numba' or 'torch', got {backend!r}")
+        raise InputError(f"render_lidar: backend must be 'auto', 'numba' or 'torch', got {backend!r}")
     from gsim.render import BACKENDS
     reason = BACKENDS[name].probe()
     if reason is not None:
-        raise RuntimeError(f"render_lidar: backend {name!r} is not available: {reason}")
+        raise Unavailable(f"render_lidar: backend {name!r} is not available: {reason}")
     return name
 
 

@@ -19,13 +19,14 @@ from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar, Dict, Tuple
 
 import numpy as np
+from gsim.errors import InputError
 
 SCHEMA_VERSION = 1
 SPIN_DIRECTIONS = ("cw", "ccw")  # seen from above (+z): clockwise = decreasing azimuth over time
 
 
 def _fail(cls: str, field: str, msg: str):
-    raise ValueError(f"{cls}.{field}: {msg}")
+    raise InputError(f"{cls}.{field}: {msg}")
 
 
 def _number(cls: str, field: str, v) -> float:
@@ -88,7 +89,7 @@ class _SpecIO:
     @classmethod
     def from_dict(cls, d: dict):
         if not isinstance(d, dict):
-            raise ValueError(f"{cls.__name__}: expected a dict, got {type(d).__name__}")
+            raise InputError(f"{cls.__name__}: expected a dict, got {type(d).__name__}")
         if d.get("kind") != cls.kind:
             _fail(cls.__name__, "kind", f"expected {cls.kind!r}, got {d.get('kind')!r}")
         if d.get("schema_version") != SCHEMA_VERSION:
@@ -190,7 +191,7 @@ class LidarSpec(_SpecIO):
     def preset(cls, name: str) -> "LidarSpec":
         """A preset from public spec sheets (see `preset_names()` and the sources in `PRESETS`)."""
         if name not in PRESETS:
-            raise ValueError(f"LidarSpec.preset: unknown name {name!r}; valid names: {', '.join(preset_names())}")
+            raise InputError(f"LidarSpec.preset: unknown name {name!r}; valid names: {', '.join(preset_names())}")
         return PRESETS[name]
 
 
@@ -259,7 +260,7 @@ def spec_from_dict(d: dict):
     """`LidarSpec` or `RayTableSpec` from its `to_dict()` form (dispatch on ``kind``)."""
     kinds = {LidarSpec.kind: LidarSpec, RayTableSpec.kind: RayTableSpec}
     if not isinstance(d, dict) or d.get("kind") not in kinds:
-        raise ValueError(f"lidar spec kind: expected one of {sorted(kinds)}, got "
+        raise InputError(f"lidar spec kind: expected one of {sorted(kinds)}, got "
                          f"{d.get('kind') if isinstance(d, dict) else type(d).__name__!r}")
     return kinds[d["kind"]].from_dict(d)
 

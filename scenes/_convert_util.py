@@ -11,6 +11,7 @@ from typing import Tuple
 import numpy as np
 
 from gsim.cameras import Camera, FisheyeCamera, OpenCVCamera, PinholeCamera
+from gsim.errors import InputError
 from gsim.scenes.log import LogFormatError
 
 # OpenCV (and so KITTI and DGP calibrations) puts pixel centres at integer coordinates; gsim puts
@@ -28,10 +29,10 @@ def camera_from_params(where: str, width: int, height: int, fx: float, fy: float
     try:
         if fisheye:
             if p1 or p2:
-                raise ValueError("a fisheye (equidistant) camera has no tangential terms p1, p2")
+                raise InputError("a fisheye (equidistant) camera has no tangential terms p1, p2")
             return FisheyeCamera(int(width), int(height), fx, fy, cx, cy, k1, k2, k3, k4)
         if k4:
-            raise ValueError("k4 is not part of the radial-tangential model (k1, k2, p1, p2, k3)")
+            raise InputError("k4 is not part of the radial-tangential model (k1, k2, p1, p2, k3)")
         if not any((k1, k2, k3, p1, p2)):
             return PinholeCamera(int(width), int(height), fx, fy, cx, cy)
         return OpenCVCamera(int(width), int(height), fx, fy, cx, cy, k1, k2, p1, p2, k3)

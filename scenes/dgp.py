@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from gsim.errors import InputError
 from gsim.scenes._convert_util import (OPENCV_PIXEL_CENTRE_SHIFT, camera_from_params, check_image, make_pose,
                                        mean_pose, pose_difference, timestamp_us)
 from gsim.scenes.log import ActorTrack, LogFormatError, LogWriter
@@ -95,14 +96,14 @@ def _scene_files(src: Path) -> Tuple[List[Path], bool]:
         if not found and len(datasets) == 1:  # a dataset's root folder
             src = datasets[0]
         elif len(found) != 1:
-            raise ValueError(f"{src}: expected one scene.json or scene_*.json, found "
+            raise InputError(f"{src}: expected one scene.json or scene_*.json, found "
                              f"{[p.name for p in found] or 'none'} (pass a scene JSON or the dataset JSON)")
         else:
             return found, False
     d = _load_json(src)
     if "scene_splits" not in d:
         if "samples" not in d:
-            raise ValueError(f"{src}: neither a DGP scene (no 'samples') nor a dataset (no 'scene_splits')")
+            raise InputError(f"{src}: neither a DGP scene (no 'samples') nor a dataset (no 'scene_splits')")
         return [src], False
     files: List[Path] = []
     for split, v in _get(d, "scene_splits", str(src), dict).items():
@@ -123,13 +124,13 @@ def convert_dgp(src, out, progress: bool = True) -> List[Path]:
     one log per listed scene at ``out/<scene folder name>``."""
     src, out = Path(src), Path(out)
     if not src.exists():
-        raise ValueError(f"{src}: no such scene directory or JSON file")
+        raise InputError(f"{src}: no such scene directory or JSON file")
     scenes, dataset = _scene_files(src)
     if not dataset:
         return [_convert_scene(scenes[0], out, progress)]
     names = [p.parent.name for p in scenes]
     if len(set(names)) != len(names):
-        raise ValueError(f"{src}: several scenes share a folder name ({names}); convert them one by one")
+        raise InputError(f"{src}: several scenes share a folder name ({names}); convert them one by one")
     return [_convert_scene(p, out / n, progress) for p, n in zip(scenes, names)]
 
 

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from gsim.errors import GsimWarning
+from gsim.errors import GsimWarning, InputError
 from gsim.io import to_uint8, write_bytes, write_json, write_png
 from gsim.render import render_camera
 from gsim.scene import Scene, load_scene
@@ -107,7 +107,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         from .lane_shift import street_of
         street_of(log)  # a log without ground truth off the path fails here, not after the held-out views
         if any(not (isinstance(d, (int, float)) and 0 < d <= 50) for d in (*shifts, *ahead)):
-            raise ValueError(f"shifts / ahead: expected distances in (0, 50] metres, got {list(shifts)} / {list(ahead)}")
+            raise InputError(f"shifts / ahead: expected distances in (0, 50] metres, got {list(shifts)} / {list(ahead)}")
     if downscale is None:
         downscale = scene.train_downscale or 1
     elif scene.train_downscale is not None and downscale != scene.train_downscale:
@@ -115,7 +115,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
                       f"{scene.train_downscale}", GsimWarning, stacklevel=2)
     _, held = split_frames(log, holdout_every)
     if not held:
-        raise ValueError(f"{log_path}: no held-out frames (frame index % {holdout_every} == 0)")
+        raise InputError(f"{log_path}: no held-out frames (frame index % {holdout_every} == 0)")
     out = Path(out)
     views = make_views(log, held, downscale)
     it = views

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from gsim.cameras import Camera
+from gsim.errors import InputError
 from gsim.surfels import Surfels, rgb_to_sh
 from gsim.transforms import interpolate_poses, rotmat_to_quat, transform_each
 
@@ -261,7 +262,7 @@ def initial_surfels(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions =
     """(background surfels in the world, {actor id: surfels in its box frame}) from the frames' LiDAR,
     leaving out the points in ``ignored``."""
     if not any(f.lidars for f in frames):
-        raise ValueError(f"{log.root}: reconstruction needs LiDAR sweeps to initialise surfels; "
+        raise InputError(f"{log.root}: reconstruction needs LiDAR sweeps to initialise surfels; "
                          f"the training frames have none")
     bg, actors = collect_points(log, frames, opt, progress, ignored)
     return (_within(bg, opt.voxel_m, opt.max_surfels, opt, opt.unseen_voxel),

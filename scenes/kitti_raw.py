@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from gsim.cameras import PinholeCamera
+from gsim.errors import InputError, MissingExtra
 from gsim.scenes._convert_util import (OPENCV_PIXEL_CENTRE_SHIFT, check_image, make_pose, nearest_rotation,
                                        timestamp_us)
 from gsim.lidar import LidarSpec
@@ -104,20 +105,20 @@ def read_calibration(date_dir: Path, cameras: List[str]) -> Dict[str, tuple]:
 
 def _find_drive(date_dir: Path, drive: Optional[str]) -> Path:
     if not date_dir.is_dir():
-        raise ValueError(f"{date_dir}: not a directory (expected a KITTI raw date folder with {CALIB_CAM_TO_CAM})")
+        raise InputError(f"{date_dir}: not a directory (expected a KITTI raw date folder with {CALIB_CAM_TO_CAM})")
     drives = sorted(p for p in date_dir.glob("*_drive_*_sync") if p.is_dir())
     if drive is not None:
         chosen = [p for p in drives if p.name == drive or p.name.endswith(f"_drive_{drive}_sync")]
         if len(chosen) != 1:
-            raise ValueError(f"{date_dir}: drive {drive!r} not found (drives: {[p.name for p in drives]})")
+            raise InputError(f"{date_dir}: drive {drive!r} not found (drives: {[p.name for p in drives]})")
         return chosen[0]
     if (date_dir / CAMERAS[0]).is_dir():
         return date_dir  # the flattened layout: sensor folders beside the calibration files
     if len(drives) == 1:
         return drives[0]
     if not drives:
-        raise ValueError(f"{date_dir}: no {CAMERAS[0]}/ folder and no *_drive_NNNN_sync/ folder")
-    raise ValueError(f"{date_dir}: several drives ({', '.join(p.name for p in drives)}); choose one with drive=")
+        raise InputError(f"{date_dir}: no {CAMERAS[0]}/ folder and no *_drive_NNNN_sync/ folder")
+    raise InputError(f"{date_dir}: several drives ({', '.join(p.name for p in drives)}); choose one with drive=")
 
 
 def _stems(folder: Path, suffix: str) -> List[str]:
@@ -303,7 +304,7 @@ class _Odometry:
             from kiss_icp.config import load_config
             from kiss_icp.kiss_icp import KissICP
         except ImportError as e:
-            raise ImportError(f"this drive has no oxts poses, so gsim estimates them with kiss-icp LiDAR "
+            raise MissingExtra(f"this drive has no oxts poses, so gsim estimates them with kiss-icp LiDAR "
                               f"odometry, which is not installed ({e}); install it with: "
                               f"pip install -e \".[lidar]\"") from None
         config = load_config(None)  # defaults: 100 m range, 1 m voxels
@@ -336,7 +337,7 @@ def smooth_positions(times_us: np.ndarray, poses: np.ndarray) -> np.ndarray:
         return poses
     h = np.diff(t)
     if np.any(h <= 0):
-        raise ValueError("smooth_positions: times must increase")
+        raise InputError("smooth_positions: times must increase")
     # a_k = 2 / (h_{k-1} + h_k) * ((p_{k+1} - p_k) / h_k - (p_k - p_{k-1}) / h_{k-1}), k = 1..n-2
     w = 2 / (h[:-1] + h[1:])
     D = diags([w / h[:-1], -w * (1 / h[:-1] + 1 / h[1:]), w / h[1:]], [0, 1, 2], shape=(n - 2, n))
@@ -357,7 +358,7 @@ def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Op
     from tqdm import tqdm
     date_dir = Path(date_dir)
     if max_frames is not None and (not isinstance(max_frames, int) or max_frames < 1):
-        raise ValueError(f"max_frames: expected a positive integer, got {max_frames!r}")
+        raise InputError(f"max_frames: expected a positive integer, got {max_frames!r}")
     drive_dir = _find_drive(date_dir, drive)
     cameras = [c for c in CAMERAS if (drive_dir / c).is_dir()]
     if CAMERAS[0] not in cameras:

@@ -13,6 +13,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 from gsim.cameras import downscale_image
+from gsim.errors import InputError
 
 from . import synth
 from .render_path import offset_pose
@@ -25,12 +26,12 @@ def street_of(log) -> Tuple[object, "synth.SynthOptions"]:
     records; a ValueError for any other log (no ground truth off the driven path)."""
     notes = [n for n in log.notes if n.startswith(OPTIONS_NOTE)]
     if log.source != "gsim.scenes.synth" or not notes or "seed" not in log.name:
-        raise ValueError(f"{log.root}: a {log.source} log has no ground truth off the driven path; lane-shift "
+        raise InputError(f"{log.root}: a {log.source} log has no ground truth off the driven path; lane-shift "
                          f"metrics need a synthetic street log (gsim synth)")
     seed = int(log.name.rsplit("seed", 1)[1])
     options = synth.SynthOptions.from_dict(json.loads(notes[0][len(OPTIONS_NOTE):]))
     if not synth.made_by(log, seed, options):
-        raise ValueError(f"{log.root}: the log's name and notes do not describe one synthetic street")
+        raise InputError(f"{log.root}: the log's name and notes do not describe one synthetic street")
     return synth.build_street(seed, options), options
 
 

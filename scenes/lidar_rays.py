@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from gsim.errors import InputError
 from gsim.transforms import interpolate_poses
 
 from .log import DrivingLog, LidarObs
@@ -53,7 +54,7 @@ def sweep_rays(log: DrivingLog, obs: LidarObs, ignore: Optional[np.ndarray] = No
     rng = np.linalg.norm(xyz, axis=1)
     ok = rng > 1e-6
     if ignore is not None and len(ignore) != len(pts):
-        raise ValueError(f"{obs.points}: the ignore mask has {len(ignore)} entries for {len(pts)} points")
+        raise InputError(f"{obs.points}: the ignore mask has {len(ignore)} entries for {len(pts)} points")
     skip = np.zeros(len(pts), bool) if ignore is None else np.asarray(ignore, bool)[ok]
     xyz, rng, pts = xyz[ok], rng[ok], pts[ok]
     dirs = xyz / rng[:, None]

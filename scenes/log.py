@@ -36,6 +36,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from gsim.cameras import Camera, camera_from_dict
+from gsim.errors import InputError
 from gsim.io import atomic_directory, write_json
 from gsim.scene import ACTOR_ID
 from gsim.transforms import check_pose, interpolate_pose
@@ -49,7 +50,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 PNG_LEVEL = 1
 
 
-class LogFormatError(ValueError):
+class LogFormatError(InputError):
     """A driving log that cannot be read; the message names the file and the field."""
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from gsim.appearance import IDENTITY_AFFINE, Sky
+from gsim.errors import InputError
 from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.render.torch_backend import quat_to_rotmat
 from gsim.scene import Actor, Scene
@@ -116,7 +117,7 @@ class SceneModel:
         by_id = {t.id: t for t in tracks}
         missing = [i for i in state["track_ids"] if i not in by_id]
         if missing:
-            raise ValueError(f"checkpoint: actors {missing} are not tracked in this log")
+            raise InputError(f"checkpoint: actors {missing} are not tracked in this log")
         return SceneModel(state["params"], state["owner"], [by_id[i] for i in state["track_ids"]], state["sky"],
                           state["affine"], state["head"], state.get("pose_offsets"), state.get("pose_knots"),
                           state.get("view_knots"), state.get("view_offsets"))
@@ -189,7 +190,7 @@ class SceneModel:
         corrected poses: `Scene.log_pose`)."""
         k = int(np.searchsorted(self.view_knots[0], timestamp_us))
         if k == len(self.view_knots[0]) or self.view_knots[0][k] != timestamp_us:
-            raise ValueError(f"no view pose correction is learnt at {timestamp_us} us (not a training view's time)")
+            raise InputError(f"no view pose correction is learnt at {timestamp_us} us (not a training view's time)")
         rot, trans = self.view_offsets["rot"][k], self.view_offsets["trans"][k]
         c = torch.as_tensor(self.view_knots[1][k], dtype=rot.dtype, device=rot.device)
         # a rotation vector as the quaternion (1, w/2) normalised: exact rotations, first-order in the angle

@@ -36,6 +36,7 @@ import numba
 import numpy as np
 
 from gsim.boxes import footprint
+from gsim.errors import InputError
 from gsim.transforms import interpolate_poses
 
 from .log import ActorTrack, DrivingLog, Frame, LidarObs
@@ -226,7 +227,7 @@ def _ground(sweeps: Sequence[_Sweep], opt: MoverOptions):
     grid = minimum_filter(grid, size=e, mode="nearest")
     empty = ~np.isfinite(grid)
     if empty.all():
-        raise ValueError("movers: the sweeps have no points")
+        raise InputError("movers: the sweeps have no points")
     idx = distance_transform_edt(empty, return_distances=False, return_indices=True)
     grid = grid[tuple(idx)]
 
@@ -467,7 +468,7 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
     """Moving objects in the sweeps of ``frames`` (see the module docstring)."""
     obs_list = [o for f in frames for o in f.lidars.values()]
     if not obs_list:
-        raise ValueError(f"{log.root}: detecting moving objects needs LiDAR sweeps; the frames have none")
+        raise InputError(f"{log.root}: detecting moving objects needs LiDAR sweeps; the frames have none")
     it = obs_list
     if progress:
         from tqdm import tqdm

@@ -25,6 +25,7 @@ from typing import Dict, Union
 import numpy as np
 
 from gsim.cameras import Camera
+from gsim.errors import InputError
 from gsim.io import atomic_directory, write_json
 from gsim.scenes._convert_util import camera_from_params, check_image
 from gsim.scenes.log import IMAGE_SUFFIXES, DrivingLog, LogFormatError, LogWriter, load_log
@@ -51,7 +52,7 @@ def _frame_camera(meta: dict, frame: dict, where: str) -> Camera:
     try:
         w, h = get("w"), get("h")
         if w != int(w) or h != int(h):
-            raise ValueError(f"w, h must be whole pixels, got {w}, {h}")
+            raise InputError(f"w, h must be whole pixels, got {w}, {h}")
         dist = {k: float(get(k, 0.0)) for k in ("k1", "k2", "k3", "k4", "p1", "p2")}
         return camera_from_params(where, int(w), int(h), float(get("fl_x")), float(get("fl_y")), float(get("cx")),
                                   float(get("cy")), fisheye=FISHEYE[model], **dist)
@@ -81,7 +82,7 @@ def import_nerfstudio(transforms_json, out, progress: bool = True) -> Path:
     path = Path(transforms_json)
     path = path / TRANSFORMS if path.is_dir() else path
     if not path.is_file():
-        raise ValueError(f"{path}: no such file (expected a nerfstudio {TRANSFORMS})")
+        raise InputError(f"{path}: no such file (expected a nerfstudio {TRANSFORMS})")
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -133,10 +134,10 @@ def export_nerfstudio(log: Union[DrivingLog, str, Path], out_dir, progress: bool
     log = log if isinstance(log, DrivingLog) else load_log(log)
     obs = [o for _, o in log.camera_observations()]
     if not obs:
-        raise ValueError(f"{log.root}: the log has no camera images to export")
+        raise InputError(f"{log.root}: the log has no camera images to export")
     models = {log.cameras[o.sensor].camera.model for o in obs}
     if "fisheye" in models and len(models) > 1:
-        raise ValueError(f"{log.root}: mixes fisheye and perspective cameras; a transforms.json has one camera_model")
+        raise InputError(f"{log.root}: mixes fisheye and perspective cameras; a transforms.json has one camera_model")
     camera_model = "OPENCV_FISHEYE" if models == {"fisheye"} else "PINHOLE" if models == {"pinhole"} else "OPENCV"
     out_dir = Path(out_dir)
     with atomic_directory(out_dir, TRANSFORMS) as tmp:

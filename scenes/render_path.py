@@ -11,6 +11,7 @@ from typing import Optional
 
 import numpy as np
 
+from gsim.errors import InputError
 from gsim.trajectory import Trajectory
 
 from .log import DrivingLog
@@ -22,11 +23,11 @@ FRAME_SETS = ("all", "train", "holdout")
 def path_camera(log: DrivingLog, sensor: Optional[str] = None) -> str:
     """``sensor`` checked against the log's cameras; None picks "front" when the log has it, else the first."""
     if not log.cameras:
-        raise ValueError(f"{log.root}: the log has no cameras")
+        raise InputError(f"{log.root}: the log has no cameras")
     if sensor is None:
         sensor = "front" if "front" in log.cameras else sorted(log.cameras)[0]
     if sensor not in log.cameras:
-        raise ValueError(f"{log.root}: no camera {sensor!r}; the log's cameras are {sorted(log.cameras)}")
+        raise InputError(f"{log.root}: no camera {sensor!r}; the log's cameras are {sorted(log.cameras)}")
     return sensor
 
 
@@ -42,13 +43,13 @@ def camera_path(log: DrivingLog, sensor: Optional[str] = None, shift_m: float = 
     zero shift renders the log's views as evaluation does."""
     sensor = path_camera(log, sensor)
     if frames not in FRAME_SETS:
-        raise ValueError(f"camera_path: frames must be one of {FRAME_SETS}, got {frames!r}")
+        raise InputError(f"camera_path: frames must be one of {FRAME_SETS}, got {frames!r}")
     if every < 1:
-        raise ValueError(f"camera_path: every must be >= 1, got {every}")
+        raise InputError(f"camera_path: every must be >= 1, got {every}")
     chosen = log.frames if frames == "all" else split_frames(log, holdout_every)[frames == "holdout"]
     chosen = chosen[::every]
     if not chosen:
-        raise ValueError(f"{log.root}: no {frames} frames (held out: frame index % {holdout_every} == 0)")
+        raise InputError(f"{log.root}: no {frames} frames (held out: frame index % {holdout_every} == 0)")
     times = np.array([f.cameras[sensor].timestamp_us if sensor in f.cameras else f.timestamp_us for f in chosen],
                      dtype=np.int64)
     poses = np.stack([offset_pose(log, sensor, int(t), left_m=shift_m) for t in times])

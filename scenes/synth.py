@@ -32,6 +32,7 @@ from numba import njit, prange
 
 from gsim.cameras import Camera, OpenCVCamera, PinholeCamera
 from gsim.config import Config
+from gsim.errors import InputError
 from gsim.street import R_VEHICLE_CAMERA
 
 from .log import ActorTrack, LidarBeams, LogWriter
@@ -77,7 +78,7 @@ CAR_COLORS = np.array([[0.85, 0.85, 0.85], [0.08, 0.08, 0.09], [0.60, 0.62, 0.64
 
 def _int_option(name: str, v, lo: int, hi: int) -> None:
     if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not lo <= v <= hi:
-        raise ValueError(f"SynthOptions.{name}: expected an integer in [{lo}, {hi}], got {v!r}")
+        raise InputError(f"SynthOptions.{name}: expected an integer in [{lo}, {hi}], got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -100,21 +101,21 @@ class SynthOptions(Config):
         _int_option("height", self.height, 16, 8192)
         _int_option("supersample", self.supersample, 1, 9)
         if self.supersample % 2 == 0:
-            raise ValueError(f"SynthOptions.supersample: must be odd (the centre sample gives the depth map), "
+            raise InputError(f"SynthOptions.supersample: must be odd (the centre sample gives the depth map), "
                              f"got {self.supersample}")
         _int_option("lidar_beams", self.lidar_beams, 1, 1024)
         if not isinstance(self.tracks, bool):
-            raise ValueError(f"SynthOptions.tracks: expected true or false, got {self.tracks!r}")
+            raise InputError(f"SynthOptions.tracks: expected true or false, got {self.tracks!r}")
         if isinstance(self.omit, str) or not all(isinstance(c, str) for c in self.omit):
-            raise ValueError(f"SynthOptions.omit: expected a list of car ids, got {self.omit!r}")
+            raise InputError(f"SynthOptions.omit: expected a list of car ids, got {self.omit!r}")
         object.__setattr__(self, "omit", tuple(self.omit))
         res = self.lidar_azimuth_resolution_deg
         if not (isinstance(res, (int, float)) and not isinstance(res, bool) and 0.01 <= res <= 90 and abs(360 / res - round(360 / res)) < 1e-6):
-            raise ValueError(f"SynthOptions.lidar_azimuth_resolution_deg: expected degrees in [0.01, 90] that "
+            raise InputError(f"SynthOptions.lidar_azimuth_resolution_deg: expected degrees in [0.01, 90] that "
                              f"divide 360, got {res!r}")
         r = self.lidar_max_range_m
         if not (isinstance(r, (int, float)) and math.isfinite(r) and r > LIDAR_MIN_RANGE_M):
-            raise ValueError(f"SynthOptions.lidar_max_range_m: expected a finite range > {LIDAR_MIN_RANGE_M} m, "
+            raise InputError(f"SynthOptions.lidar_max_range_m: expected a finite range > {LIDAR_MIN_RANGE_M} m, "
                              f"got {r!r}")
 
     def to_dict(self) -> dict:
@@ -632,7 +633,7 @@ def build_street(seed: int = 0, options: SynthOptions = SynthOptions()) -> Stree
     """The street of ``seed``, long enough for ``options.n_frames``. Each part draws from its own
     generator, so a longer drive extends the same street."""
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+        raise InputError(f"seed: expected a non-negative integer, got {seed!r}")
     # one generator per part and side: how much a part draws depends on the street's length
     r_ego, r_layout, r_left, r_right, r_moving, r_tex, *r_sides = (
         np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(10))
@@ -687,7 +688,7 @@ def build_street(seed: int = 0, options: SynthOptions = SynthOptions()) -> Stree
     ids = [f"moving_{a}" if a < n_moving else f"parked_{a - n_moving:02d}" for a in range(len(cars))]
     unknown = sorted(set(options.omit) - set(ids))
     if unknown:
-        raise ValueError(f"SynthOptions.omit: no cars {unknown} in the street of seed {seed}; it has {ids}")
+        raise InputError(f"SynthOptions.omit: no cars {unknown} in the street of seed {seed}; it has {ids}")
     keep = [a for a, i in enumerate(ids) if i not in options.omit]
     cars = np.array([cars[a] for a in keep], CAR_DTYPE)
     car_ids = tuple(ids[a] for a in keep)
@@ -795,7 +796,7 @@ def synthesize(out_dir, seed: int = 0, options: SynthOptions = SynthOptions(), p
     log there is replaced) and return its path. Same seed and options, same bytes."""
     from tqdm import tqdm
     if not isinstance(options, SynthOptions):
-        raise ValueError(f"options: expected SynthOptions, got {type(options).__name__}")
+        raise InputError(f"options: expected SynthOptions, got {type(options).__name__}")
     street = build_street(seed, options)
     rig, beams = _camera_rig(options), lidar_beams(options)
     frame_times = np.arange(options.n_frames, dtype=np.int64) * FRAME_PERIOD_US

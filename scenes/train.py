@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from gsim.appearance import Sky, compose
+from gsim.errors import InputError, Unavailable
 from gsim.io import atomic_path, write_json
 from gsim.render import BACKENDS, RenderOptions, render_camera
 
@@ -82,10 +83,10 @@ class TrainConfig:
         if self.train_span is not None:
             object.__setattr__(self, "train_span", tuple(float(x) for x in self.train_span))
             if len(self.train_span) != 2 or not 0 <= self.train_span[0] < self.train_span[1] <= 1:
-                raise ValueError(f"TrainConfig.train_span: expected (first, last) shares with 0 <= first < last <= 1, "
+                raise InputError(f"TrainConfig.train_span: expected (first, last) shares with 0 <= first < last <= 1, "
                                  f"got {self.train_span}")
         if self.lidar_every < 1 or self.lidar_rays < 0 or self.lidar_rays_per_sweep < 1:
-            raise ValueError(f"TrainConfig: need lidar_every >= 1, lidar_rays >= 0 and lidar_rays_per_sweep >= 1, got "
+            raise InputError(f"TrainConfig: need lidar_every >= 1, lidar_rays >= 0 and lidar_rays_per_sweep >= 1, got "
                              f"{self.lidar_every}, {self.lidar_rays}, {self.lidar_rays_per_sweep}")
 
     @property
@@ -104,7 +105,7 @@ class TrainConfig:
     def from_dict(d: dict) -> "TrainConfig":
         d = dict(d)
         if d.pop("schema_version", None) != CONFIG_SCHEMA:
-            raise ValueError(f"train config: schema_version must be {CONFIG_SCHEMA}")
+            raise InputError(f"train config: schema_version must be {CONFIG_SCHEMA}")
         d.setdefault("movers", False)  # a checkpoint from before movers were found trained without them
         d.setdefault("lr_actor_pose", 0.0)  # nor refined their poses
         d.setdefault("lr_view_rot", 0.0)  # nor the views'
@@ -126,7 +127,7 @@ PRESETS = {
 
 def preset(name: str, **overrides) -> TrainConfig:
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        raise InputError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     cfg = PRESETS[name]
     if name == "cpu" and BACKENDS["numba"].differentiable:
         cfg = dataclasses.replace(cfg, backend="numba")
@@ -307,7 +308,7 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     if cfg.backend != "torch":
         reason = BACKENDS[cfg.backend].probe() if cfg.backend in BACKENDS else f"unknown backend {cfg.backend!r}"
         if reason is not None:
-            raise RuntimeError(f"preset {cfg.preset!r} needs the {cfg.backend} backend, which is not available "
+            raise Unavailable(f"preset {cfg.preset!r} needs the {cfg.backend} backend, which is not available "
                                f"here: {reason}")
     ckpt = out / CHECKPOINT
     if resume and not ckpt.is_file():

@@ -15,6 +15,7 @@ import numpy as np
 
 from gsim.appearance import camera_ray_directions
 from gsim.cameras import Camera, downscale_image
+from gsim.errors import InputError
 from gsim.transforms import interpolate_poses, transform_each
 
 from .log import DrivingLog, Frame, LidarObs
@@ -53,14 +54,14 @@ def ignored_points(ignored: Ignored, obs: LidarObs, n: int) -> np.ndarray:
     if m is None:
         return np.zeros(n, bool)
     if len(m) != n:
-        raise ValueError(f"{obs.points}: the ignore mask has {len(m)} entries for {n} points")
+        raise InputError(f"{obs.points}: the ignore mask has {len(m)} entries for {n} points")
     return m
 
 
 def split_frames(log: DrivingLog, holdout_every: int = 8) -> Tuple[List[Frame], List[Frame]]:
     """(train, held-out) frames; holdout_every=0 trains on everything."""
     if holdout_every < 0 or holdout_every == 1:
-        raise ValueError(f"holdout_every must be 0 (no hold-out) or >= 2, got {holdout_every}")
+        raise InputError(f"holdout_every must be 0 (no hold-out) or >= 2, got {holdout_every}")
     held = [f for f in log.frames if holdout_every and f.index % holdout_every == 0]
     train = [f for f in log.frames if not (holdout_every and f.index % holdout_every == 0)]
     return train, held

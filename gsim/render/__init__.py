@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Union
 import numpy as np
 
 from ..cameras import FisheyeCamera, OpenCVCamera, PinholeCamera
+from ..errors import InputError, Unavailable
 from ..scene import Scene, world_surfels
 from ..surfels import Surfels
 from ..transforms import check_pose, interpolate_pose
@@ -72,11 +73,11 @@ def _pick(backend: str, surfels: Surfels) -> Backend:
         # numba's backward runs on the CPU; tensors elsewhere take the torch reference
         return BACKENDS["torch" if needs_grad and surfels.means.device.type != "cpu" else "numba"]
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *BACKENDS]}")
+        raise InputError(f"unknown backend {backend!r}; choose one of {['auto', *BACKENDS]}")
     b = BACKENDS[backend]
     reason = b.probe()
     if reason is not None:
-        raise RuntimeError(f"backend {backend!r} is not available: {reason}")
+        raise Unavailable(f"backend {backend!r} is not available: {reason}")
     return b
 
 ROLLING_SHUTTER_BANDS = 16  # bands of rows of a rolling-shutter image, each rendered at its own pose and time
@@ -102,7 +103,7 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     if not isinstance(camera, (PinholeCamera, OpenCVCamera, FisheyeCamera)):
         raise TypeError(f"render_camera: expected a gsim camera model, got {type(camera).__name__}")
     if not isinstance(readout_us, (int, np.integer)) or readout_us < 0:
-        raise ValueError(f"render_camera: readout_us must be an integer >= 0 microseconds, got {readout_us!r}")
+        raise InputError(f"render_camera: readout_us must be an integer >= 0 microseconds, got {readout_us!r}")
     if readout_us or isinstance(T_world_camera, tuple):
         return _rolling(scene_or_surfels, camera, T_world_camera, backend, timestamp_us, options, sensor, readout_us)
     T = check_pose(T_world_camera, "T_world_camera")
@@ -137,16 +138,16 @@ def _rolling(scene_or_surfels, camera, trajectory, backend, timestamp_us, option
     """`render_camera` with a pose trajectory or a rolling shutter: bands of rows, each a cropped camera."""
     if isinstance(trajectory, tuple):
         if len(trajectory) != 2:
-            raise ValueError("render_camera: a trajectory T_world_camera is (timestamps_us (K,), poses (K,4,4))")
+            raise InputError("render_camera: a trajectory T_world_camera is (timestamps_us (K,), poses (K,4,4))")
         ts, poses = np.asarray(trajectory[0]), np.asarray(trajectory[1], np.float64)
         if ts.ndim != 1 or len(ts) == 0 or ts.dtype.kind not in "iu" or np.any(np.diff(ts) <= 0) \
                 or poses.shape != (len(ts), 4, 4):
-            raise ValueError("render_camera: a trajectory T_world_camera needs strictly increasing integer "
+            raise InputError("render_camera: a trajectory T_world_camera needs strictly increasing integer "
                              f"timestamps_us (K,) and poses (K,4,4), got {ts.shape} {ts.dtype} and {poses.shape}")
         for i, P in enumerate(poses):
             check_pose(P, f"T_world_camera poses[{i}]")
         if timestamp_us is None:
-            raise ValueError("render_camera: a trajectory T_world_camera needs timestamp_us (the exposure's start)")
+            raise InputError("render_camera: a trajectory T_world_camera needs timestamp_us (the exposure's start)")
     else:
         ts, poses = np.zeros(1, np.int64), check_pose(trajectory, "T_world_camera")[None]
     t0 = 0 if timestamp_us is None else int(timestamp_us)

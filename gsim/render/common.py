@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 import numpy as np
+from ..errors import InputError
 
 ALPHA_THRESHOLD = 1.0 / 255.0  # contributions below are skipped
 MAX_ALPHA = 0.999
@@ -45,9 +46,9 @@ class RenderOptions:
 
     def __post_init__(self):
         if not (0 < self.near < self.far):
-            raise ValueError(f"RenderOptions: need 0 < near < far, got near={self.near}, far={self.far}")
+            raise InputError(f"RenderOptions: need 0 < near < far, got near={self.near}, far={self.far}")
         if len(self.background) != 3 or not all(np.isfinite(self.background)):
-            raise ValueError(f"RenderOptions.background: expected 3 finite values, got {self.background}")
+            raise InputError(f"RenderOptions.background: expected 3 finite values, got {self.background}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,6 +14,7 @@ import math
 from typing import Optional
 
 import numpy as np
+from gsim.errors import Unavailable
 
 from ..cameras import Camera, PinholeCamera
 from ..surfels import Surfels
@@ -70,7 +71,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
 
     reason = unavailable_reason()
     if reason is not None:
-        raise RuntimeError(f"gsplat backend not available: {reason}")
+        raise Unavailable(f"gsplat backend not available: {reason}")
     s = surfels.torch(device="cuda", dtype=torch.float32)  # gsplat's kernels take float32; keeps autograd
     pin = camera if isinstance(camera, PinholeCamera) else _pinhole_cover(camera)
     R_cw, t_cw, _ = world_to_camera(T_world_camera)

@@ -23,6 +23,7 @@ from numba import njit, prange
 from torch.autograd.function import once_differentiable
 
 from ..cameras import Camera
+from ..errors import InputError
 from ..surfels import Surfels
 from .common import N_RECORD, TILE_SIZE, CameraFrame, RenderOptions, tile_table, world_to_camera
 from .numba_backend import (A_MIN, D_SCALE, F_INV_SQ, FASTMATH, LANES, MAX_A, N_PLANES_TRACKED, ONE, PA, PF, PL,
@@ -348,7 +349,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
     """numba_backend.render for differentiable tensors or the distortion output (CPU tensors or numpy)."""
     s = surfels if surfels.is_torch else surfels.torch()
     if s.means.device.type != "cpu":
-        raise ValueError(f"numba backend: differentiable rendering and the distortion output need CPU tensors, "
+        raise InputError(f"numba backend: differentiable rendering and the distortion output need CPU tensors, "
                          f"got surfels on {s.means.device}; use backend='torch' or 'gsplat' there, "
                          f"or move the surfels to the CPU")
     rec, start, lst, order = bin_surfels(surfels.numpy(), camera, T_world_camera, options)
