@@ -36,7 +36,7 @@ from gsim import load_scene, render_camera  # noqa: E402
 from gsim.editing import AssetLibrary, EditError, asset_from_actor, asset_from_mesh, insert_actor, remove_actor  # noqa: E402
 from gsim.editing.outputs import instances  # noqa: E402
 from gsim.io import to_uint8, write_png  # noqa: E402
-from gsim.scenes.evaluate import render_image  # noqa: E402
+from gsim.images import render_image  # noqa: E402
 from gsim.scenes.log import load_log  # noqa: E402
 from gsim.scenes.synth import SynthOptions, made_by, synthesize  # noqa: E402
 
@@ -182,7 +182,7 @@ def main() -> int:
 
     def frame_ms(crowd, obs_list):
         """Per frame, the plain scene then ``crowd``, one after the other (the VM's speed drifts by more than
-        the difference: session 9 saw the same frame take 1.5x as long minutes later); three passes, the
+        the difference: one run saw the same frame take 1.5x as long minutes later); three passes, the
         first building the actors' detail levels as views need them. Returns the median ms a frame of each
         (first pass, later passes) and the median over frames of crowd / plain - 1 (later passes)."""
         ms = {"none": ([], []), "edited": ([], [])}

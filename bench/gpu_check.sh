@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU checks in one run, for a CUDA machine lent for minutes: gsplat's kernel build, the CUDA tests,
 # the 1080p camera benchmark, the cuda preset on a log, a scenario rendered on its reconstruction and a profile
-# of its step. Session 9 took BENCHMARKS.md's GPU numbers with it.
+# of its step. BENCHMARKS.md's H200 numbers (2026-11-26) came from it.
 #
 #   [WHEELS=DIR] [LOG=DIR] [ITERS=3000] [DOWNSCALE=2] [LIMIT=540] [OUT=DIR] bash bench/gpu_check.sh
 #

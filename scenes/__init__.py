@@ -1,1 +1,1 @@
-"""gsim.scenes: driving logs, converters, the synthetic street, reconstruction and evaluation (issue 3)."""
+"""gsim.scenes: driving logs, converters, the synthetic street, reconstruction and evaluation."""
