@@ -18,7 +18,8 @@ import numpy as np
 
 from gsim.diffusion.expand import ExpandOptions, expand
 from gsim.diffusion.repair import RepairModel
-from gsim.scenes.evaluate import evaluate, render_image
+from gsim.images import render_image
+from gsim.scenes.evaluate import evaluate
 
 
 def rows(m: dict, repaired: bool) -> dict:
@@ -30,7 +31,7 @@ def rows(m: dict, repaired: bool) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recon", required=True, help="a reconstruction directory (scene/ and checkpoint.pt)")
+    ap.add_argument("--recon", required=True, help="a reconstruction directory (scene/ and checkpoint.safetensors)")
     ap.add_argument("--log", required=True)
     ap.add_argument("--model", required=True, help="a repair model directory (gsim diffusion train)")
     ap.add_argument("--out", default="out/bench/expand")

@@ -2,7 +2,7 @@
 losses, the LiDAR ray batch every ``lidar_every`` steps, Adam), at the checkpoint's surfels and settings.
 
 Usage: python bench/bench_scene_step.py RECON [--steps 40]
-RECON is a `gsim reconstruct` output folder (its checkpoint.pt and train.json; the log it names is
+RECON is a `gsim reconstruct` output folder (its checkpoint.safetensors and train.json; the log it names is
 loaded, its movers found again as in training). Steps run from the checkpoint's step on, over the
 training views in order, without densification. Prints the median step time and writes nothing.
 """
@@ -16,9 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
-from gsim.scenes.train import CHECKPOINT, TrainConfig, start, train_step
+from gsim.scenes.train import CHECKPOINT, TrainConfig, load_state, start, train_step
 
 
 def main(argv=None) -> dict:
@@ -26,7 +24,7 @@ def main(argv=None) -> dict:
     ap.add_argument("recon", type=Path)
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args(argv)
-    state = torch.load(args.recon / CHECKPOINT, weights_only=False)
+    state = load_state(args.recon / CHECKPOINT)
     log_path = json.loads((args.recon / "train.json").read_text())["log"]
     t = start(log_path, TrainConfig.from_dict(state["config"]), state)
     run, times = t.run, []

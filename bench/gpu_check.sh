@@ -56,7 +56,7 @@ if [ -n "$LOG" ]; then
       --out /tmp/gpu_check_scenario 2>&1 | grep -v "frame/s" | tail -4
     cp /tmp/gpu_check_scenario/scenario_bench.json "$OUT"/ 2>/dev/null
   fi
-  if [ -f $RECON/recon/checkpoint.pt ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
+  if [ -f $RECON/recon/checkpoint.safetensors ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
     el "where a training step's time goes (cProfile, 40 steps from the checkpoint)"
     timeout $(( ${LIMIT:-540} - ($(date +%s)-S) - 5 )) python3 -m cProfile -s cumtime bench/bench_scene_step.py \
       $RECON/recon --steps 40 2>&1 | grep -v "^\s*$" | head -45 | cut -c1-160

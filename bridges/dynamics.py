@@ -1,6 +1,6 @@
 """Ego-vehicle dynamics for the closed loop: a kinematic bicycle model and its trajectory tracker.
 
-Frames and units (DESIGN.md): world frame right-handed, metres, z up; the ego frame is the vehicle
+Frames and units (docs/architecture.md): world frame right-handed, metres, z up; the ego frame is the vehicle
 frame (x forward, y left, z up) with its origin at the REAR AXLE centre on the ground; yaw is
 counter-clockwise from world +x in radians; time is integer microseconds (``timestamp_us``), step
 lengths are seconds (``dt_s``).

@@ -1,6 +1,7 @@
-"""`gsim/ClosedLoop-v0`: the closed loop as a Gymnasium environment (registered on ``import gsim.bridges``).
+"""`gsim/ClosedLoop-v0`: the closed loop as a Gymnasium environment, registered when this module is imported
+(gymnasium imports it for an id that names it; gsim.bridges itself does not import gymnasium):
 
-    env = gymnasium.make("gsim/ClosedLoop-v0", scenario="stopped-car")
+    env = gymnasium.make("gsim.bridges.env:gsim/ClosedLoop-v0", scenario="stopped-car")
     obs, info = env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
 
@@ -98,3 +99,8 @@ class ClosedLoopEnv(gym.Env):
 
     def close(self):
         self.loop.close()
+
+
+ENV_ID = "gsim/ClosedLoop-v0"
+if ENV_ID not in gym.registry:
+    gym.register(ENV_ID, entry_point=ClosedLoopEnv)

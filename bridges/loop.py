@@ -1,6 +1,6 @@
 """The closed loop: an agent drives the ego through an edited, reconstructed scene with SUMO traffic.
 
-One step (DESIGN.md): the agent acts on the last observation -> the ego's dynamics advance one step ->
+One step (docs/architecture.md): the agent acts on the last observation -> the ego's dynamics advance one step ->
 SUMO steps with the ego injected -> actors are placed in the scene (the log's own on their tracks, SUMO's
 as library assets chosen by vehicle class) -> the sensors render at the ego's new pose and time -> the
 metrics -> the record. Fixed step (the scenario's, 0.1 s by default), deterministic for a seed.
@@ -330,7 +330,7 @@ class ClosedLoop:
         cams, lidars, ranges = {}, {}, {}
         if self.render_sensors:
             from gsim.io import to_uint8
-            from gsim.scenes.evaluate import render_image
+            from gsim.images import render_image
             with self.timer("sensors"):
                 # the LiDARs in a worker thread while the cameras render here: each renderer leaves a core idle
                 # in its serial parts (two threads make either 1.3x faster, not 2x), which the other one fills

@@ -2,15 +2,17 @@
 into one table. `gsim closed-loop` calls these."""
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 import numpy as np
 
-from gsim.errors import GsimError
-from gsim.io import write_bytes, write_json
+from gsim.errors import NAME_RE, GsimError
+from gsim.io import child_path, write_bytes, write_json
 
 from .agents import load_agent
 from .dynamics import ActionError
@@ -122,9 +124,20 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
     return summary
 
 
+def agent_folder(agent: str) -> str:
+    """The folder name of an agent's runs: its name where that is a valid name (`gsim.errors.NAME_PATTERN`), else
+    (``module:attr``, ``exec:COMMAND``) its safe characters and a hash of the whole spec, so a command line never
+    becomes a path (``exec:../x``) and two specs never share a folder. metrics.json keeps the spec itself."""
+    if NAME_RE.fullmatch(agent):
+        return agent
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", agent).strip("._-")[:100] or "agent"
+    return f"{slug}-{hashlib.sha1(agent.encode()).hexdigest()[:8]}"
+
+
 def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[int], out,
               progress: bool = True, max_steps: Optional[int] = None, client: str = "libsumo") -> List[dict]:
-    """Every scenario x agent x seed into out/<scenario>/<agent>/seed<k>, and out/table.md + table.json."""
+    """Every scenario x agent x seed into out/<scenario>/<agent folder>/seed<k> (`agent_folder`), and
+    out/table.md + table.json."""
     for a in agents:
         load_agent(a)  # unknown agents fail before anything starts
     scs = [load_loop_scenario(s) for s in scenarios]
@@ -132,7 +145,7 @@ def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[i
     for sc in scs:
         for a in agents:
             for seed in seeds:
-                d = Path(out) / sc.name / a / f"seed{seed}"
+                d = child_path(child_path(Path(out), sc.name, "scenario name"), agent_folder(a), "agent") / f"seed{seed}"
                 try:
                     m = run(sc, a, d, seed=seed, progress=progress, max_steps=max_steps, client=client)
                 except (LoopError, ActionError, AgentError, SumoError) as e:  # the table shows the failed run

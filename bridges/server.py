@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hmac
+import logging
 import secrets
 import signal
 import threading
@@ -24,7 +25,8 @@ from typing import Dict, Optional, Tuple
 import grpc
 import numpy as np
 
-from gsim.errors import InputError
+from gsim.errors import GsimError, InputError, NotFound, Unavailable, check_name
+from gsim.io import child_path
 from gsim.lidar import LidarSpec, render_lidar
 from gsim.render import available_backends, backend_report, render_camera
 
@@ -35,6 +37,8 @@ from .wire import (WireError, encode_image, from_array, from_camera_model, from_
                    to_struct, to_trajectory, to_transform)
 
 LOCALHOST = ("127.0.0.1", "localhost", "::1", "[::1]")
+REQUEST_ID_KEY = "gsim-request-id"  # trailing metadata of an INTERNAL status: the id its logged traceback is under
+log = logging.getLogger(__name__)
 SERVICE = pb.DESCRIPTOR.services_by_name["SensorService"].full_name
 # An error message's length at most: it travels percent-encoded (up to 12 bytes a character) in the trailing
 # metadata, which clients refuse beyond 16 KiB (they would see RESOURCE_EXHAUSTED instead of the status).
@@ -60,17 +64,12 @@ class Limits:
     session_idle_s: float = 300.0
 
 
-class NotFound(KeyError):
-    def __str__(self):
-        return self.args[0]
+class Precondition(GsimError, RuntimeError):
+    """A call that the state of its session refuses (stepping a run that is over)."""
 
 
-class Precondition(RuntimeError):
-    pass
-
-
-class Unavailable(RuntimeError):
-    pass
+class ShuttingDown(Unavailable):
+    """The server is stopping: UNAVAILABLE (another server, or this one restarted, may answer)."""
 
 
 @dataclass
@@ -94,10 +93,12 @@ class Served:
         return (int(min(t[0] for t in ts)), int(max(t[-1] for t in ts))) if ts else (0, 0)
 
 
-def _folder_name(p: Path) -> str:
-    """The directory's own name as the user wrote it (a symlink keeps its name)."""
+def _folder_id(arg: str, p: Path) -> str:
+    """The served id of a scene directory: its own name as the user wrote it (a symlink keeps its name), which
+    must be a valid name (`gsim.errors.NAME_PATTERN`): it is refused, not renamed."""
     import os
-    return os.path.basename(os.path.abspath(p))
+    return check_name(os.path.basename(os.path.abspath(p)), f"{arg}: the folder's name (the served scene's id; "
+                                                            f"rename the folder)")
 
 
 def load_served(arg: str, progress: bool = False) -> Served:
@@ -111,29 +112,35 @@ def load_served(arg: str, progress: bool = False) -> Served:
     p = Path(arg)
     if str(arg) in SHIPPED or p.suffix in (".yaml", ".yml"):
         sc = load_loop_scenario(arg) if str(arg) in SHIPPED else load_scenario(p, model=LoopScenario)
+        sid = check_name(sc.name, f"{arg}: the scenario's name (the served id)")
         if str(arg) in SHIPPED:
             ensure_demo(sc)
         from gsim.editing.world import apply
         world = apply(sc, progress=progress, ego_overlaps=True)
         cams, lidars = mounted_rig(world.log, sc.sensors)  # the scenario's own sensors, as its runs render them
-        return Served(sc.name, "scenario", world.scene, cams, lidars, (world.ego_timestamps_us, world.ego_poses), sc)
+        return Served(sid, "scenario", world.scene, cams, lidars, (world.ego_timestamps_us, world.ego_poses), sc)
     if not p.is_dir():
-        raise FileNotFoundError(f"{arg}: not a scene or reconstruction directory, a scenario file (.yaml) or a "
-                                f"shipped scenario ({', '.join(SHIPPED)})")
+        raise InputError(f"{arg}: not a scene or reconstruction directory, a scenario file (.yaml) or a "
+                         f"shipped scenario ({', '.join(SHIPPED)})")
     if (p / "scene.json").is_file():
         scene_dir, record = p, p.parent / "train.json"
-        log_dir = Path(json.loads(record.read_text())["log"]) if record.is_file() else p.parent / "log"
+        try:
+            log_dir = Path(json.loads(record.read_text())["log"]) if record.is_file() else p.parent / "log"
+        except (OSError, ValueError, KeyError, TypeError) as e:  # (unreadable, not JSON, no "log" path)
+            raise InputError(f"{record}: expected a training record (JSON) with the log's path in 'log' "
+                             f"({type(e).__name__}: {e})") from None
     else:
         scene_dir, log_dir = p / "recon" / "scene", p / "log"
         if not (scene_dir / "scene.json").is_file():
-            raise FileNotFoundError(f"{arg}: no scene.json, nor recon/scene/scene.json (a reconstruction "
-                                    f"directory as `gsim demo` or `gsim reconstruct` writes)")
+            raise InputError(f"{arg}: no scene.json, nor recon/scene/scene.json (a reconstruction "
+                             f"directory as `gsim demo` or `gsim reconstruct` writes)")
+    sid = _folder_id(arg, p)
     scene = load_scene(scene_dir)
     if not (log_dir / "log.json").is_file():  # a scene without its log: explicit cameras and LiDAR specs only
-        return Served(_folder_name(p), "scene", scene)
+        return Served(sid, "scene", scene)
     log = load_log(log_dir)
     cams, lidars = mounted_rig(log, Sensors())  # every camera, every LiDAR with a beam model
-    return Served(_folder_name(p), "scene", scene, cams, lidars, (log.ego_timestamps_us, log.ego_poses))
+    return Served(sid, "scene", scene, cams, lidars, (log.ego_timestamps_us, log.ego_poses))
 
 
 class _Session:
@@ -175,28 +182,37 @@ def _add_service(servicer, server) -> None:
     server.add_registered_method_handlers(SERVICE, handlers)
 
 
+# gsim's deliberate errors (`gsim.errors`) and the status each gets; the first match wins (subclasses first)
+STATUS_OF = ((NotFound, grpc.StatusCode.NOT_FOUND),  # an unknown scene, session, camera, LiDAR, actor
+             (InputError, grpc.StatusCode.INVALID_ARGUMENT),  # a bad request field (WireError, ActionError, ...)
+             (Precondition, grpc.StatusCode.FAILED_PRECONDITION),  # a session's run is over
+             (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+             (Unavailable, grpc.StatusCode.FAILED_PRECONDITION),  # this server lacks a backend, extra or program
+             (GsimError, grpc.StatusCode.ABORTED))  # a closed-loop run that cannot go on (LoopError, SumoError, ...)
+
+
 def _rpc(method):
-    """Maps gsim's errors to status codes; everything else is a bug in gsim (INTERNAL)."""
+    """Maps gsim's deliberate errors to status codes (`STATUS_OF`); anything else is a bug in gsim: INTERNAL,
+    with its traceback logged under a fresh request id that the status carries (details and trailing metadata
+    ``gsim-request-id``), so that the bug's report can quote it."""
     @functools.wraps(method)
     def wrapped(self, request, context):
         try:
             if isinstance(request, _Undecodable):
                 raise WireError(request.why)
             return method(self, request, context)
-        except NotFound as e:
-            code, msg = grpc.StatusCode.NOT_FOUND, str(e)
-        except (WireError, ValueError) as e:
-            code, msg = grpc.StatusCode.INVALID_ARGUMENT, str(e)
-        except Precondition as e:
-            code, msg = grpc.StatusCode.FAILED_PRECONDITION, str(e)
-        except Unavailable as e:
-            code, msg = grpc.StatusCode.UNAVAILABLE, str(e)
         except _Capacity as e:
             code, msg = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
         except _Stopped as e:
             code, msg = e.code, str(e)
+        except GsimError as e:
+            code, msg = next(c for cls, c in STATUS_OF if isinstance(e, cls)), str(e)
         except Exception as e:  # a bug in gsim, not the caller's
-            code, msg = grpc.StatusCode.INTERNAL, f"gsim failed: {type(e).__name__}: {e} (please report it)"
+            rid = secrets.token_hex(8)
+            log.exception("request %s: %s failed (a bug in gsim)", rid, method.__name__)
+            context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+            code, msg = grpc.StatusCode.INTERNAL, (f"internal error in gsim ({type(e).__name__}; request id {rid}: "
+                                                   f"the server's log has its traceback): please report it")
         if len(msg) > MAX_DETAILS_CHARS:  # (messages quote request fields, which may be megabytes long)
             msg = msg[:MAX_DETAILS_CHARS] + f"... ({len(msg) - MAX_DETAILS_CHARS} more characters)"
         context.abort(code, msg)
@@ -211,7 +227,7 @@ def _check_encoding(encoding: int, jpeg_quality: int, field: str) -> None:
 
 
 class _Capacity(RuntimeError):
-    pass
+    """Calls or sessions beyond the server's limits: RESOURCE_EXHAUSTED (retry later)."""
 
 
 class _Stopped(RuntimeError):
@@ -249,7 +265,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
 
     def _alive(self, context) -> None:
         if self.stopping.is_set():
-            raise Unavailable("the server is shutting down")
+            raise ShuttingDown("the server is shutting down")
         if not context.is_active():
             left = context.time_remaining()
             if left is not None and left <= 0:
@@ -436,13 +452,11 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             names = sorted(k for k, v in self.served.items() if v.scenario is not None)
             raise NotFound(f"scenario: no served scenario {request.scenario!r}; served: {', '.join(names) or 'none'}")
         _check_encoding(request.camera_encoding, request.jpeg_quality, "camera_encoding")
-        agent = request.agent_name or "remote"
-        if len(agent) > 64 or not agent.replace("-", "").replace("_", "").replace(".", "").isalnum():
-            raise WireError(f"agent_name: expected up to 64 letters, digits, '-', '_', '.', got {agent[:80]!r}")
+        agent = check_name(request.agent_name or "remote", "agent_name")  # (as in batch runs' folder names)
         sid = secrets.token_hex(8)
         with self.sessions_lock:
             if self.stopping.is_set():
-                raise Unavailable("the server is shutting down")
+                raise ShuttingDown("the server is shutting down")
             if len(self.sessions) >= self.limits.max_sessions:
                 raise _Capacity(f"{len(self.sessions)} sessions are open (max_sessions {self.limits.max_sessions}); "
                                 f"end one or retry later")
@@ -450,7 +464,8 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             session.lock.acquire()  # nobody steps it before it has started
         try:
             with self._slot(context):
-                run = Run(s.scenario, self.sessions_dir / f"{s.id}-{sid}", agent, seed=int(request.seed),
+                out = child_path(child_path(self.sessions_dir, s.id, "scene id"), sid, "session id")
+                run = Run(s.scenario, out, agent, seed=int(request.seed),
                           max_steps=request.max_steps or None, client="traci")
                 session.run = run
                 try:
@@ -505,15 +520,18 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
     @staticmethod
     def _step(session: _Session, sid: str, action, t_step: float):
         from .dynamics import ActionError
+        from .loop import LoopError
         try:
             return session.run.step(action, t_step)
         except ActionError as e:  # the state is unchanged: the caller may send a usable action
             raise WireError(f"action: {e}") from None
-        except Exception as e:  # SUMO died or the loop cannot go on: the run ends, its record is kept
+        except Exception as e:  # the run cannot go on (SUMO died, or a bug): it ends, its record is kept
             session.over = True
             session.run.finish(e)
-            raise Precondition(f"session {sid}: the run stopped at step {session.run.done + 1}: "
-                               f"{type(e).__name__}: {e}") from None
+            if not isinstance(e, GsimError):
+                raise  # a bug: INTERNAL
+            raise LoopError(f"session {sid}: the run stopped at step {session.run.done + 1}: "
+                            f"{type(e).__name__}: {e}") from None
 
     @_rpc
     def EndSession(self, request, context):
@@ -592,16 +610,32 @@ class Server:
         self.grpc_server.wait_for_termination()
 
 
+def check_exposure(host: str, token: Optional[str], tls: Optional[Tuple[bytes, bytes]], insecure: bool) -> None:
+    """An `InputError` unless a server on ``host`` is safe to reach: off the loopback it needs a bearer token,
+    and TLS unless ``insecure`` (`start` checks it; a caller may check it before loading the scenes)."""
+    if host in LOCALHOST:
+        return
+    if not token:
+        raise InputError(f"--host {host}: a server reachable from other machines needs a bearer token "
+                         f"(--token-file or GSIM_SERVE_TOKEN)")
+    if not tls and not insecure:
+        raise InputError(f"--host {host}: without TLS the bearer token would travel in clear; give --tls-cert and "
+                         f"--tls-key, or --insecure (insecure=True) to accept that")
+
+
 def start(served: Dict[str, Served], host: str = "127.0.0.1", port: int = 50051, token: Optional[str] = None,
           tls: Optional[Tuple[bytes, bytes]] = None, limits: Limits = Limits(), sessions_dir="out/sessions",
-          backend: str = "auto") -> Server:
-    """Starts serving ``served`` on host:port (0: any free port); ``tls``: (private key, certificate chain) PEM."""
+          backend: str = "auto", insecure: bool = False) -> Server:
+    """Starts serving ``served`` on host:port (0: any free port); ``tls``: (private key, certificate chain) PEM.
+    A host other than this machine's loopback needs a ``token``, and TLS too unless ``insecure`` (the token
+    would travel in clear: a loud warning is logged)."""
     from concurrent.futures import ThreadPoolExecutor
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
-    if host not in LOCALHOST and not token:
-        raise InputError(f"--host {host}: a server reachable from other machines needs a bearer token "
-                         f"(--token-file or GSIM_SERVE_TOKEN)")
+    check_exposure(host, token, tls, insecure)
+    if host not in LOCALHOST and not tls:
+        log.warning("INSECURE: serving on %s without TLS: the bearer token and every request travel in clear; "
+                    "anyone on the network path can read the token and use the server", host)
     if limits.workers > 1 and backend != "gsplat":
         raise InputError(f"--workers {limits.workers}: the CPU kernels already use every core for one render (more "
                          f"workers add no throughput there, and numba's workqueue threading layer, where it is the "

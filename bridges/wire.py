@@ -1,8 +1,8 @@
 """gsim's types to and from the network API's messages (`sensor.proto`), for the server and the client alike.
 
-Reading a message checks it: a bad field raises `WireError` (a ValueError) whose message starts with the
-field's path in the request (``camera_model.width``, ``actor_poses[2].T_world_actor``), which the server
-returns as INVALID_ARGUMENT."""
+Reading a message checks it: a bad field raises `WireError` (a `gsim.errors.InputError`) whose message starts
+with the field's path in the request (``camera_model.width``, ``actor_poses[2].T_world_actor``), which the
+server returns as INVALID_ARGUMENT."""
 from __future__ import annotations
 
 import io
@@ -74,7 +74,7 @@ def from_transform(m: pb.Transform, field: str) -> np.ndarray:
         raise WireError(f"{field}.m: expected 16 values (a row-major 4x4 transform), got {len(m.m)}")
     try:
         return check_pose(np.array(m.m, np.float64).reshape(4, 4), field)
-    except ValueError as e:
+    except InputError as e:
         raise WireError(str(e)) from None
 
 
@@ -112,7 +112,7 @@ def from_camera_model(m: pb.CameraModel, field: str, max_pixels: int):
          "cy": m.cy, **{k: getattr(m, k) for k in coeffs}}
     try:
         return camera_from_dict(d, field)
-    except ValueError as e:  # the model's own checks name its class: name the request's field instead
+    except InputError as e:  # the model's own checks name its class: name the request's field instead
         msg = str(e)
         for cls in ("PinholeCamera", "OpenCVCamera", "FisheyeCamera"):
             msg = msg.replace(cls, field)
@@ -138,8 +138,9 @@ def from_lidar_spec(m: pb.LidarSpec, field: str, max_rays: int) -> LidarSpec:
                         f"this server renders at once ({max_rays}; GetServerInfo.max_rays)")
     try:
         return LidarSpec(**d)
-    except (ValueError, TypeError) as e:
-        raise WireError(f"{field}: {e}") from None
+    except InputError as e:  # the spec's own checks name its class (LidarSpec.spin_hz): name the request's field
+        msg = str(e)
+        raise WireError(field + msg[len("LidarSpec"):] if msg.startswith("LidarSpec") else f"{field}: {msg}") from None
 
 
 # ------------------------------------------------------------------------------------------------ images

@@ -8,14 +8,17 @@ surfels are added at a depth taken from the render's surroundings, or on the gro
 meets it; then the scene is fine-tuned on the real training views and these pseudo views, the pseudo views'
 photometric loss weighted by ``pseudo_weight`` (the real views stay the reference: the distillation must not
 cost them quality). The fine-tuning continues the reconstruction's own run (its checkpoint: optimiser state,
-learning-rate schedule), so the reconstruction directory must hold the checkpoint `gsim reconstruct` wrote.
+the learning rates where its schedule ended), so the reconstruction directory must hold the checkpoint
+`gsim reconstruct` wrote. Every stage is guarded and the result is checked on the log's held-out views (`expand`).
 
-Output: OUT/scene (the expanded scene), OUT/checkpoint.pt (so a later expansion can continue), OUT/expand.json
-(stages, surfels added, losses, wall time) and OUT/pseudo/ (each stage's render | repaired view pictures)."""
+Output: OUT/scene (the expanded scene), OUT/checkpoint.safetensors (so a later expansion can continue),
+OUT/expand.json (stages, surfels added, losses, the guards' measurements, held-out PSNR before and after, wall
+time) and OUT/pseudo/ (each stage's render | repaired view pictures)."""
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Tuple
@@ -24,7 +27,10 @@ import numpy as np
 import torch
 
 from gsim.config import Config
-from gsim.errors import InputError
+from gsim.errors import GsimError, GsimWarning, InputError
+
+
+PROBE_VIEWS = 12  # training views whose loss the guard compares before and after each stage
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,10 @@ class ExpandOptions(Config):
     iterations: fine-tuning steps per stage; real_fraction: the share of those steps on real views;
     every: the training views moved (every n-th); fill_alpha: below it a pixel gets a new surfel;
     min_change: a pseudo view's loss counts only where the repair changed the render by more (`corrected`);
-    fill_stride: one new surfel per stride x stride pixels; fill_range_m: the farthest ground filled."""
+    fill_stride: one new surfel per stride x stride pixels; fill_range_m: the farthest ground filled; the guards
+    (`expand`): abort: a stage stops when its real views' training loss exceeds this multiple of where it started,
+    jump: a stage is undone when it leaves the real views' loss more than this share above where it started,
+    max_worse_db: the held-out PSNR an expanded scene may lose, unless allow_worse."""
 
     shifts: Tuple[float, ...] = (1.0, 2.0, 3.0)
     ahead: Tuple[float, ...] = ()
@@ -47,6 +56,10 @@ class ExpandOptions(Config):
     fill_range_m: float = 60.0
     min_change: float = 0.03
     seed: int = 0
+    abort: float = 10.0
+    jump: float = 0.25
+    max_worse_db: float = 0.2
+    allow_worse: bool = False
 
     def __post_init__(self):
         for name, most in (("shifts", 10), ("ahead", 50)):
@@ -56,6 +69,9 @@ class ExpandOptions(Config):
                 raise InputError(f"ExpandOptions.{name}: expected distances in (0, {most}] m, got {d}")
         if not self.shifts and not self.ahead:
             raise InputError("ExpandOptions: give shifts or ahead distances")
+        if not (self.abort > 1 and self.jump >= 0 and self.max_worse_db >= 0):
+            raise InputError(f"ExpandOptions: expected abort > 1, jump >= 0 and max_worse_db >= 0, got {self.abort}, "
+                             f"{self.jump}, {self.max_worse_db}")
         for name in ("iterations", "every", "fill_stride"):
             if getattr(self, name) < 1:
                 raise InputError(f"ExpandOptions.{name}: expected >= 1, got {getattr(self, name)}")
@@ -65,26 +81,28 @@ class ExpandOptions(Config):
 
 
 def checkpoint_of(scene_path) -> Path:
-    """The training checkpoint beside a reconstruction's scene (RECON/scene -> RECON/checkpoint.pt); RECON
-    itself is accepted too."""
-    from gsim.scenes.train import CHECKPOINT
+    """The training checkpoint beside a reconstruction's scene (RECON/scene -> RECON/checkpoint.safetensors); RECON
+    itself is accepted too. (A legacy checkpoint.pt is found too, for its loader to refuse saying why.)"""
+    from gsim.scenes import checkpoint
     p = Path(scene_path)
     for d in (p, p.parent):
-        if (d / CHECKPOINT).is_file():
-            return d / CHECKPOINT
-    raise FileNotFoundError(f"{p}: no training checkpoint ({CHECKPOINT}) here or in its parent: expansion fine-tunes "
-                            f"the reconstruction's own run; give the directory `gsim reconstruct --out` wrote (or its "
-                            f"scene/ folder)")
+        found = checkpoint.find(d)
+        if found is not None:
+            return found
+    raise InputError(f"{p}: no training checkpoint ({checkpoint.NAME}) here or in its parent: expansion fine-tunes "
+                     f"the reconstruction's own run; give the directory `gsim reconstruct --out` wrote (or its "
+                     f"scene/ folder)")
 
 
 def pseudo_view(view, T_world_camera: np.ndarray, image: np.ndarray, mask: np.ndarray):
-    """A training view moved to ``T_world_camera`` with ``image`` (a repaired render) as its target where
+    """A training view moved to ``T_world_camera`` (where the scene puts the camera: the training view's pose
+    correction is applied, and none is learnt from it) with ``image`` (a repaired render) as its target where
     ``mask`` (H,W) is 1; no LiDAR."""
     from gsim.appearance import camera_ray_directions
     from gsim.scenes.views import View
     return View(-1, view.sensor, view.timestamp_us, view.camera, T_world_camera, image.astype(np.float32),
                 camera_ray_directions(view.camera, T_world_camera), np.zeros(0, np.int64), np.zeros(0, np.float32),
-                mask.astype(np.float32))
+                mask.astype(np.float32), pose_corrected=True)
 
 
 def corrected(render: np.ndarray, repaired: np.ndarray, filled: np.ndarray, opt: "ExpandOptions") -> np.ndarray:
@@ -167,31 +185,65 @@ def _picture(path: Path, render: np.ndarray, repaired: np.ndarray) -> None:
     write_png(path, to_uint8(np.concatenate([render, repaired], 1)))
 
 
+class ExpansionRefused(GsimError):
+    """No stage of an expansion could be kept, or the expanded scene is worse on the log's held-out views than
+    the reconstruction (beyond `ExpandOptions.max_worse_db`): OUT/expand.json says why, no scene is written."""
+
+
+def held_out_views(log_path, cfg) -> list:
+    """The log's held-out views (the frames the reconstruction never saw) at its training downscale."""
+    from gsim.scenes.log import load_log
+    from gsim.scenes.views import make_views, split_frames
+    log = load_log(log_path)
+    return make_views(log, split_frames(log, cfg.holdout_every)[1], cfg.downscale)
+
+
+def held_out_psnr(run, views, lidar: bool) -> float:
+    """The mean PSNR (dB) of the run's scene on ``views``, rendered where the scene puts the log's poses."""
+    from gsim.images import image_metrics, render_image
+    scene = run.model.to_scene(lidar=lidar)
+    return float(np.mean([image_metrics(render_image(scene, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
+                                                     v.timestamp_us, v.sensor)[0], v.image)["psnr"] for v in views]))
+
+
 def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandOptions(), progress: bool = True) -> dict:
     """Expands the reconstruction at ``scene_path`` (see the module docstring) into ``out``; returns the
-    summary written to out/expand.json. ``repairer``: any object with `repair_image(rgb, alpha, depth, seed)`."""
+    summary written to out/expand.json. ``repairer``: any object with `repair_image(rgb, alpha, depth, seed)`.
+
+    Each stage is guarded: it starts from a snapshot of the run, and is undone (the expansion stops there, keeping
+    the stages before it) if a training loss is not finite, if the real views' training losses jump (their mean
+    over the last 10 steps beyond `ExpandOptions.abort` x the stage's starting loss), or if the stage leaves the
+    real views' loss more than `ExpandOptions.jump` (a share) above where it started (measured on a fixed set of
+    training views). Then the held-out views' PSNR before and after decides: a scene worse by more than
+    `max_worse_db` is not written unless `allow_worse`. `ExpansionRefused` when nothing may be written."""
     from tqdm import tqdm
 
+    from gsim.images import render_image
     from gsim.io import write_json
-    from gsim.scenes.evaluate import render_image
     from gsim.scenes.render_path import offset_pose
-    from gsim.scenes.train import TrainConfig, start, train_step
+    from gsim.scenes.train import TrainConfig, load_state, resumed, snapshot, start, train_step, view_loss
     t0 = time.perf_counter()
     out = Path(out)
-    state = torch.load(checkpoint_of(scene_path), weights_only=False)
+    state = load_state(checkpoint_of(scene_path))
+    # the run continues where its schedule ended (train_step keeps the final learning rates past it): a longer
+    # schedule here would restart the rates (x5.6 for 1500 + 3 x 300 steps) and unsettle the finished scene
     cfg = TrainConfig.from_dict(state["config"])
     first = int(state["step"])
     stages = [(s, 0.0) for s in options.shifts] + [(0.0, d) for d in options.ahead]  # (left, ahead) m
-    cfg = dataclasses.replace(cfg, iterations=first + options.iterations * len(stages))
     torch.manual_seed(options.seed)
     t = start(log_path, cfg, state, progress=progress)
-    run, rng = t.run, np.random.default_rng(options.seed)
+    run, rng, lidar = t.run, np.random.default_rng(options.seed), bool(t.sweeps)
+    held = held_out_views(log_path, cfg)
+    probe = t.views[::max(len(t.views) // PROBE_VIEWS, 1)][:PROBE_VIEWS]
     summary = {"scene": str(Path(scene_path).resolve()), "log": str(Path(log_path).resolve()),
-               "options": options.to_dict(), "first_step": first, "stages": []}
+               "options": options.to_dict(), "first_step": first, "stages": [],
+               "held_out_psnr_before": held_out_psnr(run, held, lidar) if held else None}
     (out / "pseudo").mkdir(parents=True, exist_ok=True)
     last = max(v.frame for v in t.views)
     for shift, ahead in stages:
-        scene = run.model.to_scene(lidar=bool(t.sweeps))
+        good = snapshot(run)
+        start_loss = float(np.mean([view_loss(run, v) for v in probe]))
+        scene = run.model.to_scene(lidar=lidar)
         pseudo: List = []
         added, changed = 0, 0.0
         where = f"{shift:g} m beside" if shift else f"{ahead:g} m ahead"
@@ -200,7 +252,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
         for i, (v, left, fwd) in enumerate(tqdm(moved, desc=f"repair views {where}", unit="view",
                                                 disable=not progress)):
             T = offset_pose(t.log, v.sensor, v.timestamp_us, ahead_m=fwd, left_m=left)
-            Tc = scene.log_pose(T, v.timestamp_us)  # where the scene puts the log's pose (train_step corrects T so)
+            Tc = scene.log_pose(T, v.timestamp_us)  # where the scene puts the log's pose
             rgb, alpha, depth = render_image(scene, v.camera, Tc, v.timestamp_us, v.sensor)
             fixed = repairer.repair_image(rgb, alpha, depth, seed=options.seed + i)
             if i % 8 == 0:
@@ -209,25 +261,57 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             added += add_surfels(run, *fill)
             taught = corrected(rgb, fixed, filled, options)
             if taught.any():
-                pseudo.append(pseudo_view(v, T, fixed, taught))
+                pseudo.append(pseudo_view(v, Tc, fixed, taught))
                 changed += float(taught.mean())
-        losses = []
+        losses, real_losses, stopped = [], [], None
         for _ in tqdm(range(options.iterations), desc=f"distill {where}", unit="it", disable=not progress):
             real = rng.random() < options.real_fraction or not pseudo
             pool = t.views if real else pseudo
             view = pool[int(rng.integers(len(pool)))]
             # a pseudo view's loss is its masked residual averaged over the whole image: the pixels it does not
             # teach count as agreeing (a mask-weighted mean would give 2% of a view a whole view's pull)
-            loss, _ = train_step(run, view, t.sweeps, t.log, robust=t.robust,
-                                 weight=1.0 if real else options.pseudo_weight * float(view.mask.mean()))
+            try:
+                loss, _ = train_step(run, view, t.sweeps, t.log, robust=t.robust,
+                                     weight=1.0 if real else options.pseudo_weight * float(view.mask.mean()))
+            except FloatingPointError as e:  # a non-finite loss
+                stopped = str(e)
+                break
             run.step += 1
             losses.append(loss)
-        summary["stages"].append({"shift_m": shift, "ahead_m": ahead, "pseudo_views": len(pseudo),
-                                  "taught_fraction": changed / max(len(moved), 1), "surfels_added": added,
-                                  "loss_first_50": float(np.mean(losses[:50])),
-                                  "loss_last_50": float(np.mean(losses[-50:])), "surfels": len(run.model)})
-    run.save(out)
-    dataclasses.replace(run.model.to_scene(lidar=bool(t.sweeps)), train_downscale=cfg.downscale).save(out / "scene")
+            if real:
+                real_losses.append(loss)
+                if len(real_losses) >= 10 and np.mean(real_losses[-10:]) > options.abort * start_loss:
+                    stopped = (f"the real views' training loss jumped to {np.mean(real_losses[-10:]):.4g} "
+                               f"(the stage started at {start_loss:.4g})")
+                    break
+        end_loss = float(np.mean([view_loss(run, v) for v in probe])) if stopped is None else float("nan")
+        if stopped is None and not end_loss <= start_loss * (1 + options.jump):
+            stopped = f"the real views' loss rose from {start_loss:.4g} to {end_loss:.4g}"
+        record = {"shift_m": shift, "ahead_m": ahead, "pseudo_views": len(pseudo),
+                  "taught_fraction": changed / max(len(moved), 1), "surfels_added": added,
+                  "loss_first_50": float(np.mean(losses[:50])) if losses else None,
+                  "loss_last_50": float(np.mean(losses[-50:])) if losses else None,
+                  "real_view_loss_before": start_loss, "real_view_loss_after": end_loss, "kept": stopped is None}
+        if stopped is not None:
+            run = resumed(cfg, good, t.log.actors)  # back to the last good scene; the outer stages build on this one
+            summary["stages"].append({**record, "stopped": stopped, "surfels": len(run.model)})
+            warnings.warn(f"expand: the {where} stage was undone ({stopped}); the expansion stops with the stages "
+                          f"before it", GsimWarning, stacklevel=2)
+            break
+        summary["stages"].append({**record, "surfels": len(run.model)})
+    kept = sum(s["kept"] for s in summary["stages"])
+    summary["held_out_psnr_after"] = held_out_psnr(run, held, lidar) if held else None
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    worse = (summary["held_out_psnr_before"] - summary["held_out_psnr_after"]) if held else 0.0
+    refused = ("no stage could be kept" if not kept else
+               f"the expanded scene is {worse:.2f} dB worse than the reconstruction on the log's held-out views "
+               f"(more than {options.max_worse_db:g} dB; allow_worse / --allow-worse writes it anyway)"
+               if worse > options.max_worse_db and not options.allow_worse else None)
+    if refused is not None:
+        write_json(out / "expand.json", {**summary, "refused": refused})
+        raise ExpansionRefused(f"{out}: {refused}; the scene and its checkpoint were not written (expand.json says "
+                               f"what each stage measured)")
+    run.save(out)
+    dataclasses.replace(run.model.to_scene(lidar=lidar), train_downscale=cfg.downscale).save(out / "scene")
     write_json(out / "expand.json", summary)
     return summary

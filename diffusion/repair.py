@@ -21,7 +21,7 @@ import torch
 
 from gsim.config import Config
 from gsim.errors import InputError
-from gsim.io import atomic_directory
+from gsim.io import atomic_directory, read_manifest
 
 CONDITION_CHANNELS = 5  # rgb, alpha, inverse depth
 SETTINGS = "gsim_repair.json"
@@ -153,20 +153,21 @@ class RepairModel:
         """A model directory `save` wrote; clear errors for a missing or incomplete one."""
         from diffusers import DDPMScheduler, UNet2DModel
         p = Path(path)
-        if not (p / SETTINGS).is_file():
+        if not (p / SETTINGS).exists():
             raise FileNotFoundError(f"{p}: no repair model here (no {SETTINGS}); train one with `gsim diffusion "
                                     f"train SCENE LOG --out {p}`")
         for sub in ("unet", "scheduler"):
             if not (p / sub).is_dir():
                 raise FileNotFoundError(f"{p}: incomplete repair model: no {sub}/ folder")
+        settings = read_manifest(p / SETTINGS, "repair model configuration", (RepairConfig.SCHEMA_VERSION,))
         from diffusers.utils import logging
         level = logging.get_verbosity()
         logging.set_verbosity_error()  # (diffusers advises installing accelerate on every load: not needed here)
         try:
-            config = RepairConfig.from_dict(json.loads((p / SETTINGS).read_text()))
+            config = RepairConfig.from_dict(settings)
             unet = UNet2DModel.from_pretrained(p / "unet", local_files_only=True)
             scheduler = DDPMScheduler.from_pretrained(p / "scheduler", local_files_only=True)
-        except (OSError, ValueError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:
             raise InputError(f"{p}: unreadable repair model ({type(e).__name__}: {e})") from None
         finally:
             logging.set_verbosity(level)

@@ -4,7 +4,8 @@ Training pairs come from the log itself (as FreeSim and ReconDreamer make theirs
 views by deliberately degraded reconstructions (trained briefly on a subset of the frames, so that most views
 are ones they never saw: the artefacts of novel views) and by the scene itself (good renders the model must
 leave alone), each against the real image. Held-out frames are never used. Random crops, AdamW, a cosine
-schedule; a checkpoint every ``checkpoint_every`` steps in the work directory makes it resumable."""
+schedule; a checkpoint every ``checkpoint_every`` steps in the work directory (checkpoint.safetensors,
+`gsim.scenes.checkpoint`: nothing in it runs when read) makes it resumable."""
 from __future__ import annotations
 
 import math
@@ -19,6 +20,7 @@ import torch
 from gsim.config import Config
 from gsim.errors import InputError
 from gsim.io import atomic_path
+from gsim.scenes import checkpoint
 
 from .repair import RepairConfig, RepairModel
 
@@ -69,7 +71,7 @@ class Pairs:
 
 def _render_pairs(scene, views, name: str):
     from gsim.io import to_uint8
-    from gsim.scenes.evaluate import render_image
+    from gsim.images import render_image
     out = []
     for v in views:
         rgb, alpha, depth = render_image(scene, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
@@ -132,6 +134,49 @@ def _batch(pairs: Pairs, options: TrainOptions, rng: np.random.Generator):
     return t(pairs.real, 1 / 255), t(pairs.rgb, 1 / 255), t(pairs.alpha, 1 / 255), t(pairs.depth, 1.0)
 
 
+KIND = "repair-training"  # the checkpoint's kind
+LEGACY_ADVICE = ("Run it without --resume: the repair model's steps start over, the pairs and degraded "
+                 "reconstructions in that folder are reused.")
+
+
+def _save(path: Path, model: RepairModel, opt, rng: np.random.Generator, gen: torch.Generator, step: int,
+          losses: List[float]) -> None:
+    """The weights, AdamW's state per parameter (by its name: "adamw/<name>/<key>"), the random states, the step
+    and the losses so far. (The learning rate is a function of the step: nothing to keep.)"""
+    names = [n for n, _ in model.unet.named_parameters()]
+    state = opt.state_dict()["state"]
+    tensors = {**{f"unet/{k}": v for k, v in model.unet.state_dict().items()},
+               **{f"adamw/{names[i]}/{k}": v for i, st in state.items() for k, v in st.items()},
+               "rng/torch": gen.get_state()}
+    checkpoint.write(path, KIND, tensors, {"step": step, "losses": losses, "rng": rng.bit_generator.state,
+                                           "adamw": [names[i] for i in state]})
+
+
+def _resume(path: Path, model: RepairModel, opt, rng: np.random.Generator, gen: torch.Generator) \
+        -> Tuple[int, List[float]]:
+    """Restore what `_save` wrote, checked against this model (names, dtypes, shapes); returns (step, losses)."""
+    ck = checkpoint.read(path, KIND, LEGACY_ADVICE)
+    weights = {k: ck.tensor(f"unet/{k}", v.dtype, tuple(v.shape)) for k, v in model.unet.state_dict().items()}
+    params = dict(model.unet.named_parameters())
+    index = {n: i for i, n in enumerate(params)}  # the optimiser's numbering: the order of unet.parameters()
+    moments = ck.field("adamw", [str])
+    unknown = [n for n in moments if n not in index]
+    if unknown:
+        raise ck.error("adamw", f"{unknown[:3]} are not parameters of this model")
+    state = opt.state_dict()
+    state["state"] = {index[n]: {"step": ck.tensor(f"adamw/{n}/step", torch.float32, ()),
+                                 **{k: ck.tensor(f"adamw/{n}/{k}", params[n].dtype, tuple(params[n].shape))
+                                    for k in ("exp_avg", "exp_avg_sq")}} for n in moments}
+    step, losses = ck.field("step", int), ck.field("losses", [float])
+    rng_state, gen_state = ck.numpy_rng("rng"), ck.torch_rng("rng/torch")
+    ck.done()
+    model.unet.load_state_dict(weights)
+    opt.load_state_dict(state)
+    rng.bit_generator.state = rng_state
+    gen.set_state(gen_state)
+    return step, losses
+
+
 def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), config: RepairConfig = RepairConfig(),
           work: Optional[Path] = None, resume: bool = False, progress: bool = True) -> dict:
     """Trains a repair model on ``log_path`` with the reconstruction ``scene_path`` and writes it to ``out``
@@ -144,36 +189,32 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
     if options.crop % config.multiple:
         raise InputError(f"TrainOptions.crop: {options.crop} must be a multiple of {config.multiple} (the UNet's)")
     t0 = time.perf_counter()
-    pairs = make_pairs(scene_path, log_path, work, options, progress=progress)
     model = RepairModel.new(config, seed=options.seed)
     opt = torch.optim.AdamW(model.unet.parameters(), lr=options.lr, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s / options.steps, 1))))
     rng, gen = np.random.default_rng(options.seed), torch.Generator().manual_seed(options.seed)
-    ckpt, step, losses = work / "checkpoint.pt", 0, []
-    if resume and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=False)
-        model.unet.load_state_dict(state["unet"])
-        opt.load_state_dict(state["opt"])
-        sched.load_state_dict(state["sched"])
-        rng.bit_generator.state, step, losses = state["rng"], state["step"], state["losses"]
-        gen.set_state(state["gen"])
+    step, losses = 0, []
+    found = checkpoint.find(work) if resume else None
+    if found is not None:  # read before the pairs are made: a bad checkpoint fails now, not minutes later
+        step, losses = _resume(found, model, opt, rng, gen)
+    pairs = make_pairs(scene_path, log_path, work, options, progress=progress)
     model.unet.train()
     bar = tqdm(range(step, options.steps), desc="train repair model", unit="step", disable=not progress,
                initial=step, total=options.steps)
     for step in bar:
+        for group in opt.param_groups:  # the cosine schedule
+            group["lr"] = options.lr * (0.5 * (1 + math.cos(math.pi * min(step / options.steps, 1))))
         real, rgb, alpha, depth = _batch(pairs, options, rng)
         loss = model.loss(real, rgb, alpha, depth, generator=gen)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"diffusion train: the loss is {loss.item()} at step {step}: training diverged; "
+                                     f"the checkpoint written before is the last good one")
         opt.zero_grad()
         loss.backward()
         opt.step()
-        sched.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
         if (step + 1) % options.checkpoint_every == 0 or step + 1 == options.steps:
-            with atomic_path(ckpt, ".pt") as tmp:
-                torch.save({"unet": model.unet.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                            "rng": rng.bit_generator.state, "gen": gen.get_state(), "step": step + 1,
-                            "losses": losses}, tmp)
+            _save(work / checkpoint.NAME, model, opt, rng, gen, step + 1, losses)
     model.unet.eval()
     H, W = pairs.rgb.shape[1:3]
     card = {"scene": str(Path(scene_path).resolve()), "log": str(Path(log_path).resolve()),

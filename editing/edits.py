@@ -20,7 +20,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from gsim.boxes import footprint, overlap
-from gsim.errors import InputError
+from gsim.errors import InputError, check_name
 from gsim.scene import Actor, Scene
 from gsim.surfels import Surfels, rgb_to_sh, sh_to_rgb
 from gsim.transforms import quat_to_rotmat, rotmat_to_quat
@@ -197,6 +197,7 @@ def _actor_surfels(scene: Scene, asset, harmonized: bool, shadow: bool) -> Tuple
 
 def _unique_id(scene: Scene, base: str) -> str:
     taken = {a.id for a in scene.actors}
+    base = base[:120]  # room for the suffix within a name's 128 characters
     k = 0
     while f"{base}_{k}" in taken:
         k += 1
@@ -251,7 +252,7 @@ def insert_actor(scene: Scene, asset, timestamps_us, poses, actor_id: Optional[s
     P = np.asarray(poses, np.float64)
     if ts.ndim != 1 or P.shape != (len(ts), 4, 4):
         raise EditError(f"insert_actor: expected timestamps_us (T,) and poses (T,4,4), got {ts.shape} and {P.shape}")
-    aid = actor_id or _unique_id(scene, asset.id)
+    aid = _unique_id(scene, asset.id) if actor_id is None else check_name(actor_id, "insert_actor: actor_id")
     if any(a.id == aid for a in scene.actors):
         raise EditError(f"insert_actor: the scene already has an actor {aid!r}")
     ground = Ground(scene.background)

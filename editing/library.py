@@ -17,14 +17,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Literal, Optional, Tuple
+from typing import Annotated, List, Literal, Optional, Tuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from gsim.errors import InputError, NotFound, SceneFormatError
-from gsim.io import atomic_directory
-from gsim.scene import ACTOR_ID, load_array, load_surfels, save_surfels
+from gsim.errors import InputError, NotFound, SceneFormatError, check_name
+from gsim.io import atomic_directory, child_path
+from gsim.scene import load_array, load_surfels, save_surfels
 from gsim.surfels import Surfels
 
 SCHEMA_VERSION = 1
@@ -41,9 +41,9 @@ class Source(BaseModel):
 
 
 class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     schema_version: Literal[1] = SCHEMA_VERSION
-    id: str = Field(pattern=ACTOR_ID.pattern)
+    id: Annotated[str, AfterValidator(lambda v: check_name(v, "asset id"))]  # the asset's folder name
     category: Literal[CATEGORIES]
     size: Tuple[float, float, float] = Field(description="box length, width, height in metres")
     source: Source
@@ -56,7 +56,8 @@ class Manifest(BaseModel):
 
 
 def _error_text(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in e.errors())
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg'].removeprefix('Value error, ')}"
+                     for err in e.errors())
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +74,7 @@ class Asset:
     closed: bool = False  # closed surfaces, normals outward (see Manifest.closed)
 
     def __post_init__(self):
+        check_name(self.id, "asset id")
         try:
             m = self.manifest()
         except ValidationError as e:
@@ -176,19 +178,19 @@ class AssetLibrary:
             raise NotFound(f"unknown asset {asset_id!r} in {where}; it has {self.ids()}")
         if self.is_builtin:
             return _builtin_asset(asset_id)
-        return load_asset(self.path / asset_id)
+        return load_asset(child_path(self.path, asset_id, "asset id"))
 
     def manifest(self, asset_id: str) -> Manifest:
         """An asset's manifest (a directory library's is read without its surfels)."""
         if self.is_builtin or asset_id not in self.ids():
             return self.get(asset_id).manifest()
-        return _read_manifest(self.path / asset_id)
+        return _read_manifest(child_path(self.path, asset_id, "asset id"))
 
     def add(self, asset: Asset, overwrite: bool = False) -> Path:
         """Write ``asset`` (with a rendered thumbnail) into this library; returns its folder."""
         if self.is_builtin:
             raise PermissionError("the built-in library is read-only; give a library directory")
-        folder = self.path / asset.id
+        folder = child_path(self.path, asset.id, "asset id")
         if folder.exists() and not overwrite:
             raise FileExistsError(f"{folder}: asset {asset.id!r} exists (overwrite to replace it)")
         from .render import thumbnail

@@ -16,6 +16,16 @@ Layout of the output folder::
 
 An instance owns a pixel where its body (no contact shadow) renders opaque (alpha > 0.5) and no nearer
 surface covers it (its depth within 3% + 0.1 m of the full render's).
+
+The labels describe the images as written, through the camera's own model (pinhole, OpenCV radial-tangential
+or fisheye; the images of a distorted camera are distorted, never rectified): the 2D boxes are the instance's
+pixels, and the truncation is the share of the 3D box's projected 2D bound outside the image, its edges
+sampled densely (under distortion a straight edge is a curve) and projected through the model. The KITTI
+calibration's P0-P3 hold the camera's pinhole part K; for a distorted camera the file adds ``camera_model``
+(``opencv``: D = k1 k2 p1 p2 k3 as cv2.projectPoints; ``fisheye``: D = k1 k2 k3 k4 as cv2.fisheye) and ``D``:
+a camera-frame point (x, y, z) lands at K (x_d, y_d, 1), (x_d, y_d) being (x/z, y/z) distorted by the model.
+Pixel coordinates: gsim's files (labels/) have pixel (i, j) cover [j, j+1) x [i, i+1); the KITTI files
+(kitti/) use KITTI's, pixel centres at integers (0.5 less; gsim's KITTI-raw converter adds it back).
 """
 from __future__ import annotations
 
@@ -25,8 +35,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from gsim.errors import InputError
-from gsim.io import atomic_directory, to_uint8, write_png, write_video
+from gsim.errors import InputError, check_name
+from gsim.io import atomic_directory, child_path, to_uint8, write_png, write_video
 from gsim.render import render_camera
 
 KITTI_TYPE = {"car": "Car", "truck": "Truck", "pedestrian": "Pedestrian", "cyclist": "Cyclist"}  # others: Misc
@@ -47,6 +57,27 @@ def _corners(T_world_box: np.ndarray, size) -> np.ndarray:
     l, w, h = size
     c = np.array([[sx * l / 2, sy * w / 2, sz * h / 2] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)])
     return c @ T_world_box[:3, :3].T + T_world_box[:3, 3]
+
+
+def _edges(T_world_box: np.ndarray, size, n: int = 32) -> np.ndarray:
+    """(12 n, 3) points along a box's 12 edges: corners 4 ix + 2 iy + iz of `_corners` joined where one bit differs."""
+    c = _corners(T_world_box, size)
+    t = np.linspace(0.0, 1.0, n)[:, None]
+    return np.concatenate([c[i] + t * (c[i | b] - c[i]) for b in (4, 2, 1) for i in range(8) if not i & b])
+
+
+def _truncation(camera, points_camera: np.ndarray) -> float:
+    """KITTI's truncation of a box whose edge samples are ``points_camera`` (`_edges`, camera frame): the share
+    of their projected 2D bound (through the camera's own model) outside the image. Samples the model cannot
+    project (behind the camera, past a fisheye's field or a distortion's fold) count as outside."""
+    uv, ok = camera.project(points_camera)
+    if not ok.any():
+        return 1.0
+    u, v = uv[ok, 0], uv[ok, 1]
+    area = max(float(np.ptp(u) * np.ptp(v)), 1e-6)
+    inside = (max(0.0, min(u.max(), camera.width) - max(u.min(), 0.0))
+              * max(0.0, min(v.max(), camera.height) - max(v.min(), 0.0)))
+    return float(np.clip(1 - inside / area * ok.mean(), 0, 1))
 
 
 def instances(scene, camera, T_world_camera, timestamp_us: int, depth: np.ndarray, backend: str = "auto"):
@@ -82,7 +113,8 @@ def _box(m: np.ndarray) -> Optional[List[int]]:
 def _kitti_line(a, P_world: np.ndarray, T_world_camera: np.ndarray, box2d, visible: float,
                 truncated: float) -> str:
     """One KITTI object label: type truncated occluded alpha x1 y1 x2 y2 h w l x y z rotation_y, the 3D box
-    in the camera frame (location: the bottom face's centre; rotation_y about the camera's y axis)."""
+    in the camera frame (location: the bottom face's centre; rotation_y about the camera's y axis); ``box2d``
+    in gsim's pixel coordinates, written in KITTI's (0.5 less)."""
     T = np.linalg.inv(T_world_camera) @ P_world
     l, w, h = a.size
     bottom = T[:3, 3] - T[:3, 2] * (h / 2)  # the box's own z is its up
@@ -91,17 +123,26 @@ def _kitti_line(a, P_world: np.ndarray, T_world_camera: np.ndarray, box2d, visib
     alpha = ry - float(np.arctan2(bottom[0], bottom[2]))
     alpha = (alpha + np.pi) % (2 * np.pi) - np.pi
     occluded = 0 if visible > 0.8 else (1 if visible > 0.4 else 2)
-    x1, y1, x2, y2 = box2d
+    x1, y1, x2, y2 = (x - 0.5 for x in box2d)
     return (f"{KITTI_TYPE.get(a.category, 'Misc')} {truncated:.2f} {occluded} {alpha:.2f} {x1:.2f} {y1:.2f} "
             f"{x2:.2f} {y2:.2f} {h:.2f} {w:.2f} {l:.2f} {bottom[0]:.2f} {bottom[1]:.2f} {bottom[2]:.2f} {ry:.2f}")
 
 
 def _calib(camera, T_camera_lidar: Optional[np.ndarray]) -> str:
-    P = np.array([[camera.fx, 0, camera.cx, 0], [0, camera.fy, camera.cy, 0], [0, 0, 1, 0]])
-    rows = [f"P{i}: " + " ".join(f"{x:.6e}" for x in P.ravel()) for i in range(4)]
-    rows.append("R0_rect: " + " ".join(f"{x:.6e}" for x in np.eye(3).ravel()))
+    """A KITTI calib file: P0-P3 the pinhole part in KITTI's pixel convention, then a distorted camera's model
+    and coefficients (see the module docstring): KITTI's readers take the lines they know, by name or order."""
+    P = np.array([[camera.fx, 0, camera.cx - 0.5, 0], [0, camera.fy, camera.cy - 0.5, 0], [0, 0, 1, 0]])
+    floats = lambda a: " ".join(f"{x:.6e}" for x in np.ravel(a))  # noqa: E731
+    rows = [f"P{i}: {floats(P)}" for i in range(4)]
+    rows.append(f"R0_rect: {floats(np.eye(3))}")
     if T_camera_lidar is not None:
-        rows.append("Tr_velo_to_cam: " + " ".join(f"{x:.6e}" for x in T_camera_lidar[:3].ravel()))
+        rows.append(f"Tr_velo_to_cam: {floats(T_camera_lidar[:3])}")
+    if camera.model != "pinhole":
+        d = camera.to_dict()
+        coeffs = [k for k in d if k not in ("model", "width", "height", "fx", "fy", "cx", "cy")]
+        rows += [f"camera_model: {camera.model}", f"D: {floats([d[k] for k in coeffs])}",
+                 f"image: distorted, not rectified: pixel = K (x_d, y_d, 1) with K the left 3x3 of P2 and (x_d, y_d) "
+                 f"= (x/z, y/z) distorted by camera_model with D = {' '.join(coeffs)}"]
     return "\n".join(rows) + "\n"
 
 
@@ -111,6 +152,8 @@ def sensor_rig(log, sens) -> Tuple[Dict[str, object], Dict[str, object]]:
     ValueError naming the field for a sensor the log lacks."""
     cams = sens.cameras if sens.cameras is not None else sorted(log.cameras)
     lidars = sens.lidars if sens.lidars is not None else sorted(n for n in log.lidars if log.lidars[n].beams)
+    for n in (*cams, *lidars):  # folder names in the outputs
+        check_name(n, "sensors: the log's sensor name")
     for c in cams:
         if c not in log.cameras:
             raise InputError(f"sensors.cameras: the log has no camera {c!r}; it has {sorted(log.cameras)}")
@@ -142,7 +185,7 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True, 
     from tqdm import tqdm
 
     from gsim.lidar import render_lidar
-    from gsim.scenes.evaluate import render_image
+    from gsim.images import render_image
     from gsim.scenes.log import ActorTrack, LogWriter
     log, scene, sens = world.log, world.scene, scenario.sensors
     cameras, specs = sensor_rig(log, sens)
@@ -178,7 +221,7 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True, 
                     mask, full = instances(scene, cameras[c], T, t, depth, backend)
                     shown = [full[k] for k in inserted if k in full and (mask == k + 1).any()]
                     if harmonizer is not None and shown:
-                        write_png(tmp / "render" / c / f"{i:06d}.png", to_uint8(rgb))
+                        write_png(child_path(tmp / "render", c, "camera") / f"{i:06d}.png", to_uint8(rgb))
                         rgb = harmonizer(rgb, alpha, depth, np.logical_or.reduce(shown))[0]
                     img = to_uint8(rgb)
                     cam_entries[c] = w.image(c, i, t, img)
@@ -194,7 +237,7 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True, 
                 w.add_frame(f.timestamp_us, cam_entries, lidar_entries)
         if sens.video:
             for c, frames in videos.items():
-                write_video(tmp / "video" / f"{c}.mp4", frames, 10.0)
+                write_video(child_path(tmp / "video", f"{c}.mp4", "camera"), frames, 10.0)
         (tmp / "scenario.json").write_text(scenario.model_dump_json(indent=2))
     return out
 
@@ -202,7 +245,6 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True, 
 def _labels(root: Path, cam: str, i: int, t: int, scene, camera, T, mask, full, calib: str) -> None:
     """Writes a frame's masks, labels and KITTI files from `instances`' (mask, full)."""
     objs, lines = [], []
-    H, W = mask.shape
     for k, own in full.items():
         a = scene.actors[k]
         vis = mask == k + 1
@@ -211,23 +253,16 @@ def _labels(root: Path, cam: str, i: int, t: int, scene, camera, T, mask, full, 
             continue
         visible = float(vis.sum() / own.sum())
         P = a.pose_at(t)
-        # truncation: the share of the projected box outside the image
-        pc = (_corners(P, a.size) - T[:3, 3]) @ T[:3, :3]
-        pc = pc[pc[:, 2] > 0.1]
-        u = camera.fx * pc[:, 0] / pc[:, 2] + camera.cx
-        v = camera.fy * pc[:, 1] / pc[:, 2] + camera.cy
-        area = max((u.max() - u.min()) * (v.max() - v.min()), 1e-6)
-        inside = max(0.0, min(u.max(), W) - max(u.min(), 0)) * max(0.0, min(v.max(), H) - max(v.min(), 0))
-        trunc = float(np.clip(1 - inside / area, 0, 1))
+        trunc = _truncation(camera, (_edges(P, a.size) - T[:3, 3]) @ T[:3, :3])
         objs.append({"instance": k + 1, "id": a.id, "category": a.category, "box2d": modal,
                      "box2d_amodal": _box(own), "visible_fraction": round(visible, 4), "truncated": round(trunc, 4)})
         lines.append(_kitti_line(a, P, T, modal, visible, trunc))
-    write_png(root / "masks" / cam / f"{i:06d}.png", mask)
-    lab = root / "labels" / cam / f"{i:06d}.json"
+    write_png(child_path(root / "masks", cam, "camera") / f"{i:06d}.png", mask)
+    lab = child_path(root / "labels", cam, "camera") / f"{i:06d}.json"
     lab.parent.mkdir(parents=True, exist_ok=True)
     lab.write_text(json.dumps({"timestamp_us": int(t), "instances": [a.id for a in scene.actors], "objects": objs},
                               indent=1))
-    kd = root / "kitti" / cam
+    kd = child_path(root / "kitti", cam, "camera")
     (kd / "label_2").mkdir(parents=True, exist_ok=True)
     (kd / "calib").mkdir(parents=True, exist_ok=True)
     (kd / "label_2" / f"{i:06d}.txt").write_text("".join(x + "\n" for x in lines))

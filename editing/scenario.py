@@ -1,8 +1,10 @@
 """Scenario files: a base scene and log, a list of edits, the sensors to render, the time range, the output.
 
 YAML, read with a safe loader and validated (pydantic); an error names the field path, e.g.
-``edits[2].track.speed_mps: Input should be greater than or equal to 0``. Paths are relative to the
-scenario file. Example::
+``edits[2].track.speed_mps: Input should be greater than or equal to 0``. Numbers are finite (YAML's
+``.nan`` and ``.inf`` are refused). Names that become file or folder names (the scenario's name, asset and
+actor ids, sensor names) are one safe path component each (`gsim.errors.check_name`). Paths are relative
+to the scenario file. Example::
 
     schema_version: 1
     name: cut-in
@@ -33,18 +35,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, List, Literal, Optional, Tuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from gsim.errors import InputError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from gsim.errors import InputError, check_name
 
 SCHEMA_VERSION = 1
+MAX_US = 2 ** 62  # times in microseconds stay far inside int64 (numpy holds them so)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _name(what: str):
+    """A string that becomes a file or folder name: a full match of gsim's name pattern."""
+    return Annotated[str, AfterValidator(lambda v: check_name(v, what))]
+
+
+ScenarioName = _name("scenario name")
+ActorId = _name("actor id")
+AssetId = _name("asset id")
+SensorName = _name("sensor name")
+Micros = Annotated[int, Field(ge=0, le=MAX_US)]
 
 
 class TimedPose(_Strict):
-    t_us: int = Field(ge=0)
+    t_us: Micros
     xyz: Tuple[float, float, float]
     yaw_deg: float = 0.0
 
@@ -54,8 +69,8 @@ class Track(_Strict):
     poses: Optional[List[TimedPose]] = Field(None, min_length=1)
     path: Optional[List[Tuple[float, float]]] = Field(None, min_length=2)
     speed_mps: Optional[Union[Annotated[float, Field(ge=0)], List[Annotated[float, Field(ge=0)]]]] = None
-    start_us: int = Field(0, ge=0)
-    step_us: int = Field(100_000, gt=0, description="the path's poses are this far apart")
+    start_us: Micros = 0
+    step_us: int = Field(100_000, gt=0, le=MAX_US, description="the path's poses are this far apart")
 
     @model_validator(mode="after")
     def _one_kind(self):
@@ -75,8 +90,8 @@ class Track(_Strict):
 
 class InsertEdit(_Strict):
     kind: Literal["insert"]
-    asset: str
-    id: Optional[str] = None
+    asset: AssetId
+    id: Optional[ActorId] = None
     track: Track
     on_ground: bool = True
     shadow: bool = True
@@ -86,13 +101,13 @@ class InsertEdit(_Strict):
 
 class RemoveEdit(_Strict):
     kind: Literal["remove"]
-    actor: str
+    actor: ActorId
     fill: bool = True
 
 
 class MoveEdit(_Strict):
     kind: Literal["move"]
-    actor: str
+    actor: ActorId
     shift_m: Tuple[float, float, float] = (0.0, 0.0, 0.0)
     speed_scale: float = Field(1.0, gt=0)
     track: Optional[Track] = None  # a new track replaces the old one (shift and speed_scale then apply to it)
@@ -110,21 +125,21 @@ class Ego(_Strict):
 
 
 class Sensors(_Strict):
-    cameras: Optional[List[str]] = None  # the log's cameras (None: all)
-    lidars: Optional[List[str]] = None  # the log's LiDARs (None: all with a beam model)
+    cameras: Optional[List[SensorName]] = None  # the log's cameras (None: all)
+    lidars: Optional[List[SensorName]] = None  # the log's LiDARs (None: all with a beam model)
     downscale: int = Field(1, ge=1)
     video: bool = True
 
 
 class TimeRange(_Strict):
-    start_us: Optional[int] = None
-    end_us: Optional[int] = None
+    start_us: Optional[Micros] = None
+    end_us: Optional[Micros] = None
     every: int = Field(1, ge=1)  # every N-th frame of the log
 
 
 class Scenario(_Strict):
     schema_version: Literal[1]
-    name: str = Field(pattern=r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+    name: ScenarioName
     scene: str
     log: str
     library: str = "builtin"
@@ -161,12 +176,11 @@ def parse_scenario(data, where: str = "scenario", model=Scenario) -> Scenario:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        seen, lines = set(), []
+        found = {}
         for err in e.errors():  # a union reports each member's error at one field: the first says enough
-            w = _where(err["loc"])
-            if w not in seen:
-                seen.add(w)
-                lines.append(f"{w}: {err['msg']}")
+            found.setdefault(_where(err["loc"]), err["msg"].removeprefix("Value error, "))  # ours says it all
+        # ... unless a member reports one inside the field (speed_mps[1], the list member): the input's shape
+        lines = [f"{w}: {msg}" for w, msg in found.items() if not any(o.startswith((w + ".", w + "[")) for o in found)]
         raise ScenarioError(f"{where}: " + "; ".join(lines)) from None
 
 

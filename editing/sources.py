@@ -6,7 +6,7 @@ from typing import Optional
 
 import numpy as np
 
-from gsim.errors import InputError, NotFound
+from gsim.errors import InputError, NotFound, check_name
 from gsim.scene import load_scene
 from gsim.surfels import Surfels
 
@@ -37,6 +37,7 @@ def asset_from_mesh(path, asset_id: str, category: str, spacing_m: float = 0.03,
     """A mesh file (OBJ/GLB/PLY/..., with texture, vertex or face colours) as surfels ``spacing_m`` apart,
     turned so that ``up`` is z and scaled by ``scale`` (to metres), in its box frame. It has no LiDAR
     reflectance (insertion uses a default)."""
+    check_name(asset_id, "asset id")
     _category(category, str(path))
     if not scale > 0:
         raise InputError(f"{path}: scale must be > 0, got {scale}")
@@ -52,6 +53,7 @@ def asset_from_mesh(path, asset_id: str, category: str, spacing_m: float = 0.03,
 def asset_from_ply(path, asset_id: str, category: str, up: str = "z", license: str = "unknown") -> Asset:
     """A 3DGS/2DGS PLY object (gsim.ply reads both layouts) in its box frame."""
     from gsim.ply import load_ply
+    check_name(asset_id, "asset id")
     _category(category, str(path))
     s = load_ply(path)
     if len(s) == 0:
@@ -74,6 +76,7 @@ def asset_from_actor(scene_path, actor_id: str, asset_id: Optional[str] = None, 
     """A reconstructed scene's actor as an asset: its surfels moved from the box centre to the bottom face,
     its box size, its category ('other' when the library has no such class), and the reflectance its
     LiDAR features decode to in that scene."""
+    asset_id = check_name(actor_id if asset_id is None else asset_id, "asset id")
     scene = load_scene(scene_path)
     ids = [a.id for a in scene.actors]
     if actor_id not in ids:
@@ -85,5 +88,5 @@ def asset_from_actor(scene_path, actor_id: str, asset_id: Optional[str] = None, 
     refl = None if s.features is None or scene.lidar_head is None else nominal_intensity(scene.lidar_head, s.features)
     s = Surfels.derived(s.means, s.quats, s.scales, s.opacities, s.colors)  # features belong to that scene's head
     category = a.category if a.category in CATEGORIES else "other"
-    return Asset(asset_id or actor_id, category, tuple(a.size), s,
+    return Asset(asset_id, category, tuple(a.size), s,
                  Source(kind="actor", detail=f"{Path(scene_path).resolve()}:{actor_id}"), license, refl, a.closed)

@@ -1,9 +1,11 @@
-"""Config dataclasses (DESIGN.md): ``to_dict`` / ``from_dict`` with a ``schema_version``."""
+"""Config dataclasses (docs/architecture.md): ``to_dict`` / ``from_dict`` with a ``schema_version``."""
 from __future__ import annotations
 
 from dataclasses import asdict, fields
 from typing import ClassVar
+
 from .errors import InputError
+from .io import check_schema_version
 
 
 class Config:
@@ -19,9 +21,9 @@ class Config:
     @classmethod
     def from_dict(cls, d: dict):
         name = cls.__name__
-        if not isinstance(d, dict) or d.get("schema_version") != cls.SCHEMA_VERSION:
-            raise InputError(f"{name}.schema_version: expected {cls.SCHEMA_VERSION}, got "
-                             f"{d.get('schema_version') if isinstance(d, dict) else d!r}")
+        if not isinstance(d, dict):
+            raise InputError(f"{name}: expected an object, got {type(d).__name__}")
+        check_schema_version(d, (cls.SCHEMA_VERSION,), name)
         unknown = set(d) - {f.name for f in fields(cls)} - {"schema_version"}
         if unknown:
             raise InputError(f"{name}: unknown fields {sorted(unknown)}")

@@ -44,12 +44,12 @@ class GsimWarning(UserWarning):
 # Names that become file or folder names (scenario names, asset ids, actor ids, scene and session ids, run
 # names): one path component of safe characters, never `.`/`..`, at most 128 characters. Always a full match.
 NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
-_NAME = re.compile(NAME_PATTERN)
+NAME_RE = re.compile(NAME_PATTERN)
 
 
 def check_name(name: object, what: str) -> str:
     """``name`` if it is a safe path component (`NAME_PATTERN`, full match), else an `InputError` naming ``what``."""
-    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+    if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
         shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
         raise InputError(f"{what}: {shown} is not a valid name (expected 1-128 characters of A-Z a-z 0-9 _ . -, "
                          f"not starting with '.' or '-')")

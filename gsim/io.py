@@ -1,4 +1,5 @@
-"""Atomic file output: write next to the destination, then rename into place.
+"""Atomic file output: write next to the destination, then rename into place; and the one reader of
+gsim's JSON manifests (`read_manifest`).
 
 A reader (or a killed run) never sees a half-written file: either the previous
 version or the complete new one.
@@ -11,7 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Collection, Iterator, Type
 
 import numpy as np
 
@@ -126,3 +127,43 @@ def write_video(path, frames_uint8, fps: float) -> None:
                                 output_params=["-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2"]) as w:
             for f in frames_uint8:
                 w.append_data(f)
+
+
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def check_schema_version(d: dict, versions: Collection[int], where: str, error: Type[InputError] = InputError) -> int:
+    """``d["schema_version"]`` if it is one of ``versions`` (an integer), else an ``error`` naming ``where``."""
+    v = d.get("schema_version")
+    if type(v) is not int or v not in versions:  # (True == 1 and 1.0 == 1: neither is a version)
+        got = "is missing" if "schema_version" not in d else f"is {v!r}"
+        raise error(f"{where}: field 'schema_version' {got}; this gsim reads version"
+                    f"{'s' if len(versions) > 1 else ''} {', '.join(map(str, sorted(versions)))}")
+    return v
+
+
+def read_manifest(path, what: str, versions: Collection[int], error: Type[InputError] = InputError) -> dict:
+    """The JSON object in the file at ``path`` (a ``what``: "scene manifest", "LiDAR head", ...) whose
+    ``schema_version`` is one of ``versions``. A missing path, a directory, an unreadable file, text that is not
+    UTF-8 or not JSON, JSON that is not an object and a missing or unknown version are each an ``error`` (an
+    `InputError` subclass: the loader's own) naming the file; the loader checks the fields."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: no such file (expected a {what}, a JSON file)") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, expected a {what} (a JSON file)") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: the {what} is not UTF-8 text (byte {e.start})") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: the {what} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(d, dict):
+        raise error(f"{path}: the {what} must be a JSON object, got {_JSON_KINDS.get(type(d), type(d).__name__)}")
+    check_schema_version(d, versions, str(path), error)
+    return d

@@ -28,8 +28,8 @@ from typing import Dict, NamedTuple, Optional
 import numpy as np
 
 from .appearance import Sky
-from .errors import InputError, NAME_PATTERN, SceneFormatError, check_name
-from .io import atomic_directory
+from .errors import InputError, SceneFormatError, check_name
+from .io import atomic_directory, read_manifest
 from .ply import load_ply
 from .surfels import Surfels
 from .transforms import check_pose, interpolate_pose, interpolate_poses, rotmat_to_quat
@@ -38,7 +38,6 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 FORMAT = "gsim-scene"
 SURFEL_FIELDS = ("means", "quats", "scales", "opacities", "colors")
-ACTOR_ID = re.compile(NAME_PATTERN)  # also a folder name: use with fullmatch (or check_name)
 # 1.5 px apart, their scales grown to cover, the inserted actors' pixels come within 49.3-49.6 dB of drawing every
 # surfel, and 20 of them ahead of the ego cost half the time they cost at 0.75 px (BENCHMARKS.md, scene editing)
 LOD_PIXELS = 1.5  # an actor with a level of detail keeps its surfels about this far apart on screen ...
@@ -317,17 +316,11 @@ def load_scene(path) -> Scene:
     if path.suffix.lower() == ".ply":
         return Scene(background=load_ply(path))
     mpath = path / "scene.json"
-    if not mpath.is_file():
+    if not mpath.exists():
         raise SceneFormatError(f"{path}: not a gsim scene directory (no scene.json) nor a .ply file")
-    try:
-        m = json.loads(mpath.read_text())
-    except json.JSONDecodeError as e:
-        raise SceneFormatError(f"{mpath}: invalid JSON ({e})") from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
+    m = read_manifest(mpath, "scene manifest", READABLE_SCHEMAS, SceneFormatError)
+    if m.get("format") != FORMAT:
         raise SceneFormatError(f"{mpath}: field 'format' must be {FORMAT!r}")
-    if m.get("schema_version") not in READABLE_SCHEMAS:
-        raise SceneFormatError(f"{mpath}: field 'schema_version' is {m.get('schema_version')!r}; "
-                               f"this gsim reads versions {list(READABLE_SCHEMAS)}")
     if m["schema_version"] == 1 and (m.get("sky") is not None or m.get("appearance")):
         raise SceneFormatError(f"{mpath}: fields 'sky'/'appearance' are not supported in schema_version 1")
     try:

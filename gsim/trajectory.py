@@ -9,7 +9,6 @@ T_world_camera maps OpenCV camera points (x right, y down, z forward) to world p
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from .cameras import Camera, camera_from_dict
 from .errors import InputError
-from .io import write_json
+from .io import read_manifest, write_json
 from .transforms import check_pose
 
 SCHEMA_VERSION = 1
@@ -45,14 +44,7 @@ def load_timed_poses(path, pose_key: str, what: str = "trajectory"):
     ``schema_version`` 1 and ``frames`` [{"timestamp_us": int, pose_key: 4x4}]; errors name the file
     and the field."""
     path = Path(path)
-    try:
-        d = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: {what} file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(d, dict) or d.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(f"{path}: field 'schema_version' must be {SCHEMA_VERSION}")
+    d = read_manifest(path, what, (SCHEMA_VERSION,))
     frames = d.get("frames")
     if not isinstance(frames, list) or not frames:
         raise InputError(f"{path}: field 'frames' must be a non-empty list")

@@ -1,6 +1,6 @@
 """Rigid transforms, quaternions and pose checks.
 
-Conventions (DESIGN.md): a transform ``T_dst_src`` is a 4x4 float64 matrix that
+Conventions (docs/architecture.md): a transform ``T_dst_src`` is a 4x4 float64 matrix that
 maps points from ``src`` to ``dst``; quaternions are (w, x, y, z).
 """
 from __future__ import annotations

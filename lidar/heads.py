@@ -9,12 +9,12 @@ Saved as JSON (``to_dict``/``from_dict`` with a schema_version) beside the scene
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+
 from gsim.errors import InputError
+from gsim.io import check_schema_version, read_manifest, write_json
 
 SCHEMA_VERSION = 1
 FEATURES = 8
@@ -82,8 +82,9 @@ class LidarHead:
 
     @staticmethod
     def from_dict(d: dict, where: str = "LidarHead") -> "LidarHead":
-        if not isinstance(d, dict) or d.get("schema_version") != SCHEMA_VERSION:
-            raise InputError(f"{where}: field 'schema_version' must be {SCHEMA_VERSION}")
+        if not isinstance(d, dict):
+            raise InputError(f"{where}: expected an object, got {type(d).__name__}")
+        check_schema_version(d, (SCHEMA_VERSION,), where)
         if d.get("features") != FEATURES or d.get("hidden") != HIDDEN:
             raise InputError(f"{where}: this gsim reads heads with features={FEATURES}, hidden={HIDDEN}; got "
                              f"features={d.get('features')}, hidden={d.get('hidden')}")
@@ -95,14 +96,8 @@ class LidarHead:
             raise InputError(f"{where}: {e}") from None
 
     def save(self, path) -> None:
-        from gsim.io import write_json
         write_json(path, self.to_dict())
 
     @staticmethod
     def load(path) -> "LidarHead":
-        path = Path(path)
-        try:
-            d = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InputError(f"{path}: cannot read a LiDAR head ({e})") from None
-        return LidarHead.from_dict(d, str(path))
+        return LidarHead.from_dict(read_manifest(path, "LiDAR head", (SCHEMA_VERSION,)), str(path))

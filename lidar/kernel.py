@@ -25,7 +25,7 @@ of its reference frame. Each surfel goes to the cells that the spherical cap hol
 that can reach alpha >= ALPHA_THRESHOLD meets: its 3D cutoff sphere seen from the reference origin,
 widened by the filter's angle and by how far the bundle's origins (and the surfel's actor) move
 from the reference pose. So binning never changes a ray's result, only the work.
-The cell lists reuse the camera rasterizer's depth keys and counting sort.
+The cell lists are the camera rasterizer's depth keys and counting sort (gsim.render.numba_tiles).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit, prange
 
 from gsim.render.common import ALPHA_THRESHOLD, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN
-from gsim.render.numba_backend import FASTMATH, _depth_keys, _exp_neg, _tile_lists, small_chunks
+from gsim.render.numba_tiles import FASTMATH, ONE, depth_keys, f32, gaussian, small_chunks, tile_lists
 
 NEAR = 0.01  # m: hits and centres closer along the ray are ignored
 RAYS_PER_CELL = 16
@@ -154,8 +154,7 @@ def _ray_lists(cell, n_cells):
     return start, order
 
 
-f32 = np.float32
-ONE, ZERO, M_HALF, EXP_FLOOR = f32(1), f32(0), f32(-0.5), f32(-5.6)
+ZERO = f32(0)
 MAX_A, A_MIN, T_END = f32(MAX_ALPHA), f32(ALPHA_THRESHOLD), f32(T_MIN)
 F_INV_SQ, NEAR32 = f32(FILTER_INV_SQUARE), f32(NEAR)
 # A cell's state, per chunk of LANES rays: planes of LANES (ray origin relative to the reference origin,
@@ -173,7 +172,7 @@ REFRESH = 16  # surfels between checks for a cell whose rays are all done
 def _alpha_range(p0, p1, p2, d0, d1, d2, geo, inv_div2):
     """A surfel's alpha and range along a ray (p = centre - origin, d unit; the surfel's frame), and
     n.d (its sign turns the normal to face the ray). Branch-free, so that the lane loop vectorizes;
-    the surfel comes as scalars (`_geometry`): loads from its record inside the loop could alias the
+    the surfel comes as scalars (`surfel_geometry`): loads from its record inside the loop could alias the
     state's stores, which stops LLVM from vectorizing."""
     eu0, eu1, eu2, ev0, ev1, ev2, nx, ny, nz, op = geo
     tc = p0 * d0 + p1 * d1 + p2 * d2
@@ -187,12 +186,13 @@ def _alpha_range(p0, p1, p2, d0, d1, d2, geo, inv_div2):
     b = h0 * ev0 + h1 * ev1 + h2 * ev2
     rho3 = a * a + b * b
     use3 = (nd != ZERO) & (t > NEAR32) & (rho3 <= rho2)
-    al = min(op * _exp_neg(max(M_HALF * (rho3 if use3 else rho2), EXP_FLOOR)), MAX_A)
+    al = min(op * gaussian(rho3 if use3 else rho2), MAX_A)
     return (al if front else ZERO), (t if use3 else tc), nd
 
 
 @njit(cache=True, inline="always")
-def _geometry(rec, j):
+def surfel_geometry(rec, j):
+    """What `_alpha_range` reads of surfel j's record (N_REC), as scalars loaded once outside the lane loop."""
     return (rec[j, 3], rec[j, 4], rec[j, 5], rec[j, 6], rec[j, 7], rec[j, 8], rec[j, 9], rec[j, 10], rec[j, 11],
             rec[j, 12])
 
@@ -218,7 +218,7 @@ def _update(st, i, al, rng, n0, n1, n2, hit_alpha):
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def _world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit) -> None:
+def world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit) -> None:
     """Composite a world-frame surfel (centre w relative to the reference origin, unit normal n) into the
     LANES rays of the chunk at ``base`` (vector code: rays it misses, or that are done, take nothing)."""
     for lane in range(U_LANES):
@@ -231,7 +231,7 @@ def _world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit) -> None:
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
 def _world_chunk(st, base, w0, w1, w2, u0, u1, u2, cos_rho, geo, nx, ny, nz, inv2, hit) -> None:
-    """_world_lanes for the chunk's rays when one that is not done lies in the surfel's cap (u, cos_rho): most
+    """world_lanes for the chunk's rays when one that is not done lies in the surfel's cap (u, cos_rho): most
     chunks of a cell have none, and then only have their weights zeroed. The cap only culls: a ray's alpha
     decides (the cap holds every ray that reaches the threshold, with CAP_SLACK for float32)."""
     reach = 0
@@ -243,11 +243,11 @@ def _world_chunk(st, base, w0, w1, w2, u0, u1, u2, cos_rho, geo, nx, ny, nz, inv
         for lane in range(U_LANES):
             st[PW + base + lane] = ZERO
     else:
-        _world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit)
+        world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit)
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def _actor_ray(st, i, A, g, c, o0, o1, o2, e0, e1, e2, rec, j, geo, inv2, hit) -> None:
+def actor_ray(st, i, A, g, c, o0, o1, o2, e0, e1, e2, rec, j, geo, inv2, hit) -> None:
     """Composite actor surfel j into the ray at i (world origin o, direction e), taken into the actor's
     frame by A[g, c] (3,4), its group_from_world at the ray's firing time (A comes whole: a slice per ray
     would touch its reference count from every thread)."""
@@ -301,7 +301,7 @@ def _make_compositor(track: bool):
                 for k in range(k0, min(k0 + REFRESH, cell_start[c + 1])):
                     j = lst[k]
                     g = group[j]
-                    geo = _geometry(rec, j)
+                    geo = surfel_geometry(rec, j)
                     w0, w1, w2, cos_rho = cap[j, 0], cap[j, 1], cap[j, 2], cap[j, 6]
                     u0, u1, u2 = cap[j, 3], cap[j, 4], cap[j, 5]
                     if g == 0:  # the world frame: LANES rays at once
@@ -316,8 +316,8 @@ def _make_compositor(track: bool):
                             st[PW + i] = ZERO
                             if st[PT + i] == ZERO or (dirs[r, 0] * u0 + dirs[r, 1] * u1 + dirs[r, 2] * u2 < cos_rho):
                                 continue
-                            _actor_ray(st, i, group_from_world, g, column[r], origins[r, 0], origins[r, 1],
-                                       origins[r, 2], dirs[r, 0], dirs[r, 1], dirs[r, 2], rec, j, geo, inv2, hit)
+                            actor_ray(st, i, group_from_world, g, column[r], origins[r, 0], origins[r, 1],
+                                      origins[r, 2], dirs[r, 0], dirs[r, 1], dirs[r, 2], rec, j, geo, inv2, hit)
                     for f in range(F):
                         fj = feats[j, f]
                         for q in range(n):
@@ -397,10 +397,10 @@ def render_bundle(rec, scales, feats, group, world_from_group, group_from_world,
     rect, depth = scratch("rect", (n, 4), np.int64), scratch("depth", (n,), np.float32)
     cap = scratch("cap", (n, 7), np.float32)
     _caps(rec, scales, group, world_from_group, o_ref, R_ref, margin, math.tan(divergence), grid, rect, depth, cap)
-    keys = _depth_keys(depth, rect)
+    keys = depth_keys(depth, rect)
     keys.sort()
     n_az, n_cells = int(grid[2]), int(grid[2] * grid[5])
-    cell_start, lst = _tile_lists(keys & 0xFFFFFFFF, rect, rect[:0], np.empty((n_cells, 0)), n_az,
+    cell_start, lst = tile_lists(keys & 0xFFFFFFFF, rect, rect[:0], np.empty((n_cells, 0)), n_az,
                                   numba.get_num_threads(), True)  # wrap: exact rectangles, no bounds
     ray_start, order = _ray_lists(cell, n_cells)
     fn = _composite_tracked if out["candidates"].shape[1] else _composite

@@ -19,7 +19,9 @@ from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar, Dict, Tuple
 
 import numpy as np
+
 from gsim.errors import InputError
+from gsim.io import check_schema_version
 
 SCHEMA_VERSION = 1
 SPIN_DIRECTIONS = ("cw", "ccw")  # seen from above (+z): clockwise = decreasing azimuth over time
@@ -92,9 +94,7 @@ class _SpecIO:
             raise InputError(f"{cls.__name__}: expected a dict, got {type(d).__name__}")
         if d.get("kind") != cls.kind:
             _fail(cls.__name__, "kind", f"expected {cls.kind!r}, got {d.get('kind')!r}")
-        if d.get("schema_version") != SCHEMA_VERSION:
-            _fail(cls.__name__, "schema_version",
-                  f"is {d.get('schema_version')!r}; this gsim reads version {SCHEMA_VERSION}")
+        check_schema_version(d, (SCHEMA_VERSION,), cls.__name__)
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names - {"kind", "schema_version"})
         if unknown:

@@ -24,10 +24,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from gsim.render.numba_backend import FASTMATH, _depth_keys, _tile_lists, small_chunks
+from gsim.render.numba_tiles import FASTMATH, ONE, depth_keys, f32, small_chunks, tile_lists
 
-from .kernel import (CHUNK, DX, DY, DZ, LANES, NEAR, ONE, OX, OY, OZ, PA, PMED, PNX, PNY, PNZ, PRS, PT, PW,
-                     ZERO, _actor_ray, _geometry, _world_lanes, f32, scratch)
+from .kernel import (CHUNK, DX, DY, DZ, LANES, NEAR, OX, OY, OZ, PA, PMED, PNX, PNY, PNZ, PRS, PT, PW, ZERO,
+                     actor_ray, scratch, surfel_geometry, world_lanes)
 
 N_DISK = 11  # per surfel (own frame): centre (3), cutoff disc axes U, V (3 + 3), their larger length, sqrt(ln 255 o)
 FULL = 4.0  # an azimuth half-width past pi: every column
@@ -295,7 +295,7 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
             dist, s_lo, s_hi, az_c, half = cfp[j, 0], cfp[j, 1], cfp[j, 2], cfp[j, 3], cfp[j, 4]
             hw = half * inv_step
             g = cgroup[j]
-            geo = _geometry(rows, j)
+            geo = surfel_geometry(rows, j)
             w0, w1, w2 = f32(rows[j, 0] - o_ref[s, 0]), f32(rows[j, 1] - o_ref[s, 1]), f32(rows[j, 2] - o_ref[s, 2])
             nx, ny, nz = rows[j, 9], rows[j, 10], rows[j, 11]
             k = _count_below(row_sin, s_lo, False)
@@ -315,7 +315,7 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                     for ch in range((x0 - c0) // LANES, (x1 - 1 - c0) // LANES + 1):
                         base = np.uint64((l * cpr + ch) * CHUNK)
                         if g == 0:
-                            _world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit)
+                            world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit)
                         else:  # an actor: each ray taken into its frame at its column
                             for lane in range(LANES):
                                 i = base + np.uint64(lane)
@@ -323,8 +323,8 @@ def _composite_strips(strip_start, lst, fp, shared, disk, rec, feats, group, M, 
                                 c = c0 + ch * LANES + lane
                                 if c < c1 and st[PT + i] > ZERO:
                                     e0, e1, e2 = _world_dir(rot, sdirs, l * n_cols + c, c)
-                                    _actor_ray(st, i, group_from_world, g, c, origins[c, 0], origins[c, 1],
-                                               origins[c, 2], e0, e1, e2, rows, j, geo, inv2, hit)
+                                    actor_ray(st, i, group_from_world, g, c, origins[c, 0], origins[c, 1],
+                                              origins[c, 2], e0, e1, e2, rows, j, geo, inv2, hit)
                         took = ZERO  # most chunks in a footprint take nothing: skip their feature sums
                         for lane in range(LANES):
                             took = max(took, st[PW + base + np.uint64(lane)])
@@ -380,11 +380,11 @@ def render_strips(disk, rec, feats, group, M, o_ref, margin, turn, group_from_wo
     with small_chunks(SURFEL_CHUNK):
         _footprints(disk, group, M, margin[0], turn[0, 0], turn[0, 1], tan_div, row_sin, az_min, az_max, step, n_cols,
                     width, fp, rect)
-    keys = _depth_keys(fp[:, 0].copy(), rect)
+    keys = depth_keys(fp[:, 0].copy(), rect)
     shared = len(M) == 1
     if shared:
         keys.sort()  # one depth order for all strips
-    start, lst = _tile_lists(keys & 0xFFFFFFFF, rect, rect[:0], np.empty((n_strips, 0)), n_strips,
+    start, lst = tile_lists(keys & 0xFFFFFFFF, rect, rect[:0], np.empty((n_strips, 0)), n_strips,
                              numba.get_num_threads(), True)
     pick = (lambda x: np.ascontiguousarray(np.broadcast_to(x, (n_strips,) + x.shape[1:]))) if shared else \
         (lambda x: np.ascontiguousarray(x[1:]))

@@ -2,7 +2,7 @@
 evaluate held-out views, and render a video along a path shifted sideways from the driven one.
 
     OUT/log/       the synthetic log (kept and reused when it is already there and valid)
-    OUT/recon/     checkpoint.pt, train.json, scene/
+    OUT/recon/     checkpoint.safetensors, train.json, scene/
     OUT/eval/      metrics.json, metrics.md, views/*.png
     OUT/novel/     rgb/*.png and video.mp4 along the shifted path
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from gsim.images import render_image
 from gsim.io import to_uint8, write_png, write_video
 from gsim.scene import load_scene
 
-from .evaluate import evaluate, render_image
+from .evaluate import evaluate
 from .log import LogFormatError, load_log
 from .render_path import camera_path, path_camera
 from .synth import SynthOptions, made_by, synthesize

@@ -22,35 +22,16 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-import torch
 
 from gsim.errors import GsimWarning, InputError
+from gsim.images import error_map, image_metrics, render_image
 from gsim.io import to_uint8, write_bytes, write_json, write_png
-from gsim.render import render_camera
 from gsim.scene import Scene, load_scene
 
+from .lane_shift import evaluate_offsets, street_of
 from .lidar_rays import sweep_rays
 from .log import load_log
-from .losses import psnr, ssim
 from .views import make_views, split_frames
-
-
-def render_image(scene: Scene, camera, T_world_camera, timestamp_us: int, sensor: str, backend: str = "auto"):
-    """(rgb with the sky and the camera sensor's affine, alpha, depth), numpy."""
-    f = render_camera(scene, camera, T_world_camera, backend=backend, timestamp_us=timestamp_us, sensor=sensor)
-    return f.rgb, f.alpha, f.depth
-
-
-def image_metrics(rgb: np.ndarray, truth: np.ndarray) -> dict:
-    """PSNR (dB) and SSIM of an (H,W,3) image against the truth."""
-    return {"psnr": psnr(rgb, truth),
-            "ssim": float(ssim(torch.from_numpy(rgb.astype(np.float32)), torch.from_numpy(truth.astype(np.float32))))}
-
-
-def error_map(a: np.ndarray, b: np.ndarray, full_scale: float = 0.25) -> np.ndarray:
-    """(H,W,3) uint8 heat map of the mean absolute RGB error (black 0 -> red -> yellow -> white at full_scale)."""
-    e = np.abs(a - b).mean(-1) / full_scale
-    return to_uint8(np.stack([3 * e, 3 * e - 1, 3 * e - 2], -1))
 
 
 def _table(metrics: dict) -> str:
@@ -104,7 +85,6 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
     (``repaired_psnr``, ``repaired_ssim`` beside each PSNR and SSIM)."""
     scene, log = load_scene(scene_path), load_log(log_path)
     if shifts or ahead:
-        from .lane_shift import street_of
         street_of(log)  # a log without ground truth off the path fails here, not after the held-out views
         if any(not (isinstance(d, (int, float)) and 0 < d <= 50) for d in (*shifts, *ahead)):
             raise InputError(f"shifts / ahead: expected distances in (0, 50] metres, got {list(shifts)} / {list(ahead)}")
@@ -157,7 +137,6 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
                 metrics[f"lidar_{k}"] = float(np.nanmean(vals))
         metrics["lidar_sweeps"] = sweeps
     if shifts or ahead:
-        from .lane_shift import evaluate_offsets
         metrics.update(evaluate_offsets(scene, log, views, shifts, ahead, downscale, out, backend, write_images,
                                         progress, repair))
     metrics["views"] = per_view

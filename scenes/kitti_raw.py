@@ -320,7 +320,7 @@ class _Odometry:
 # LiDAR odometry's positions are smoothed with a motion prior (a Whittaker smoother: least squares against the
 # estimates with a penalty on acceleration). On the sample's stop-and-go drive kiss-icp's steps jitter by 3-5 cm
 # (its speed jumps between 1.0 and 2.6 m/s from one sweep to the next, 4.8 m/s^2 rms), which a car cannot do; a
-# reconstruction on them renders its held-out views several centimetres off (BENCHMARKS.md, issue 11).
+# reconstruction on them renders its held-out views several centimetres off (BENCHMARKS.md).
 ODOMETRY_NOISE_M = 0.03  # the estimates' position noise
 ODOMETRY_ACCEL_MPS2 = 1.0  # the acceleration the prior expects (one sigma)
 

@@ -76,7 +76,7 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
     images (render | truth | error) to out/offsets/. ``repair``: a repairer (`gsim.diffusion.open_repairer`); the repaired renders are
     measured too (``repaired_psnr``, ``repaired_ssim``) and drawn after the render."""
     from gsim.io import to_uint8, write_png
-    from .evaluate import error_map, image_metrics, render_image
+    from gsim.images import error_map, image_metrics, render_image
     street, options = street_of(log)
     last = max(v.frame for v in views)
     jobs = [(k, d, dx, dy, v) for k, d, dx, dy in offsets(shifts, ahead) for v in views

@@ -33,6 +33,8 @@ def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
     # recomposite with gradients, activating only the surfels some ray takes (a street has far more)
     found = out["candidates"] >= 0
     used, local = np.unique(out["candidates"][found], return_inverse=True)
+    if not len(used):  # no ray takes a surfel (all nearly transparent): one row, which no ray composites
+        used = np.zeros(1, np.int64)
     cand = np.full(found.shape, -1, np.int64)
     cand[found] = local
     idx = torch.as_tensor(used, device=dev)

@@ -26,7 +26,6 @@ timestamp composed with its extrinsic. Paths are relative and stay inside the lo
 """
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from dataclasses import dataclass, field
@@ -36,9 +35,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from gsim.cameras import Camera, camera_from_dict
-from gsim.errors import InputError
-from gsim.io import atomic_directory, write_json
-from gsim.scene import ACTOR_ID
+from gsim.errors import InputError, NAME_RE
+from gsim.io import atomic_directory, read_manifest, write_json
 from gsim.transforms import check_pose, interpolate_pose
 
 FORMAT = "gsim-log"
@@ -263,17 +261,12 @@ def load_log(path) -> DrivingLog:
     """Read and check a log's manifest (files are opened lazily; see `validate_log`)."""
     root = Path(path)
     mpath = root / MANIFEST
-    if not mpath.is_file():
+    if not mpath.exists():
         raise LogFormatError(f"{root}: not a gsim log directory (no {MANIFEST})")
-    try:
-        m = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LogFormatError(f"{mpath}: invalid JSON ({e})") from None
+    m = read_manifest(mpath, "log manifest", (SCHEMA_VERSION,), LogFormatError)
     r = _Reader(mpath)
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
+    if m.get("format") != FORMAT:
         r.fail("format", f"must be {FORMAT!r}")
-    if m.get("schema_version") != SCHEMA_VERSION:
-        r.fail("schema_version", f"is {m.get('schema_version')!r}; this gsim reads version {SCHEMA_VERSION}")
     sensors = r.get(m, "sensors", "", dict)
     cameras: Dict[str, CameraSensor] = {}
     for name, d in r.get(sensors, "cameras", "sensors", dict).items():
@@ -328,7 +321,7 @@ def load_log(path) -> DrivingLog:
     for i, a in enumerate(m.get("actors", [])):
         where = f"actors[{i}]"
         aid = r.get(a, "id", where, str)
-        if not ACTOR_ID.fullmatch(aid):
+        if not NAME_RE.fullmatch(aid):
             r.fail(f"{where}.id", f"{aid!r}: expected letters, digits, '_', '.', '-'")
         size = r.get(a, "size", where, list)
         if len(size) != 3 or not all(isinstance(s, (int, float)) and s > 0 for s in size):

@@ -1,44 +1,14 @@
-"""Reconstruction losses and image metrics (torch; images (H,W,3) in [0,1], depth in metres)."""
+"""Reconstruction losses (torch; images (H,W,3) in [0,1], depth in metres); the image metrics (psnr, ssim) are
+gsim.images'."""
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-SSIM_WINDOW, SSIM_SIGMA = 11, 1.5
-
-
-def _gauss_window(dtype, device) -> torch.Tensor:
-    x = torch.arange(SSIM_WINDOW, dtype=dtype, device=device) - SSIM_WINDOW // 2
-    g = torch.exp(-x * x / (2 * SSIM_SIGMA ** 2))
-    g = g / g.sum()
-    return (g[:, None] * g[None, :]).expand(3, 1, SSIM_WINDOW, SSIM_WINDOW)
-
-
-def ssim(a: torch.Tensor, b: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Mean SSIM of two (H,W,3) images (Gaussian 11x11 window, sigma 1.5, as Wang et al. 2004); with a
-    (H,W) ``mask``, the mask-weighted mean over the windows' centres."""
-    x, y = a.permute(2, 0, 1)[None], b.permute(2, 0, 1)[None]
-    w = _gauss_window(a.dtype, a.device)
-    conv = lambda t: F.conv2d(t, w, groups=3)
-    mx, my = conv(x), conv(y)
-    sxx, syy, sxy = conv(x * x) - mx * mx, conv(y * y) - my * my, conv(x * y) - mx * my
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
-    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
-    if mask is None:
-        return s.mean()
-    h = SSIM_WINDOW // 2
-    w = mask[h:mask.shape[0] - h, h:mask.shape[1] - h]
-    return (s[0].mean(0) * w).sum() / w.sum().clamp_min(1.0)
-
-
-def psnr(a, b) -> float:
-    """PSNR in dB of images in [0,1] (numpy or torch)."""
-    mse = float(((torch.as_tensor(a) - torch.as_tensor(b)) ** 2).mean())
-    return 10 * math.log10(1.0 / max(mse, 1e-12))
+from gsim.images import psnr, ssim  # noqa: F401  (psnr: the trainer's metric, as losses.psnr)
 
 
 def photometric(rgb: torch.Tensor, target: torch.Tensor, ssim_weight: float,

@@ -2,15 +2,16 @@
 
 Data (scenes.views), model (scenes.model), losses (scenes.losses), optimisation and
 densification (scenes.optim) live in their own modules; this one holds the configuration,
-the loop, and checkpoints. A checkpoint (OUT/checkpoint.pt) is written atomically every
-``checkpoint_every`` iterations and at the end, with the model, the optimiser moments, the
-densification statistics and every random state, so ``--resume`` continues exactly where
-the run stopped: a resumed run ends with the same scene as an uninterrupted one.
+the loop, and checkpoints. A checkpoint (OUT/checkpoint.safetensors, `gsim.scenes.checkpoint`: tensors and a
+JSON header, nothing that runs when read) is written atomically every ``checkpoint_every`` iterations and at the
+end, with the model, the optimiser moments, the densification statistics and every random state, so
+``--resume`` continues exactly where the run stopped: a resumed run ends with the same scene as an
+uninterrupted one.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,22 +20,24 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from gsim.appearance import Sky, compose
+from gsim.appearance import IDENTITY_AFFINE, Sky, compose
 from gsim.errors import InputError, Unavailable
-from gsim.io import atomic_path, write_json
+from gsim.io import write_json
+from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.render import BACKENDS, RenderOptions, render_camera
 
-from . import losses
+from . import checkpoint, losses
 from .init import InitOptions, initial_surfels
 from .lidar_fit import render_rays
 from .lidar_rays import SweepRays, sweep_rays
 from .log import load_log
-from .model import SceneModel
+from .model import SKY_SHAPE, SceneModel
 from .movers import detect_movers, write_pictures
 from .optim import Adam, DensifyOptions, Densifier
 from .views import Ignored, View, make_views, split_frames
 
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = checkpoint.NAME
+KIND = "reconstruction"  # the checkpoint's kind (`gsim.scenes.checkpoint`)
 CONFIG_SCHEMA = 1
 
 
@@ -88,6 +91,9 @@ class TrainConfig:
         if self.lidar_every < 1 or self.lidar_rays < 0 or self.lidar_rays_per_sweep < 1:
             raise InputError(f"TrainConfig: need lidar_every >= 1, lidar_rays >= 0 and lidar_rays_per_sweep >= 1, got "
                              f"{self.lidar_every}, {self.lidar_rays}, {self.lidar_rays_per_sweep}")
+        if self.checkpoint_every < 1 or self.downscale < 1:
+            raise InputError(f"TrainConfig: need checkpoint_every >= 1 and downscale >= 1, got "
+                             f"{self.checkpoint_every}, {self.downscale}")
 
     @property
     def refines_views(self) -> bool:
@@ -176,8 +182,136 @@ class _Run:
         self.step = int(st["step"])
 
     def save(self, out: Path) -> None:
-        with atomic_path(out / CHECKPOINT) as tmp:
-            torch.save(self.state(), tmp)
+        checkpoint.write(out / CHECKPOINT, KIND, *_flatten(self.state()))
+
+
+def _flatten(st: dict) -> Tuple[Dict[str, torch.Tensor], dict]:
+    """A `_Run.state` as named tensors and a JSON object (`load_state` reads them back). A trainable tensor is
+    named as the optimiser names it, after "model/": its moments are "adam/m/" and "adam/v/" + that name."""
+    m, adam = st["model"], st["adam"]
+    tensors = {**{f"model/{k}": v for k, v in m["params"].items()}, "model/owner": m["owner"], "model/sky": m["sky"],
+               **{f"model/affine/{c}": a for c, a in m["affine"].items()},
+               **{f"model/head/{k}": v for k, v in m["head"].items()},
+               **{f"model/pose/{i}": v for i, v in m["pose_offsets"].items()},
+               **{f"model/pose_knots/{i}": torch.from_numpy(k) for i, k in m["pose_knots"].items()},
+               "model/view_knots": torch.from_numpy(m["view_knots"][0]),
+               "model/view_centres": torch.from_numpy(m["view_knots"][1]),
+               **{f"model/view/{k}": v for k, v in m["view_offsets"].items()},
+               **{f"adam/{s}/{k}": v for s in "mv" for k, v in adam[s].items()},
+               "densify/grad_sum": st["densify"][0], "densify/count": st["densify"][1], "rng/torch": st["gen"]}
+    meta = {"config": st["config"], "scale": st["scale"], "step": st["step"], "track_ids": m["track_ids"],
+            "cameras": list(m["affine"]), "rng": st["rng"],
+            "adam": {"step": adam["step"], "lrs": adam["lrs"], "moments": list(adam["m"])}}
+    return tensors, meta
+
+
+def _spec(v):
+    """The form (`gsim.scenes.checkpoint.Checkpoint.field`) of a JSON value like ``v``."""
+    return {k: _spec(x) for k, x in v.items()} if isinstance(v, dict) else type(v)
+
+
+_CONFIG_SPEC = {**_spec(TrainConfig().to_dict()), "train_span": (None, [float])}
+_PARAM_SHAPES = {"means": (3,), "quats": (4,), "log_scales": (2,), "logit_opacities": (), "sh": (None, 3),
+                 "features": (FEATURES,)}
+LEGACY_ADVICE = ("If you trust where it came from, convert it once with gsim.scenes.train.convert_legacy_checkpoint("
+                 "{path}, trust_pickle=True), which writes checkpoint.safetensors beside it; else train again without "
+                 "--resume.")
+
+
+def load_state(path) -> dict:
+    """A reconstruction checkpoint (`_Run.save`), checked against the layout `_flatten` writes (names, dtypes,
+    shapes, finite values, JSON fields), as `_Run.state` gives it; else an `InputError` naming the file and field."""
+    ck = checkpoint.read(path, KIND, LEGACY_ADVICE)
+    f32 = torch.float32
+    config = ck.field("config", _CONFIG_SPEC)
+    try:
+        TrainConfig.from_dict(config)
+    except InputError as e:
+        raise ck.error("config", str(e)) from None
+    track_ids, cameras = ck.field("track_ids", [str]), ck.field("cameras", [str])
+    for name, ids in (("track_ids", track_ids), ("cameras", cameras)):
+        if len(set(ids)) != len(ids):
+            raise ck.error(name, f"expected distinct names, got {ids}")
+    n = len(ck.tensor("model/means", f32, (None, 3)))
+    params = {k: ck.tensor(f"model/{k}", f32, (n,) + shape) for k, shape in _PARAM_SHAPES.items()}
+    if params["sh"].shape[1] not in (1, 4, 9, 16):
+        raise ck.error("model/sh", f"expected 1, 4, 9 or 16 coefficients (degree 0-3), got {params['sh'].shape[1]}")
+    owner = ck.tensor("model/owner", torch.int64, (n,))
+    if n and not (int(owner.min()) >= -1 and int(owner.max()) < len(track_ids)):
+        raise ck.error("model/owner", f"expected -1 (background) or an index of track_ids (< {len(track_ids)})")
+    head = LidarHead.initial()
+    trainable = {**params, "sky": ck.tensor("model/sky", f32, SKY_SHAPE + (3,)),
+                 **{f"affine/{c}": ck.tensor(f"model/affine/{c}", f32, IDENTITY_AFFINE.shape) for c in cameras},
+                 **{f"head/{k}": ck.tensor(f"model/head/{k}", f32, getattr(head, k).shape) for k in WEIGHTS},
+                 **{f"pose/{i}": ck.tensor(f"model/pose/{i}", f32, (None, 4)) for i in track_ids}}
+    knots = {i: ck.tensor(f"model/pose_knots/{i}", torch.int64, (len(trainable[f"pose/{i}"]),)).numpy()
+             for i in track_ids}
+    times = ck.tensor("model/view_knots", torch.int64, (None,))
+    centres = ck.tensor("model/view_centres", torch.float64, (len(times), 3))
+    trainable.update({f"view/{k}": ck.tensor(f"model/view/{k}", f32, (len(times), 3)) for k in ("rot", "trans")})
+    adam = ck.field("adam", {"step": int, "lrs": {str: float}, "moments": [str]})
+    unknown = [k for k in adam["moments"] if k not in trainable]
+    if unknown:
+        raise ck.error("adam.moments", f"{unknown[:3]} are not trainable tensors of this model")
+    moments = {s: {k: ck.tensor(f"adam/{s}/{k}", f32, tuple(trainable[k].shape)) for k in adam["moments"]}
+               for s in "mv"}
+    grad_sum = ck.tensor("densify/grad_sum", f32, (None,))
+    state = {"config": config, "scale": ck.field("scale", float), "step": ck.field("step", int),
+             "model": {"params": params, "owner": owner, "track_ids": track_ids, "sky": trainable["sky"],
+                       "affine": {c: trainable[f"affine/{c}"] for c in cameras},
+                       "head": {k: trainable[f"head/{k}"] for k in WEIGHTS},
+                       "pose_offsets": {i: trainable[f"pose/{i}"] for i in track_ids}, "pose_knots": knots,
+                       "view_knots": (times.numpy(), centres.numpy()),
+                       "view_offsets": {k: trainable[f"view/{k}"] for k in ("rot", "trans")}},
+             "adam": {**moments, "step": adam["step"], "lrs": adam["lrs"]},
+             "densify": (grad_sum, ck.tensor("densify/count", f32, tuple(grad_sum.shape))),
+             "rng": ck.numpy_rng("rng"), "gen": ck.torch_rng("rng/torch")}
+    ck.done()
+    return state
+
+
+def convert_legacy_checkpoint(path, trust_pickle: bool = False) -> Path:
+    """Rewrite a reconstruction checkpoint of the old format (``checkpoint.pt``, a torch pickle) as
+    ``checkpoint.safetensors`` beside it, which ``gsim reconstruct --resume`` and ``gsim expand`` read; returns its
+    path. An explicit opt-in, for a file whose source you trust (see `gsim.scenes.checkpoint.load_legacy`)."""
+    path = Path(path)
+    out = path.with_name(CHECKPOINT)
+    if out.exists():
+        raise InputError(f"{out}: exists already; refusing to replace it with a conversion of {path.name}")
+    st = checkpoint.load_legacy(path, trust_pickle)
+    try:  # the configuration with the defaults of fields added since (TrainConfig.from_dict)
+        tensors, meta = _flatten({**st, "config": TrainConfig.from_dict(st["config"]).to_dict()})
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise InputError(f"{path}: not a reconstruction checkpoint this gsim can convert ({type(e).__name__}: "
+                         f"{e})") from None
+    checkpoint.write(out, KIND, tensors, meta)
+    try:
+        load_state(out)
+    except InputError:
+        out.unlink()
+        raise
+    return out
+
+
+def _render(run: _Run, view: View, options: RenderOptions):
+    """(frame, rgb): the view as the run's model renders it (its pose correction applied, the sky composed)."""
+    model = run.model
+    surfels = model.surfels_at(view.timestamp_us)
+    if run.cfg.refines_views and not view.pose_corrected:
+        surfels = model.corrected(surfels, view.timestamp_us)
+    frame = render_camera(surfels, view.camera, view.T_world_camera, backend=run.cfg.backend, options=options)
+    dirs = torch.from_numpy(np.ascontiguousarray(view.dirs_world)).to(model.device)
+    return frame, compose(frame.rgb, frame.alpha, Sky(model.sky), dirs, model.affine[view.sensor])
+
+
+def view_loss(run: _Run, view: View) -> float:
+    """The view's photometric loss as the run renders it now (no gradients, no LiDAR): what a fine-tuning's
+    guard watches on real views (`gsim.diffusion.expand`)."""
+    with torch.no_grad():
+        _, rgb = _render(run, view, RenderOptions())
+        on = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(run.model.device)  # noqa: E731
+        mask = None if view.mask is None else on(view.mask)
+        return float(losses.photometric(rgb, on(view.image), run.cfg.ssim_weight, mask))
 
 
 def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, robust: bool = False,
@@ -188,13 +322,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     cfg, model = run.cfg, run.model
     on = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(model.device)  # noqa: E731
     params = {**model.params, **model.extra_params()}
-    surfels = model.surfels_at(view.timestamp_us)
-    if cfg.refines_views:
-        surfels = model.corrected(surfels, view.timestamp_us)
     geometry = run.step >= cfg.normal_from
-    options = RenderOptions(distortion=bool(cfg.distortion_weight and geometry))
-    frame = render_camera(surfels, view.camera, view.T_world_camera, backend=cfg.backend, options=options)
-    rgb = compose(frame.rgb, frame.alpha, Sky(model.sky), on(view.dirs_world), model.affine[view.sensor])
+    frame, rgb = _render(run, view, RenderOptions(distortion=bool(cfg.distortion_weight and geometry)))
     target = on(view.image)
     mask = None if view.mask is None else on(view.mask)
     if robust and cfg.robust_k and run.step >= cfg.robust_from:
@@ -235,10 +364,23 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
             cam = torch.as_tensor(view.T_world_camera[:3, 3], dtype=torch.float32, device=model.device)
             depth = (model.params["means"] - cam).norm(dim=-1)
             run.densifier.accumulate(grad, depth, float(view.camera.fx), view.camera.width)
-    decay = 0.01 ** (run.step / max(cfg.iterations, 1))
+    # past the schedule's end (fine-tuning a finished run: `gsim.diffusion.expand`) the rates stay where it ended
+    decay = 0.01 ** min(run.step / max(cfg.iterations, 1), 1.0)
     run.adam.step(params, {"means": decay, "view/rot": decay, "view/trans": decay,
                            **{f"pose/{i}": decay for i in model.pose_offsets}})
     return float(loss.detach()), losses.psnr(rgb.detach().clamp(0, 1), target)
+
+
+def snapshot(run: _Run) -> dict:
+    """A copy of the run's state that later steps leave alone (`resumed` continues from it)."""
+    return copy.deepcopy(run.state())
+
+
+def resumed(cfg: TrainConfig, state: dict, tracks) -> _Run:
+    """The run that ``state`` (a checkpoint's or a `snapshot`) holds, on a log with these actor ``tracks``."""
+    run = _Run(cfg, SceneModel.from_state(state["model"], tracks), state["scale"])
+    run.restore(state)
+    return run
 
 
 def lidar_sweeps(log, frames, cfg: TrainConfig, ignored: Ignored = {}) -> Dict[int, List[SweepRays]]:
@@ -295,8 +437,7 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
                                                 [v.timestamp_us for v in views], view_centres=centres),
                    scene_scale(views, bg.means))
     else:
-        run = _Run(cfg, SceneModel.from_state(state["model"], log.actors), state["scale"])
-        run.restore(state)
+        run = resumed(cfg, state, log.actors)
     return Training(log, train_frames, views, sweeps, run, bool(found))
 
 
@@ -305,17 +446,18 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     """Train on the log's training frames and write the scene to OUT/scene (and OUT/train.json)."""
     cfg = config or preset("cpu")
     out = Path(out)
+    state = None
+    if resume:
+        found = checkpoint.find(out)
+        if found is None:
+            raise InputError(f"{out / CHECKPOINT}: no checkpoint to resume from")
+        state = load_state(found)
+        cfg = TrainConfig.from_dict(state["config"])  # a resumed run keeps its own configuration
     if cfg.backend != "torch":
         reason = BACKENDS[cfg.backend].probe() if cfg.backend in BACKENDS else f"unknown backend {cfg.backend!r}"
         if reason is not None:
             raise Unavailable(f"preset {cfg.preset!r} needs the {cfg.backend} backend, which is not available "
                                f"here: {reason}")
-    ckpt = out / CHECKPOINT
-    if resume and not ckpt.is_file():
-        raise FileNotFoundError(f"{ckpt}: no checkpoint to resume from")
-    state = torch.load(ckpt, weights_only=False) if resume else None
-    if state is not None:
-        cfg = TrainConfig.from_dict(state["config"])  # a resumed run keeps its own configuration
     torch.manual_seed(cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     t = start(log_path, cfg, state, progress, out)

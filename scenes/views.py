@@ -33,6 +33,9 @@ class View:
     lidar_pix: np.ndarray  # (M,) int64 flat pixel indices
     lidar_depth: np.ndarray  # (M,) float32 camera z, metres
     mask: Optional[np.ndarray] = None  # (H,W) float32, 0 where transients (Ignored points) were seen; None: all 1
+    # True for a pseudo view (`gsim.diffusion.expand`): T_world_camera is already where the scene puts the camera,
+    # so no view pose correction applies, and none is learnt from an image that was not taken there
+    pose_corrected: bool = False
 
     def lidar_covered(self, window: int = 9) -> np.ndarray:
         """(H,W) bool: pixels at or below the highest LiDAR point of their column (the lowest such row

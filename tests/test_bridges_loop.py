@@ -16,49 +16,19 @@ import gsim  # noqa: E402
 from gsim.bridges.dynamics import ActionError, Controls  # noqa: E402
 from gsim.bridges.runner import AgentError, run  # noqa: E402
 from gsim.bridges.scenario import ScenarioError, load_loop_scenario  # noqa: E402
-from gsim.editing import AssetLibrary, insert_actor  # noqa: E402
 from gsim.scenes.log import validate_log  # noqa: E402
-from gsim.scenes.synth import SynthOptions, synthesize  # noqa: E402
-from test_editing import plane, pose  # noqa: E402
-
-STREET = SynthOptions(n_frames=30, width=96, height=60, supersample=1, lidar_beams=16, lidar_azimuth_resolution_deg=1.0)
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """A 3 s synthetic log (the ego drives along +x in the lane at y = -1.75 from x = 0 to about 22 m) and a
-    scene: a ground plane with a parked sedan in the parking lane (x = 12, y = 4.75)."""
-    root = tmp_path_factory.mktemp("loop")
-    synthesize(root / "log", seed=0, options=STREET, progress=False)
-    sedan = AssetLibrary.builtin().get("sedan")
-    scene = insert_actor(gsim.Scene(background=plane(extent=70.0, spacing=0.5)), sedan, [0, 3_000_000],
-                         [pose(12.0, 4.75)] * 2, actor_id="parked")
-    scene.save(root / "scene")
-    return root
-
-
-def scenario(root, name: str, edits=(), **closed_loop) -> str:
-    d = {"schema_version": 1, "name": name, "scene": str(root / "scene"), "log": str(root / "log"),
-         "edits": list(edits), "sensors": {"cameras": ["front"], "lidars": ["top"]}, "closed_loop": closed_loop}
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(d))
-    return str(path)
-
-
-ACROSS = [{"kind": "insert", "asset": "sedan", "id": "across",
-           "track": {"poses": [{"t_us": 0, "xyz": [15.0, -1.75, 0.0], "yaw_deg": 90.0}]}}]
-
+from support import ACROSS, scenario  # noqa: E402
 
 def steps(out):
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
 
-def test_replay_of_the_unedited_log_drives_it_without_collision(base, tmp_path):
-    m = run(scenario(base, "free"), "replay", tmp_path / "r", progress=False)
+def test_replay_of_the_unedited_log_drives_it_without_collision(loop_street, tmp_path):
+    m = run(scenario(loop_street, "free"), "replay", tmp_path / "r", progress=False)
     assert m["collision"] is False and m["completed"] is True
     assert m["route_completion"] > 0.97 and m["drivable_area_compliance"] == 1.0 and m["score"] > 0.9
     # the replayed ego stays on the logged path
-    log = gsim.scenes.log.load_log(base / "log")
+    log = gsim.scenes.log.load_log(loop_street / "log")
     rows = steps(tmp_path / "r")
     dev = [np.linalg.norm(np.array([s["ego"]["x_m"], s["ego"]["y_m"]]) - log.T_world_vehicle(s["t_us"])[:2, 3])
            for s in rows]
@@ -67,8 +37,8 @@ def test_replay_of_the_unedited_log_drives_it_without_collision(base, tmp_path):
     assert abs(rows[1]["metrics"]["progress_m"] - 0.1 * rows[0]["ego"]["speed_mps"]) < 0.05
 
 
-def test_lidar_aeb_stops_before_a_car_across_its_lane_and_replay_hits_it(base, tmp_path):
-    path = scenario(base, "across", ACROSS)
+def test_lidar_aeb_stops_before_a_car_across_its_lane_and_replay_hits_it(loop_street, tmp_path):
+    path = scenario(loop_street, "across", ACROSS)
     aeb = run(path, "lidar-aeb", tmp_path / "aeb", progress=False)
     assert aeb["collision"] is False
     last = steps(tmp_path / "aeb")[-1]
@@ -83,8 +53,8 @@ def test_lidar_aeb_stops_before_a_car_across_its_lane_and_replay_hits_it(base, t
     assert priv["collision"] is False and priv["score"] > aeb["score"] - 1e-9
 
 
-def test_sumo_traffic_is_reproducible_for_a_seed(base, tmp_path):
-    path = scenario(base, "traffic", traffic={"density_per_km_lane": 40})
+def test_sumo_traffic_is_reproducible_for_a_seed(loop_street, tmp_path):
+    path = scenario(loop_street, "traffic", traffic={"density_per_km_lane": 40})
     strip = lambda rows: [{k: r[k] for k in ("ego", "actors", "metrics")} for r in rows]  # noqa: E731
     a = run(path, "privileged", tmp_path / "a", seed=3, progress=False, render=False)
     b = run(path, "privileged", tmp_path / "b", seed=3, progress=False, render=False)
@@ -94,25 +64,25 @@ def test_sumo_traffic_is_reproducible_for_a_seed(base, tmp_path):
     assert strip(ra) == strip(rb) and a["score"] == b["score"]
     assert strip(ra) != strip(rc)
     # with the sensors rendered and an agent that reads them
-    path = scenario(base, "across_repro", ACROSS)
+    path = scenario(loop_street, "across_repro", ACROSS)
     run(path, "lidar-aeb", tmp_path / "d", seed=1, progress=False)
     run(path, "lidar-aeb", tmp_path / "e", seed=1, progress=False)
     assert steps(tmp_path / "d") == steps(tmp_path / "e")
 
 
-def test_a_network_of_your_own_with_its_transform(base, tmp_path):
+def test_a_network_of_your_own_with_its_transform(loop_street, tmp_path):
     """A user's .net.xml in its own frame (here: the street's network turned 90 degrees and shifted), with the
     transform to the world and its routes: SUMO traffic lands on the road, the replay stays on it."""
     import shutil
     from gsim.bridges.sumo import RoadSpec, build_network
-    log = gsim.scenes.log.load_log(base / "log")
+    log = gsim.scenes.log.load_log(loop_street / "log")
     T = np.array([[0.0, -1, 0, 100], [1, 0, 0, -40], [0, 0, 1, 0], [0, 0, 0, 1]])  # T_net_world
     path = log.ego_poses[:, :2, 3] @ T[:2, :2].T + T[:2, 3]
     built = build_network(path, RoadSpec(), tmp_path / "net")
     shutil.copy(built.path, tmp_path / "mine.net.xml")
     road = {"net": str(tmp_path / "mine.net.xml"), "T_world_net": np.linalg.inv(T).tolist(),
             "forward_route": built.forward_route, "opposite_route": built.opposite_route}
-    m = run(scenario(base, "own_net", road=road, traffic={"density_per_km_lane": 20}), "replay", tmp_path / "own",
+    m = run(scenario(loop_street, "own_net", road=road, traffic={"density_per_km_lane": 20}), "replay", tmp_path / "own",
             progress=False, render=False)
     assert m["drivable_area_compliance"] == 1.0 and m["route_completion"] > 0.97 and not m["collision"]
     from gsim.bridges.road import Polyline
@@ -122,9 +92,9 @@ def test_a_network_of_your_own_with_its_transform(base, tmp_path):
     assert len(cars) > 3 and max(min(lane.project(p)[2][0] for lane in lanes) for p in in_net) < 0.3
 
 
-def test_a_run_writes_metrics_video_log_and_mcap(base, tmp_path):
+def test_a_run_writes_metrics_video_log_and_mcap(loop_street, tmp_path):
     out = tmp_path / "run"
-    m = run(scenario(base, "rec", ACROSS), "lidar-aeb", out, progress=False)
+    m = run(scenario(loop_street, "rec", ACROSS), "lidar-aeb", out, progress=False)
     saved = json.loads((out / "metrics.json").read_text())
     for k in ("collision", "score", "route_completion", "steps", "no_collision", "drivable_area_compliance",
               "time_to_collision", "ego_progress", "comfort"):
@@ -177,8 +147,8 @@ class RaisingAgent:
         raise KeyError("boom")
 
 
-def test_agent_faults_stop_the_run_with_the_step_and_keep_what_was_done(base, tmp_path):
-    path = scenario(base, "faults")
+def test_agent_faults_stop_the_run_with_the_step_and_keep_what_was_done(loop_street, tmp_path):
+    path = scenario(loop_street, "faults")
     with pytest.raises(ActionError, match="step 3"):
         run(path, "test_bridges_loop:NaNAgent", tmp_path / "nan", progress=False, render=False)
     saved = json.loads((tmp_path / "nan" / "metrics.json").read_text())
@@ -208,19 +178,19 @@ for line in sys.stdin:
 """
 
 
-def test_an_agent_in_its_own_process_drives_over_json_lines(base, tmp_path):
+def test_an_agent_in_its_own_process_drives_over_json_lines(loop_street, tmp_path):
     script = tmp_path / "agent.py"
     script.write_text(AGENT_SCRIPT)
     import sys
-    m = run(scenario(base, "exec", ACROSS), f"exec:{sys.executable} {script}", tmp_path / "exec", progress=False)
+    m = run(scenario(loop_street, "exec", ACROSS), f"exec:{sys.executable} {script}", tmp_path / "exec", progress=False)
     assert m["completed"] and not m["collision"]
     assert steps(tmp_path / "exec")[-1]["ego"]["speed_mps"] == 0.0  # it braked all the way
     with pytest.raises(AgentError, match="step [01].*exited"):  # at the reset line or the first step: a race
-        run(scenario(base, "exec2"), f"exec:{sys.executable} -c pass", tmp_path / "exec2", progress=False,
+        run(scenario(loop_street, "exec2"), f"exec:{sys.executable} -c pass", tmp_path / "exec2", progress=False,
             render=False)
 
 
-def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(base, tmp_path, monkeypatch):
+def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(loop_street, tmp_path, monkeypatch):
     """SUMO dying (gsim.bridges.sumo raises SumoError, tested with a killed SUMO in test_bridges_sumo) ends
     the run with an error that names the step, after every completed step was recorded."""
     from gsim.bridges import sumo
@@ -235,7 +205,7 @@ def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(base, tmp_pat
         return real(self)
 
     monkeypatch.setattr(sumo.SumoTraffic, "step", dying)
-    path = scenario(base, "sumo_dies", traffic={"density_per_km_lane": 20})
+    path = scenario(loop_street, "sumo_dies", traffic={"density_per_km_lane": 20})
     with pytest.raises(LoopError, match="step 4: SUMO failed"):
         run(path, "privileged", tmp_path / "dies", progress=False, render=False)
     saved = json.loads((tmp_path / "dies" / "metrics.json").read_text())
@@ -243,11 +213,11 @@ def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(base, tmp_pat
     validate_log(tmp_path / "dies" / "log")
 
 
-def test_log_actors_handed_to_sumo_keep_their_surfels_and_react(base, tmp_path):
+def test_log_actors_handed_to_sumo_keep_their_surfels_and_react(loop_street, tmp_path):
     from gsim.bridges.loop import ClosedLoop
     lead = [{"kind": "insert", "asset": "suv", "id": "lead",
              "track": {"path": [[12.0, -1.75], [60.0, -1.75]], "speed_mps": 8.0}}]
-    sc = load_loop_scenario(scenario(base, "handover", lead, log_actors={"mode": "sumo", "handover_s": 0.5}))
+    sc = load_loop_scenario(scenario(loop_street, "handover", lead, log_actors={"mode": "sumo", "handover_s": 0.5}))
     with ClosedLoop(sc, seed=0, render=False) as loop:
         obs = loop.reset()
         before = [a for a in loop.scene_at().actors if a.id == "lead"][0]
@@ -260,20 +230,20 @@ def test_log_actors_handed_to_sumo_keep_their_surfels_and_react(base, tmp_path):
         assert x > 12.0 + 8.0 * 0.5 + 3.0  # it drove on under SUMO
 
 
-def test_bad_closed_loop_scenarios_are_refused_naming_the_field(base, tmp_path):
+def test_bad_closed_loop_scenarios_are_refused_naming_the_field(loop_street, tmp_path):
     with pytest.raises(ScenarioError, match="closed_loop.road"):
-        load_loop_scenario(scenario(base, "bad", road={"lanes": 1, "ego_lane": 2}))
+        load_loop_scenario(scenario(loop_street, "bad", road={"lanes": 1, "ego_lane": 2}))
     with pytest.raises(ScenarioError, match="closed_loop.step_s"):
-        load_loop_scenario(scenario(base, "bad2", step_s=-1))
+        load_loop_scenario(scenario(loop_street, "bad2", step_s=-1))
     with pytest.raises(FileNotFoundError, match="shipped"):
         load_loop_scenario("no-such-scenario")
 
 
-def test_gymnasium_environment_passes_check_env(base):
+def test_gymnasium_environment_passes_check_env(loop_street):
     import gymnasium
     from gymnasium.utils.env_checker import check_env
-    import gsim.bridges  # noqa: F401  (registers gsim/ClosedLoop-v0)
-    env = gymnasium.make("gsim/ClosedLoop-v0", scenario=scenario(base, "gym", ACROSS))
+    import gsim.bridges.env  # noqa: F401  (registers gsim/ClosedLoop-v0)
+    env = gymnasium.make("gsim/ClosedLoop-v0", scenario=scenario(loop_street, "gym", ACROSS))
     check_env(env.unwrapped, skip_render_check=True)
     obs, _ = env.reset(seed=1)
     assert obs["cameras"]["front"].shape == (60, 96, 3) and obs["route"].shape == (61, 2)

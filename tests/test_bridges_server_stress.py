@@ -30,8 +30,8 @@ from gsim.bridges import sensor_pb2 as pb  # noqa: E402
 from gsim.bridges import sensor_pb2_grpc as pb_grpc  # noqa: E402
 from gsim.bridges.client import RemoteSession, SensorClient  # noqa: E402
 from gsim.bridges.dynamics import Controls  # noqa: E402
-from test_bridges_loop import base  # noqa: E402,F401  (the module fixture: a synthetic street)
-from test_bridges_server import Served, start_server  # noqa: E402
+from gsim.bridges.server import ServerProcess as Served  # noqa: E402
+from support import start_server  # noqa: E402
 
 SERVICE = "/gsim.sensor.v1.SensorService/"
 METHODS = ("ListScenes", "DescribeScene", "RenderCamera", "RenderLidar", "StartSession", "StepSession", "EndSession",
@@ -76,9 +76,9 @@ def kill(s: Served) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(base):
+def server(loop_street):
     """The shared server: one worker and a queue of 2, so that 3 calls at once are admitted."""
-    s = start_server(base, "--queue", "2", "--sessions-dir", str(base / "stress-sessions"))
+    s = start_server(loop_street, "--queue", "2", "--sessions-dir", str(loop_street / "stress-sessions"))
     yield s
     try:
         assert terminate(s, 60) == 0, "".join(s.lines[-40:])
@@ -254,7 +254,10 @@ RENDER_CAMERA = mutated(
                              st.sampled_from(["front", "front_left", "rear", ""]), TEXT))),
      "T_world_camera": transforms(T_WORLD_CAMERA), "T_world_vehicle": transforms(np.eye(4)), "timestamp_us": TIMES,
      "actor_poses": ACTOR_POSES, "depth": st.booleans(), "alpha": st.booleans(), "encoding": ENCODINGS,
-     "jpeg_quality": QUALITIES, "backend": BACKENDS})
+     "jpeg_quality": QUALITIES, "backend": BACKENDS,
+     "readout_us": st.sampled_from([0, 1, 30_000, 10_000_000, 10_000_001, 2**32 - 1]),
+     "T_world_camera_end": transforms(T_WORLD_CAMERA), "T_world_vehicle_end": transforms(np.eye(4)),
+     "end_timestamp_us": TIMES})
 RENDER_LIDAR = mutated(
     pb.RenderLidarRequest,
     [dict(scene_id="scene", lidar=("preset", "velodyne-vlp16"), T_world_lidar=T_LIDAR, timestamp_us=T_ACTORS_US),
@@ -452,6 +455,12 @@ def test_malformed_fields_get_their_documented_codes(server, client):
          "camera_model.model"),
         ("RenderCamera", camera(camera_model=pb.CameraModel(model="pinhole", width=32, height=24, fx=20, fy=20,
                                                             k1=0.1)), IA, "camera_model.k1"),
+        ("RenderCamera", camera(camera_model=pb.CameraModel(model="pinhole", width=32, height=24, fx=NAN, fy=20)), IA,
+         "camera_model.fx"),
+        ("RenderCamera", camera(camera_model=pb.CameraModel(model="opencv", width=32, height=24, fx=20, fy=20,
+                                                            k1=INF)), IA, "camera_model.k1"),
+        ("RenderCamera", camera(T_world_camera_end=pb.Transform(m=nan_pose.ravel()), end_timestamp_us=T_ACTORS_US + 1),
+         IA, "T_world_camera_end"),
         ("RenderCamera", camera(scene_id="nope"), NF, "scene_id"),
         ("RenderCamera", camera(encoding=7), IA, "encoding"),
         ("RenderCamera", camera(jpeg_quality=2**32 - 1), IA, "jpeg_quality"),
@@ -467,6 +476,18 @@ def test_malformed_fields_get_their_documented_codes(server, client):
                                                 min_range_m=1, max_range_m=100)), IA, "spec"),
         ("RenderLidar", lidar(spec=pb.LidarSpec(elevations_deg=[0.0], azimuth_resolution_deg=NAN)), IA,
          "spec.azimuth_resolution_deg"),
+        ("RenderLidar", lidar(spec=pb.LidarSpec(name="s", elevations_deg=[0.0], azimuth_resolution_deg=1, spin_hz=INF,
+                                                min_range_m=1, max_range_m=100)), IA, "spec.spin_hz"),
+        ("RenderLidar", lidar(spec=pb.LidarSpec(name="s", elevations_deg=[0.0, NAN], azimuth_resolution_deg=1,
+                                                spin_hz=10, min_range_m=1, max_range_m=100)), IA,
+         "spec.elevations_deg[1]"),
+        ("RenderLidar", lidar(spec=pb.LidarSpec(name="s", elevations_deg=[0.0], azimuth_resolution_deg=1, spin_hz=10,
+                                                min_range_m=1, max_range_m=-INF)), IA, "spec.max_range_m"),
+        ("RenderLidar", lidar(spec=pb.LidarSpec(name="s", elevations_deg=[0.0], azimuth_resolution_deg=1, spin_hz=10,
+                                                min_range_m=1, max_range_m=100, start_azimuth_deg=NAN)), IA,
+         "spec.start_azimuth_deg"),
+        ("RenderLidar", lidar(T_world_lidar_end=pb.Transform(m=inf_pose.ravel()), end_timestamp_us=T_ACTORS_US + 1),
+         IA, "T_world_lidar_end"),
         ("RenderLidar", lidar(hit_alpha=-1.0), IA, "hit_alpha"),
         ("RenderLidar", lidar(hit_alpha=NAN), IA, "hit_alpha"),
         ("RenderLidar", lidar(end_timestamp_us=T_ACTORS_US - 1, T_world_lidar_end=T), IA, "end_timestamp_us"),
@@ -487,6 +508,9 @@ def test_malformed_fields_get_their_documented_codes(server, client):
         ("StepSession", waypoints(data=np.array([[0.5, NAN, 0.0]]).tobytes()), IA, "action"),
         ("StepSession", pb.StepSessionRequest(session_id=live_session, controls=pb.Controls(accel_mps2=INF)), IA,
          "action"),
+        ("StepSession", pb.StepSessionRequest(session_id=live_session, controls=pb.Controls(steer_rate_rps=NAN)), IA,
+         "action"),
+        ("StepSession", waypoints(data=np.array([[INF, 1.0, 0.0]]).tobytes()), IA, "action"),
         ("EndSession", pb.EndSessionRequest(session_id=""), NF, "session_id"),
     ]
     for method, req, want, field in cases:
@@ -642,23 +666,23 @@ def test_a_deadline_too_short_gets_deadline_exceeded(server, client):
 
 
 def record_of(sessions, session_id: str):
-    """The record directory of a session (``<scenario>-<id>``), its metrics.json and steps.jsonl rows."""
-    rec = sessions / f"across-{session_id}"
+    """The record directory of a session (``<scenario>/<id>``), its metrics.json and steps.jsonl rows."""
+    rec = sessions / "across" / session_id
     metrics = json.loads((rec / "metrics.json").read_text())
     rows = [json.loads(line) for line in (rec / "steps.jsonl").read_text().splitlines()]
     return rec, metrics, rows
 
 
-def test_an_idle_session_expires_and_keeps_its_record(base, tmp_path):
+def test_an_idle_session_expires_and_keeps_its_record(loop_street, tmp_path):
     sessions = tmp_path / "sessions"
-    s = start_server(base, "--session-timeout-s", "2", "--max-sessions", "1", "--sessions-dir", str(sessions))
+    s = start_server(loop_street, "--session-timeout-s", "2", "--max-sessions", "1", "--sessions-dir", str(sessions))
     try:
         with SensorClient(s.address, timeout_s=CALL_TIMEOUT_S) as c:
             run = c.session("across", max_steps=10)
             assert run.idle_timeout_s == 2.0
             run.step(Controls(0.5, 0.0))
             last_call = time.monotonic()
-            metrics_json = sessions / f"across-{run.session_id}" / "metrics.json"
+            metrics_json = sessions / "across" / run.session_id / "metrics.json"
             while not metrics_json.is_file():  # no call meanwhile: one would keep the session alive
                 assert time.monotonic() - last_call < 20, "the idle session was not ended"
                 time.sleep(0.05)
@@ -683,11 +707,11 @@ def test_an_idle_session_expires_and_keeps_its_record(base, tmp_path):
     assert not [p for p in sessions.rglob("*") if ".tmp-" in p.name]
 
 
-def test_sigterm_under_load_exits_cleanly_and_records_the_open_session(base, tmp_path):
+def test_sigterm_under_load_exits_cleanly_and_records_the_open_session(loop_street, tmp_path):
     """SIGTERM while 4 clients render and a session is open (and stepped): the server exits 0 in time, calls
     in flight succeed or end UNAVAILABLE / CANCELLED, the session's record is complete, no temporary files."""
     sessions = tmp_path / "sessions"
-    s = start_server(base, "--sessions-dir", str(sessions))
+    s = start_server(loop_street, "--sessions-dir", str(sessions))
     codes, lock, stop = Counter(), threading.Lock(), threading.Event()
     try:
         with SensorClient(s.address, timeout_s=CALL_TIMEOUT_S) as c:

@@ -18,14 +18,39 @@ def gsim_cli(*args, check=True):
     return p
 
 
+COMMANDS = ("render", "info", "street", "import-ply", "export-ply", "render-lidar", "demo", "synth", "convert",
+            "export-nerfstudio", "validate", "reconstruct", "eval", "trajectory", "truth", "scenario", "library",
+            "diffusion", "expand", "closed-loop", "serve")
+# what the command line must not load to list its commands: the kernels and every optional extra
+HEAVY = ("torch", "numba", "gsplat", "diffusers", "transformers", "grpc", "sumolib", "libsumo", "traci", "gymnasium",
+         "mcap", "trimesh", "pydantic", "yaml", "kiss_icp")
+
+
 def test_help_lists_subcommands_without_loading_heavy_modules():
     out = gsim_cli("--help").stdout
-    for sub in ("render", "render-lidar", "info", "demo", "street", "synth", "convert", "reconstruct", "eval", "validate",
-                "import-ply", "export-ply", "export-nerfstudio"):
-        assert sub in out
-    code = "import sys, gsim.cli; gsim.cli.build_parser(); print(sorted(m for m in ('torch', 'numba', 'gsplat') if m in sys.modules))"
+    listing = out[out.index("COMMAND\n"):out.index("options:")].splitlines()
+    assert tuple(line.split()[0] for line in listing if line.startswith("    ") and line[4] != " ") == COMMANDS
+    code = (f"import sys, gsim.cli; gsim.cli.build_parser(); print(sorted(m for m in {HEAVY!r} "
+            f"if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "[]"
+
+
+def test_each_layer_registers_its_own_commands():
+    from gsim.cli import build_parser, commands
+    owners = {name[0]: p.get_default("fn").__module__ for name, p in commands(build_parser()).items()}
+    assert owners["render"] == owners["info"] == "gsim.cli" and owners["render-lidar"] == "gsim.lidar.cli"
+    assert owners["reconstruct"] == owners["eval"] == "gsim.scenes.cli" and owners["library"] == "gsim.editing.cli"
+    assert owners["expand"] == "gsim.diffusion.cli" and owners["serve"] == owners["closed-loop"] == "gsim.bridges.cli"
+    a = build_parser().parse_args(["render", "s", "--trajectory", "t", "--out", "o", "--repair", "m"])
+    assert a.repair == "m" and a.open_repairer.__module__ == "gsim.diffusion.cli"  # diffusion's option on core's command
+
+
+def test_the_parser_knows_the_asset_categories():
+    pytest.importorskip("pydantic")
+    from gsim.editing.cli import CATEGORIES
+    from gsim.editing.library import CATEGORIES as library_categories
+    assert CATEGORIES == library_categories
 
 
 @pytest.fixture(scope="module")

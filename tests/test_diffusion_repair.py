@@ -2,6 +2,7 @@
 repair keeps shapes and ranges, it saves and loads in diffusers' format, and `train` runs end to end on a
 tiny synthetic log (degraded reconstructions, pairs, checkpoints, resume, the model card)."""
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -10,8 +11,10 @@ import torch
 pytest.importorskip("diffusers")
 
 import gsim  # noqa: E402
+from gsim.diffusion import train as train_mod  # noqa: E402
 from gsim.diffusion.repair import RepairConfig, RepairModel  # noqa: E402
 from gsim.diffusion.train import TrainOptions, train  # noqa: E402
+from gsim.errors import InputError  # noqa: E402
 from gsim.scenes.synth import SynthOptions, synthesize  # noqa: E402
 
 TINY = RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20)
@@ -61,7 +64,7 @@ def test_save_and_load_round_trip(tmp_path):
         RepairModel.load(tmp_path / "model")
 
 
-def test_train_end_to_end_resumes_and_writes_a_card(tmp_path):
+def test_train_end_to_end_resumes_and_writes_a_card(tmp_path, monkeypatch):
     log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
                                                                       lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
                      progress=False)
@@ -75,6 +78,27 @@ def test_train_end_to_end_resumes_and_writes_a_card(tmp_path):
     assert (tmp_path / "model" / "README.md").read_text().startswith("# gsim repair model")
     assert json.loads((tmp_path / "model" / "card.json").read_text())["steps"] == 6
     first = RepairModel.load(tmp_path / "model")
+    # killed after step 4 (the checkpoint of step 3 the last), resumed: the same weights as the run straight through
+    (tmp_path / "killed-work").mkdir()
+    shutil.copy(tmp_path / "model-work" / "pairs.npz", tmp_path / "killed-work")  # no degraded reconstructions again
+    real_batch, calls = train_mod._batch, []
+
+    def killed_at_4(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_batch(*args)
+    monkeypatch.setattr(train_mod, "_batch", killed_at_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "scene", log, tmp_path / "killed", opts, TINY, work=tmp_path / "killed-work", progress=False)
+    monkeypatch.setattr(train_mod, "_batch", real_batch)
+    train(tmp_path / "scene", log, tmp_path / "killed", opts, TINY, work=tmp_path / "killed-work", resume=True,
+          progress=False)
+    resumed = RepairModel.load(tmp_path / "killed").unet.state_dict()
+    assert all(torch.equal(v, resumed[k]) for k, v in first.unet.state_dict().items())
+    with pytest.raises(InputError, match=r"checkpoint.safetensors: unet/.*expected shape"):  # another model's
+        train(tmp_path / "scene", log, tmp_path / "killed", opts, RepairConfig(channels=(16, 32)),
+              work=tmp_path / "killed-work", resume=True, progress=False)
     again = train(tmp_path / "scene", log, tmp_path / "model", TrainOptions(steps=8, batch=2, crop=16, degraded=((2, 3),),
                                                                             extrapolated=((0, 0.5, 3),)),
                   TINY, resume=True, progress=False)  # the pairs and the degraded scene are reused; 2 more steps

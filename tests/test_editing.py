@@ -13,30 +13,15 @@ from gsim.cameras import PinholeCamera  # noqa: E402
 from gsim.editing import (AssetLibrary, EditError, asset_from_actor, asset_from_mesh, asset_from_ply,  # noqa: E402
                           insert_actor, remove_actor)
 from gsim.editing.library import load_asset  # noqa: E402
+from gsim.errors import InputError  # noqa: E402
 from gsim.lidar import LidarSpec  # noqa: E402
 from gsim.lidar.render import render_lidar  # noqa: E402
 from gsim.surfels import rgb_to_sh  # noqa: E402
 from gsim.transforms import look_at, rotmat_to_quat  # noqa: E402
+from support import plane, pose  # noqa: E402
 
 T0 = 1_000_000
 CAM = PinholeCamera(width=160, height=120, fx=120.0, fy=120.0, cx=80.0, cy=60.0)
-
-
-def plane(slope: float = 0.0, extent: float = 30.0, spacing: float = 0.25, hole=None) -> gsim.Surfels:
-    """A ground plane z = slope * x over |x|, |y| <= extent (grey), tiled by overlapping surfels;
-    ``hole``: (xmin, xmax, ymin, ymax) left empty."""
-    xs, ys = np.meshgrid(np.arange(-extent, extent, spacing), np.arange(-extent, extent, spacing), indexing="ij")
-    x, y = xs.ravel(), ys.ravel()
-    if hole is not None:
-        keep = ~((x > hole[0]) & (x < hole[1]) & (y > hole[2]) & (y < hole[3]))
-        x, y = x[keep], y[keep]
-    n = np.array([-slope, 0.0, 1.0]) / np.hypot(slope, 1.0)
-    ax = np.array([1.0, 0.0, slope]) / np.hypot(slope, 1.0)
-    R = np.stack([ax, np.cross(n, ax), n], axis=1)
-    m = len(x)
-    rgb = 0.35 + 0.1 * ((np.floor(x) + np.floor(y)) % 2)[:, None] * np.ones(3)
-    return gsim.Surfels(np.c_[x, y, slope * x], np.tile(rotmat_to_quat(R), (m, 1)), np.full((m, 2), 0.8 * spacing),
-                        np.full(m, 0.95), rgb_to_sh(rgb)[:, None, :])
 
 
 def wall(x: float) -> gsim.Surfels:
@@ -45,14 +30,6 @@ def wall(x: float) -> gsim.Surfels:
     q = rotmat_to_quat(np.array([[0.0, 0, 1], [0, 1, 0], [-1, 0, 0]]))  # normal along x
     return gsim.Surfels(np.c_[np.full(m, x), ys.ravel(), zs.ravel()], np.tile(q, (m, 1)), np.full((m, 2), 0.08),
                         np.full(m, 0.99), rgb_to_sh(np.full((m, 1, 3), 0.8)))
-
-
-def pose(x, y, yaw=0.0, z=0.0):
-    T = np.eye(4)
-    c, s = np.cos(yaw), np.sin(yaw)
-    T[:3, :3] = [[c, -s, 0], [s, c, 0], [0, 0, 1]]
-    T[:3, 3] = (x, y, z)
-    return T
 
 
 CAM_POSE = look_at((0.0, 0.0, 1.6), (10.0, 0.0, 0.8))
@@ -283,6 +260,14 @@ def test_library_directory_round_trip_and_manifest_errors(tmp_path, sedan):
     (folder / "asset.json").write_text(json.dumps(m))
     with pytest.raises(gsim.SceneFormatError, match=r"asset.json: category: Input should be"):
         load_asset(folder)
+    m["category"] = "car"
+    for size in ("[4.6, Infinity, 1.4]", "[4.6, NaN, 1.4]", "[4.6, -Infinity, 1.4]", "[4.6, 1e999, 1.4]"):
+        (folder / "asset.json").write_text(json.dumps({**m, "size": "@"}).replace('"@"', size))
+        with pytest.raises(gsim.SceneFormatError, match=r"asset.json: size.1: Input should be a finite number"):
+            load_asset(folder)
+    from dataclasses import replace
+    with pytest.raises(InputError, match=r"asset 'sedan': size.2: Input should be a finite number"):
+        replace(sedan, size=(4.6, 1.8, float("inf")))
     with pytest.raises(PermissionError):
         AssetLibrary.builtin().add(sedan)
 

@@ -1,5 +1,6 @@
 """Scene expansion (`gsim.diffusion.expand`): where new surfels go, the distillation end to end on a tiny
 reconstruction (the training views keep their quality), and bad input."""
+import dataclasses
 import json
 
 import numpy as np
@@ -11,6 +12,7 @@ pytest.importorskip("diffusers")
 import gsim  # noqa: E402
 from gsim.diffusion.expand import ExpandOptions, expand, fill_points  # noqa: E402
 from gsim.diffusion.repair import RepairConfig, RepairModel  # noqa: E402
+from gsim.errors import InputError  # noqa: E402
 from gsim.transforms import look_at  # noqa: E402
 
 
@@ -62,7 +64,7 @@ def recon(tmp_path_factory):
 
 
 def _train_psnr(scene, log):
-    from gsim.scenes.evaluate import image_metrics, render_image
+    from gsim.images import image_metrics, render_image
     from gsim.scenes.log import load_log
     from gsim.scenes.views import make_views, split_frames
     lg = load_log(log)
@@ -93,7 +95,7 @@ def test_expand_distils_and_keeps_the_training_views(recon, tmp_path):
 def test_a_scene_without_its_checkpoint_is_refused(recon, tmp_path):
     log, scene_dir = recon
     gsim.load_scene(scene_dir).save(tmp_path / "alone" / "scene")
-    with pytest.raises(FileNotFoundError, match="gsim reconstruct --out"):
+    with pytest.raises(InputError, match="gsim reconstruct --out"):
         expand(tmp_path / "alone" / "scene", log, None, tmp_path / "x", progress=False)
 
 
@@ -117,3 +119,118 @@ def test_pseudo_views_teach_only_where_the_repair_changed_the_render_or_it_was_a
     m = corrected(render, repaired, filled, ExpandOptions())
     assert m[5:8, 10:14].all() and m[3:10, 8:16].all() and not m[:2].any()  # dilated by 2 px
     assert m[15:, 25:].all() and m.sum() == 7 * 8 + 5 * 5
+
+
+@pytest.fixture(scope="module")
+def small_recon(tmp_path_factory):
+    """A smaller reconstruction of another synthetic seed (5)."""
+    from gsim.scenes.init import InitOptions
+    from gsim.scenes.synth import SynthOptions, synthesize
+    from gsim.scenes.train import preset, reconstruct
+    root = tmp_path_factory.mktemp("guard")
+    log = synthesize(root / "log", seed=5, options=SynthOptions(
+        n_frames=9, width=48, height=32, supersample=1, lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
+        progress=False)
+    cfg = preset("cpu", iterations=30, checkpoint_every=30, downscale=2, init=InitOptions(voxel_m=0.5,
+                                                                                         max_surfels=8_000))
+    return log, reconstruct(log, root / "out", cfg, progress=False)
+
+
+@pytest.fixture(params=["recon", "small_recon"], ids=["seed3", "seed5"])
+def either_recon(request):
+    """The fix and the guard on two seeds."""
+    return request.getfixturevalue(request.param)
+
+
+def collapse_at_stage(monkeypatch, stage: int):
+    """From the given stage (1-based) on, the first surfels a stage adds come with every opacity pushed near 0:
+    the collapse seen when an expansion diverged (the background's median opacity fell 0.66 -> 0.39)."""
+    import gsim.diffusion.expand as ex
+    import gsim.scenes.train as tr
+    stages, add = [], ex.add_surfels
+
+    def counting(run):
+        stages.append(False)
+        return real_snapshot(run)
+
+    def collapsing(run, *fill):
+        n = add(run, *fill)
+        if len(stages) >= stage and not stages[-1]:
+            stages[-1] = True
+            with torch.no_grad():
+                run.model.params["logit_opacities"] -= 8.0
+        return n
+    real_snapshot = tr.snapshot
+    monkeypatch.setattr(tr, "snapshot", counting)
+    monkeypatch.setattr(ex, "add_surfels", collapsing)
+
+
+def test_a_collapsing_stage_is_undone_and_the_last_good_scene_kept(either_recon, tmp_path, monkeypatch):
+    log, scene_dir = either_recon
+    collapse_at_stage(monkeypatch, 2)
+    model = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20))
+    opts = ExpandOptions(shifts=(1.0, 2.0, 3.0), iterations=30, every=4, allow_worse=True)
+    with pytest.warns(UserWarning, match="2 m beside stage was undone"):
+        summary = expand(scene_dir, log, model, tmp_path / "x", opts, progress=False)
+    first, second = summary["stages"]  # the 3 m stage never ran: it would build on the undone one
+    assert first["kept"] and not second["kept"] and "stopped" in second
+    assert second["surfels"] == first["surfels"]  # back to the first stage's scene, its added surfels included
+    assert json.loads((tmp_path / "x" / "expand.json").read_text())["stages"][1]["kept"] is False
+    before, after = gsim.load_scene(scene_dir), gsim.load_scene(tmp_path / "x" / "scene")
+    assert len(after.background) + sum(len(a.surfels) for a in after.actors) == first["surfels"]
+    assert np.median(after.background.opacities) > 0.5 * np.median(before.background.opacities)  # not collapsed
+
+
+def test_an_expansion_with_no_stage_kept_writes_no_scene(small_recon, tmp_path, monkeypatch):
+    from gsim.diffusion.expand import ExpansionRefused
+    log, scene_dir = small_recon
+    collapse_at_stage(monkeypatch, 1)
+    model = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20))
+    with pytest.warns(UserWarning, match="undone"), pytest.raises(ExpansionRefused, match="no stage could be kept"):
+        expand(scene_dir, log, model, tmp_path / "x", ExpandOptions(shifts=(1.0,), iterations=20, every=4),
+               progress=False)
+    assert not (tmp_path / "x" / "scene").exists() and not (tmp_path / "x" / "checkpoint.safetensors").exists()
+    assert json.loads((tmp_path / "x" / "expand.json").read_text())["refused"] == "no stage could be kept"
+
+
+def test_a_scene_worse_on_held_out_views_is_refused_unless_allowed(small_recon, tmp_path, monkeypatch):
+    import gsim.diffusion.expand as ex
+    from gsim.diffusion.expand import ExpansionRefused
+    log, scene_dir = small_recon
+    measured = []
+    real = ex.held_out_psnr
+
+    def worse(run, views, lidar):  # the real measurement, then 0.3 dB off it after the expansion
+        measured.append(real(run, views, lidar))
+        return measured[0] - 0.3 * (len(measured) - 1)
+    monkeypatch.setattr(ex, "held_out_psnr", worse)
+    model = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20))
+    opts = ExpandOptions(shifts=(1.0,), iterations=10, every=4)
+    with pytest.raises(ExpansionRefused, match="0.30 dB worse"):
+        expand(scene_dir, log, model, tmp_path / "x", opts, progress=False)
+    assert not (tmp_path / "x" / "scene").exists()
+    assert 10 < measured[0] < 60  # a real PSNR of the log's held-out views
+    measured.clear()
+    s = expand(scene_dir, log, model, tmp_path / "y", dataclasses.replace(opts, allow_worse=True), progress=False)
+    assert s["held_out_psnr_after"] == pytest.approx(s["held_out_psnr_before"] - 0.3)
+    assert (tmp_path / "y" / "scene" / "scene.json").is_file()
+
+
+def test_pseudo_views_leave_the_training_views_pose_corrections_alone(either_recon):
+    """A pseudo view is rendered where the scene puts its camera; learning the training view's pose correction
+    from it (a repaired image taken metres away) dragged the scene's poses."""
+    from gsim.diffusion.expand import checkpoint_of, pseudo_view
+    from gsim.scenes.train import TrainConfig, load_state, start, train_step
+    log, scene_dir = either_recon
+    state = load_state(checkpoint_of(scene_dir))
+    t = start(log, TrainConfig.from_dict(state["config"]), state)
+    assert t.run.cfg.refines_views
+    v = t.views[3]
+    offsets = lambda: [x.detach().clone() for x in t.run.model.view_offsets.values()]  # noqa: E731
+    was = offsets()
+    fake = pseudo_view(v, v.T_world_camera, np.clip(v.image[::-1] + 0.2, 0, 1), np.ones(v.image.shape[:2]))
+    for _ in range(3):
+        train_step(t.run, fake, {}, t.log)
+    assert all(torch.equal(a, b) for a, b in zip(was, offsets()))
+    train_step(t.run, dataclasses.replace(fake, pose_corrected=False), {}, t.log)  # a view that may learn it
+    assert not all(torch.equal(a, b) for a, b in zip(was, offsets()))

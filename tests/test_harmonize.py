@@ -11,7 +11,7 @@ pytest.importorskip("yaml")
 
 from gsim.diffusion.harmonize import Harmonizer, harmonize, region  # noqa: E402
 from gsim.diffusion.repair import RepairConfig, RepairModel  # noqa: E402
-from test_scenario import base, scenario_dict  # noqa: E402,F401 (base: the tiny street fixture)
+from support import scenario_dict  # noqa: E402
 
 
 def box_mask(H=40, W=40, rows=(10, 20), cols=(15, 25)):
@@ -68,14 +68,14 @@ def test_an_empty_mask_returns_the_render_without_a_model_call():
     assert img is rgb and not w.any()
 
 
-def test_render_world_harmonizes_around_inserted_actors_only(base, model, tmp_path):
+def test_render_world_harmonizes_around_inserted_actors_only(edit_street, model, tmp_path):
     from PIL import Image
 
     from gsim.editing.outputs import render_world
     from gsim.editing.scenario import parse_scenario
     from gsim.editing.world import apply
     from gsim.scenes.log import load_log
-    root, _ = base
+    root, _ = edit_street
     outs = {}
     for name, h in (("plain", None), ("harmonized", Harmonizer(model, "tiny-model"))):
         sc = parse_scenario(scenario_dict(root, edits=scenario_dict(root)["edits"][:1],  # the insert only

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import gsim
+from gsim.errors import InputError
+from gsim.images import render_image
 from gsim.scenes import train as train_mod
-from gsim.scenes.evaluate import evaluate, render_image
+from gsim.scenes.evaluate import evaluate
 from gsim.scenes.init import InitOptions, initial_surfels
 from gsim.scenes.log import LogWriter, load_log
 from gsim.scenes.model import SceneModel
@@ -245,7 +247,7 @@ def test_resume_after_a_kill_ends_with_the_same_scene(log_dir, tmp_path, monkeyp
     monkeypatch.setattr(train_mod, "train_step", killed_at_6)
     with pytest.raises(KeyboardInterrupt):
         reconstruct(log_dir, tmp_path / "b", cfg, progress=False)
-    assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["step"] == 4
+    assert train_mod.load_state(tmp_path / "b" / train_mod.CHECKPOINT)["step"] == 4
     assert not list((tmp_path / "b").glob(".*tmp*"))
     monkeypatch.setattr(train_mod, "train_step", real_step)
     reconstruct(log_dir, tmp_path / "b", resume=True, progress=False)
@@ -303,7 +305,7 @@ def test_cuda_preset_trains_on_the_gpu_and_resumes(log_dir, tmp_path, monkeypatc
     monkeypatch.setattr(train_mod, "train_step", killed_at_30)
     with pytest.raises(KeyboardInterrupt):
         reconstruct(log_dir, tmp_path, preset("cuda", **small), progress=False)
-    state = torch.load(tmp_path / train_mod.CHECKPOINT, weights_only=False)
+    state = train_mod.load_state(tmp_path / train_mod.CHECKPOINT)
     assert state["step"] == 20 and state["model"]["params"]["means"].device.type == "cpu"  # loads anywhere
     assert state["adam"]["m"]["means"].device.type == "cpu"
     monkeypatch.setattr(train_mod, "train_step", real_step)
@@ -313,7 +315,7 @@ def test_cuda_preset_trains_on_the_gpu_and_resumes(log_dir, tmp_path, monkeypatc
 
 
 def test_bad_input(log_dir, tmp_path):
-    with pytest.raises(FileNotFoundError, match="checkpoint"):
+    with pytest.raises(InputError, match="no checkpoint"):
         reconstruct(log_dir, tmp_path / "none", resume=True, progress=False)
     with pytest.raises(ValueError, match="preset"):
         preset("gpu")

@@ -7,13 +7,8 @@ import torch
 
 import gsim
 from gsim.render.common import RenderOptions
+from support import CAMERAS, PIN, one_surfel, random_scene
 
-PIN = gsim.PinholeCamera(64, 64, 100.0, 100.0, 32.0, 32.0)
-CAMERAS = [
-    gsim.PinholeCamera(48, 32, 40.0, 42.0, 24.5, 15.5),
-    gsim.OpenCVCamera(48, 32, 40.0, 42.0, 23.0, 17.0, k1=-0.2, k2=0.05, p1=0.002, p2=-0.001),
-    gsim.FisheyeCamera(48, 32, 20.0, 20.0, 24.0, 16.0, k1=0.02, k2=-0.005),
-]
 BACKENDS = ["torch", "numba"]
 
 
@@ -22,24 +17,8 @@ def quat_axis_angle(axis, angle):
     return np.concatenate([[math.cos(angle / 2)], math.sin(angle / 2) * axis])
 
 
-def one_surfel(center, quat=(1, 0, 0, 0), scales=(0.2, 0.2), opacity=0.9, rgb=(1.0, 0.2, 0.1)):
-    return gsim.Surfels(np.array([center], float), np.array([quat], float), np.array([scales], float),
-                        np.array([opacity], float), np.array([rgb], float))
-
-
 def pixel_rays(cam):
     return cam.ray_table()  # (H,W,2) rays (x/z, y/z) through pixel centres
-
-
-def random_scene(n, seed, sh_degree=1, spread=(2.0, 1.5, 1.0), z=6.0):
-    rng = np.random.default_rng(seed)
-    q = rng.normal(size=(n, 4))
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    k = (sh_degree + 1) ** 2
-    colors = rng.normal(size=(n, k, 3)) * 0.3
-    colors[:, 0] += 0.5
-    return gsim.Surfels(rng.normal(size=(n, 3)) * spread + [0, 0, z], q, rng.uniform(0.05, 0.5, (n, 2)),
-                        rng.uniform(0.1, 1.0, n), colors)
 
 
 def dense_oracle(surfels, cam, near=0.01, bg=(0, 0, 0)):

@@ -10,7 +10,7 @@ import torch
 import gsim
 from gsim.render import _pick
 from gsim.render.common import DISTORTION_FAR, DISTORTION_NEAR, DISTORTION_SCALE, RenderOptions
-from test_render import CAMERAS, PIN, one_surfel, random_scene
+from support import CAMERAS, PIN, one_surfel, random_scene
 
 PARAMS = ("means", "quats", "scales", "opacities", "colors")
 OUTPUTS = ("rgb", "alpha", "depth", "normal", "distortion")

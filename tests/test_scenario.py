@@ -9,40 +9,12 @@ pytest.importorskip("trimesh")
 pytest.importorskip("yaml")
 
 import gsim  # noqa: E402
-from gsim.editing import AssetLibrary, EditError, insert_actor  # noqa: E402
+from gsim.editing import EditError  # noqa: E402
 from gsim.editing.outputs import render_world  # noqa: E402
 from gsim.editing.scenario import ScenarioError, load_scenario, parse_scenario, save_scenario  # noqa: E402
 from gsim.editing.world import apply  # noqa: E402
-from gsim.scenes.log import load_log, validate_log  # noqa: E402
-from gsim.scenes.synth import SynthOptions, synthesize  # noqa: E402
-from test_editing import plane, pose  # noqa: E402
-
-TINY = SynthOptions(n_frames=5, width=96, height=60, supersample=1, lidar_beams=8, lidar_azimuth_resolution_deg=2.0)
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """A tiny synthetic log (0.4 s of driving along +x in the lane at y = -1.75) and a scene: a ground
-    plane with one parked sedan, actor 'parked_a', at x = 12, y = 4."""
-    root = tmp_path_factory.mktemp("scn")
-    log = synthesize(root / "log", seed=0, options=TINY, progress=False)
-    sedan = AssetLibrary.builtin().get("sedan")
-    scene = insert_actor(gsim.Scene(background=plane()), sedan, [0, 400_000], [pose(12.0, 4.0)] * 2,
-                         actor_id="parked_a", shadow=False)
-    scene.save(root / "scene")
-    return root, log
-
-
-def scenario_dict(root, **over):
-    d = {"schema_version": 1, "name": "t", "scene": str(root / "scene"), "log": str(root / "log"),
-         "edits": [{"kind": "insert", "asset": "sedan", "id": "ahead",
-                    "track": {"path": [[10.0, -1.75], [30.0, -1.75]], "speed_mps": 5.0}},
-                   {"kind": "remove", "actor": "parked_a"}],
-         "sensors": {"cameras": ["front"], "lidars": ["top"]},
-         "output": str(root / "out")}
-    d.update(over)
-    return d
-
+from gsim.scenes.log import validate_log  # noqa: E402
+from support import scenario_dict  # noqa: E402
 
 def write(tmp_path, text):
     p = tmp_path / "s.yaml"
@@ -50,8 +22,8 @@ def write(tmp_path, text):
     return p
 
 
-def test_round_trip(tmp_path, base):
-    root, _ = base
+def test_round_trip(tmp_path, edit_street):
+    root, _ = edit_street
     sc = parse_scenario(scenario_dict(root))
     save_scenario(sc, tmp_path / "a.yaml")
     back = load_scenario(tmp_path / "a.yaml")
@@ -60,8 +32,8 @@ def test_round_trip(tmp_path, base):
     assert (tmp_path / "a.yaml").read_text() == (tmp_path / "b.yaml").read_text()
 
 
-def test_validation_errors_name_the_field(tmp_path, base):
-    root, _ = base
+def test_validation_errors_name_the_field(tmp_path, edit_street):
+    root, _ = edit_street
     bad = scenario_dict(root)
     bad["edits"][0]["track"]["speed_mps"] = -1
     with pytest.raises(ScenarioError, match=r"edits\[0\]\.track\.speed_mps: Input should be greater than or equal to 0"):
@@ -69,9 +41,11 @@ def test_validation_errors_name_the_field(tmp_path, base):
     with pytest.raises(ScenarioError, match=r"edits\[1\]\.actor: Field required"):
         parse_scenario(scenario_dict(root, edits=[{"kind": "insert", "asset": "sedan", "track": {"poses": [
             {"t_us": 0, "xyz": [1, 2, 0]}]}}, {"kind": "remove"}]))
+    with pytest.raises(ScenarioError, match=r"time\.end_us: Input should be less than or equal to 4611686018427387904"):
+        parse_scenario(scenario_dict(root, time={"end_us": 10 ** 30}))  # times fit numpy's int64
     with pytest.raises(ScenarioError, match=r"schema_version"):
         parse_scenario(scenario_dict(root, schema_version=7))
-    with pytest.raises(ScenarioError, match=r"edits\[0\]\.track: Value error, give either poses or path"):
+    with pytest.raises(ScenarioError, match=r"edits\[0\]\.track: give either poses or path"):
         parse_scenario(scenario_dict(root, edits=[{"kind": "insert", "asset": "sedan", "track": {}}]))
     with pytest.raises(ScenarioError, match=r"s.yaml: not valid YAML"):
         load_scenario(write(tmp_path, "edits: [unclosed\n"))
@@ -81,8 +55,58 @@ def test_validation_errors_name_the_field(tmp_path, base):
         load_scenario(write(tmp_path, "- just\n- a list\n"))
 
 
-def test_bad_edits_are_clear_errors_and_write_nothing(base):
-    root, _ = base
+# (YAML spelling at a field, the field path the error names): NaN and infinities in every kind of number field
+NON_FINITE = [
+    ("edits: [{kind: insert, asset: sedan, track: {poses: [{t_us: 0, xyz: [1, .nan, 0]}]}}]",
+     r"edits\[0\]\.track\.poses\[0\]\.xyz\[1\]"),
+    ("edits: [{kind: insert, asset: sedan, track: {poses: [{t_us: 0, xyz: [1, 2, 0], yaw_deg: .inf}]}}]",
+     r"edits\[0\]\.track\.poses\[0\]\.yaw_deg"),
+    ("edits: [{kind: insert, asset: sedan, track: {poses: [{t_us: .inf, xyz: [1, 2, 0]}]}}]",
+     r"edits\[0\]\.track\.poses\[0\]\.t_us"),
+    ("edits: [{kind: insert, asset: sedan, track: {path: [[0, 0], [-.inf, 1]], speed_mps: 3}}]",
+     r"edits\[0\]\.track\.path\[1\]\[0\]"),
+    ("edits: [{kind: insert, asset: sedan, track: {path: [[0, 0], [9, 1]], speed_mps: .Inf}}]",
+     r"edits\[0\]\.track\.speed_mps"),
+    ("edits: [{kind: insert, asset: sedan, track: {path: [[0, 0], [9, 1]], speed_mps: [2, .NaN]}}]",
+     r"edits\[0\]\.track\.speed_mps\[1\]"),
+    ("edits: [{kind: move, actor: a, shift_m: [0, +.inf, 0]}]", r"edits\[0\]\.shift_m\[1\]"),
+    ("edits: [{kind: move, actor: a, speed_scale: .inf}]", r"edits\[0\]\.speed_scale"),
+    ("edits: [{kind: move, actor: a, speed_scale: 1.0e+999}]", r"edits\[0\]\.speed_scale"),
+    ("ego: {shift_m: .NAN}", r"ego\.shift_m"),
+    ("ego: {size_m: [4, 2, .inf]}", r"ego\.size_m\[2\]"),
+    ("time: {end_us: .inf}", r"time\.end_us"),
+]
+
+
+@pytest.mark.parametrize("text,where", NON_FINITE)
+def test_non_finite_numbers_are_refused_naming_the_field(tmp_path, text, where):
+    head = "schema_version: 1\nname: t\nscene: s\nlog: l\noutput: o\n"
+    with pytest.raises(ScenarioError, match=rf"s\.yaml: {where}: Input should be a finite number"):
+        load_scenario(write(tmp_path, head + text + "\n"))
+
+
+@pytest.mark.parametrize("text,where", NON_FINITE[:2] + [
+    ("closed_loop: {duration_s: .inf}", r"closed_loop\.duration_s"),
+    ("closed_loop: {step_s: .nan}", r"closed_loop\.step_s"),
+    ("closed_loop: {target_speed_mps: .inf}", r"closed_loop\.target_speed_mps"),
+    ("closed_loop: {road: {lane_width_m: .nan}}", r"closed_loop\.road\.lane_width_m"),
+    ("closed_loop: {road: {net: n.net.xml, T_world_net: [[1, 0, 0, 0], [0, 1, 0, .nan], [0, 0, 1, 0], [0, 0, 0, 1]]}}",
+     r"closed_loop\.road\.T_world_net\[1\]\[3\]"),
+    ("closed_loop: {traffic: {vehicles: [{pos_m: -.inf}]}}", r"closed_loop\.traffic\.vehicles\[0\]\.pos_m"),
+    ("closed_loop: {traffic: {vclass_mix: {passenger: .inf}}}", r"closed_loop\.traffic\.vclass_mix\.passenger"),
+    ("closed_loop: {traffic: {keep_clear_m: [-.inf, 30]}}", r"closed_loop\.traffic\.keep_clear_m\[0\]"),
+    ("closed_loop: {log_actors: {mode: sumo, handover_s: .inf}}", r"closed_loop\.log_actors\.handover_s"),
+    ("closed_loop: {vehicle: {wheelbase_m: .nan}}", r"closed_loop\.vehicle\.wheelbase_m"),
+])
+def test_non_finite_numbers_are_refused_in_closed_loop_scenarios(tmp_path, text, where):
+    from gsim.bridges.scenario import load_loop_scenario
+    head = "schema_version: 1\nname: t\nscene: s\nlog: l\n"
+    with pytest.raises(ScenarioError, match=rf"s\.yaml: {where}: Input should be a finite number"):
+        load_loop_scenario(write(tmp_path, head + text + "\n"))
+
+
+def test_bad_edits_are_clear_errors_and_write_nothing(edit_street):
+    root, _ = edit_street
 
     def fails(match, **over):
         with pytest.raises(EditError, match=match):
@@ -104,8 +128,8 @@ def test_bad_edits_are_clear_errors_and_write_nothing(base):
     assert not (root / "out").exists()
 
 
-def test_render_writes_a_log_with_every_track_and_labels_that_match_the_masks(base):
-    root, _ = base
+def test_render_writes_a_log_with_every_track_and_labels_that_match_the_masks(edit_street):
+    root, _ = edit_street
     sc = parse_scenario(scenario_dict(root))
     world = apply(sc)
     assert [a.id for a in world.scene.actors] == ["ahead"] and world.changed == ("ahead",)
@@ -127,9 +151,10 @@ def test_render_writes_a_log_with_every_track_and_labels_that_match_the_masks(ba
         x1, y1, x2, y2 = objs[0]["box2d"]
         v, u = np.nonzero(mask == 1)
         assert u.min() == x1 and v.min() == y1 and u.max() + 1 == x2 and v.max() + 1 == y2
-        # the KITTI 3D box, projected with the calibration's P2, covers the instance's pixels
+        # the KITTI 3D box, projected with the calibration's P2, covers the instance's pixels (KITTI's convention:
+        # pixel centres at integers, so the 2D box is the JSON's less 0.5)
         line = (out / "kitti" / "front" / "label_2" / f"{i:06d}.txt").read_text().split()
-        assert line[0] == "Car"
+        assert line[0] == "Car" and [float(x) for x in line[4:8]] == [x1 - 0.5, y1 - 0.5, x2 - 0.5, y2 - 0.5]
         h, w, l, x, y, z, ry = map(float, line[8:15])
         calib = (out / "kitti" / "front" / "calib" / f"{i:06d}.txt").read_text().splitlines()
         P2 = np.array([float(t) for t in calib[2].split()[1:]]).reshape(3, 4)
@@ -139,14 +164,14 @@ def test_render_writes_a_log_with_every_track_and_labels_that_match_the_masks(ba
         uvw = np.c_[pts, np.ones(8)] @ P2.T
         pu, pv = uvw[:, 0] / uvw[:, 2], uvw[:, 1] / uvw[:, 2]
         m = 2  # pixels: the screen-space filter and the surfels' overhang widen edges in this tiny image
-        inside = (u + 0.5 >= pu.min() - m) & (u + 0.5 <= pu.max() + m) & (v + 0.5 >= pv.min() - m) & (v + 0.5 <= pv.max() + m)
+        inside = (u >= pu.min() - m) & (u <= pu.max() + m) & (v >= pv.min() - m) & (v <= pv.max() + m)
         assert inside.mean() > 0.99
         assert (pu.max() - pu.min()) < 1.3 * (x2 - x1) + 2 * m  # and it is not a loose box either
 
 
-def test_scenario_cli(base, tmp_path, capsys):
+def test_scenario_cli(edit_street, tmp_path, capsys):
     from gsim.cli import main
-    root, _ = base
+    root, _ = edit_street
     p = write(tmp_path, json.dumps(scenario_dict(root, output=str(tmp_path / "o"))))
     assert main(["scenario", "validate", str(p), "--check"]) == 0
     assert "valid scenario 't'" in capsys.readouterr().out

@@ -15,7 +15,6 @@ binning and the compositor here.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 
@@ -29,10 +28,9 @@ from ..scene import Part
 from ..surfels import Surfels
 from .common import (ALPHA_THRESHOLD, DISTORTION_SCALE, FILTER_INV_SQUARE, MAX_ALPHA, N_RECORD, T_MIN, TILE_SIZE,
                      CameraFrame, RenderOptions, tile_table, world_to_camera)
+from .numba_tiles import FASTMATH, ONE, depth_keys, gaussian, small_chunks, tile_lists
 from .torch_backend import SH_C
 
-# No 'nnan'/'ninf': bounds use +-inf, and the pixel loop computes inf/NaN in lanes it does not select.
-FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 # Per-surfel record: common.RECORD_FIELDS (0-17), then the footprint bounds umin umax vmin vmax (18-21).
 REC = N_RECORD + 4
 C0, C1 = SH_C[0], SH_C[1]
@@ -198,21 +196,8 @@ def _preprocess(means, quats, scales, opac, sh, Rcw, tcw, cen, fx, fy, near, far
 
 # float32 constants keep the pixel loop in single precision (Python literals are float64)
 f32 = np.float32
-ONE, M_HALF, EXP_FLOOR, MAX_A, A_MIN, T_END = f32(1), f32(-0.5), f32(-5.6), f32(MAX_ALPHA), f32(ALPHA_THRESHOLD), f32(T_MIN)
+MAX_A, A_MIN, T_END = f32(MAX_ALPHA), f32(ALPHA_THRESHOLD), f32(T_MIN)
 F_INV_SQ, D_SCALE = f32(FILTER_INV_SQUARE), f32(DISTORTION_SCALE)
-E16, E2, E6, E24, E120, E720, E5040 = f32(1 / 16), f32(1 / 2), f32(1 / 6), f32(1 / 24), f32(1 / 120), f32(1 / 720), f32(1 / 5040)
-
-
-@njit(cache=True, fastmath=FASTMATH, inline="always")
-def _exp_neg(x):
-    """exp(x) for x in [-6, 0] to ~1e-7 relative, branch-free so the pixel loop vectorizes:
-    a degree-7 Taylor series at x/16, squared four times."""
-    y = x * E16
-    p = ONE + y * (ONE + y * (E2 + y * (E6 + y * (E24 + y * (E120 + y * (E720 + y * E5040))))))
-    p = p * p
-    p = p * p
-    p = p * p
-    return p * p
 
 
 @njit(cache=True, inline="always")
@@ -238,7 +223,7 @@ def _splat(u, v, geo, fx, fy, near):
     # the ray-splat hit wins when it lies beyond the near plane and rho_3d <= rho_2d
     use3 = (z3 > near) & (rho3 <= rho2)
     rho = rho3 if use3 else rho2
-    gauss = _exp_neg(max(M_HALF * rho, EXP_FLOOR))  # e^-5.6 < 1/255
+    gauss = gaussian(rho)
     return min(op * gauss, MAX_A), z3 if use3 else cz, use3, gauss, du, dv, qa, qb, qz, rho3, z3
 
 
@@ -251,69 +236,6 @@ def _span(ranges, t, lo, hi):
         first += ranges[t, 1, k] < lo
         last += ranges[t, 0, k] <= hi
     return first, last
-
-
-@njit(cache=True)
-def _depth_keys(depth, rect):
-    """Sort keys of the surfels that meet a tile: the float32 depth's bits (positive floats order like
-    their bits) above the index, so that a plain sort of the keys is a stable sort by depth."""
-    bits = depth.view(np.int32)
-    n = 0
-    for i in range(rect.shape[0]):
-        n += rect[i, 0] < rect[i, 1]
-    keys = np.empty(n, np.int64)
-    n = 0
-    for i in range(rect.shape[0]):
-        if rect[i, 0] < rect[i, 1]:
-            keys[n] = (np.int64(bits[i]) << 32) | i
-            n += 1
-    return keys
-
-
-@njit(cache=True, inline="always")
-def _overlaps(bounds, i, tile_bounds, t):
-    """Whether surfel i's footprint bound meets tile t's ray bounds."""
-    return ((bounds[i, 0] <= tile_bounds[t, 1]) & (bounds[i, 1] >= tile_bounds[t, 0])
-            & (bounds[i, 2] <= tile_bounds[t, 3]) & (bounds[i, 3] >= tile_bounds[t, 2]))
-
-
-@njit(parallel=True, cache=True)
-def _tile_lists(order, rect, bounds, tile_bounds, tiles_x, n_parts, wrap=False):
-    """Counting sort of the (tile, surfel) overlaps by tile, surfels in ``order`` within a tile: tile
-    t's list is lst[start[t]:start[t + 1]]. In parallel over n_parts parts of ``order``, each with its
-    own slots in every tile's list. ``wrap``: the rectangles are exact (no bounds test: bounds and
-    tile_bounds only give the number of tiles) and their x range may run past tiles_x, wrapping
-    around (a 360-degree azimuth grid)."""
-    n_tiles, n = tile_bounds.shape[0], order.shape[0]
-    pos = np.zeros((n_parts, n_tiles), np.int64)
-    for part in prange(n_parts):
-        for j in range(part * n // n_parts, (part + 1) * n // n_parts):
-            i = order[j]
-            for ty in range(rect[i, 2], rect[i, 3]):
-                for tx in range(rect[i, 0], rect[i, 1]):
-                    t = ty * tiles_x + (tx - tiles_x if tx >= tiles_x else tx)
-                    if wrap:
-                        pos[part, t] += 1
-                    else:
-                        pos[part, t] += _overlaps(bounds, i, tile_bounds, t)
-    start = np.empty(n_tiles + 1, np.int64)
-    total = 0
-    for t in range(n_tiles):
-        start[t] = total
-        for part in range(n_parts):
-            total, pos[part, t] = total + pos[part, t], total
-    start[n_tiles] = total
-    lst = np.empty(total, np.int32)
-    for part in prange(n_parts):
-        for j in range(part * n // n_parts, (part + 1) * n // n_parts):
-            i = order[j]
-            for ty in range(rect[i, 2], rect[i, 3]):
-                for tx in range(rect[i, 0], rect[i, 1]):
-                    t = ty * tiles_x + (tx - tiles_x if tx >= tiles_x else tx)
-                    if wrap or _overlaps(bounds, i, tile_bounds, t):  # (short-circuits: bounds unused when wrap)
-                        lst[pos[part, t]] = i
-                        pos[part, t] += 1
-    return start, lst
 
 
 # A tile's state is one flat float32 array of planes (ray u, v, transmittance, then rgb, alpha, depth,
@@ -431,17 +353,6 @@ def _rasterize(start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy, near,
                 normal[q, ch] = st[PNX + np.uint64(ch * PLANE) + i] * inv
 
 
-@contextlib.contextmanager
-def small_chunks(size: int = 2):
-    """prange in chunks of ``size`` (default 2, for tiles): items differ widely in cost (tiles; surfels, which
-    come grouped by kind), and prange otherwise splits them evenly."""
-    previous = numba.set_parallel_chunksize(size)
-    try:
-        yield
-    finally:
-        numba.set_parallel_chunksize(previous)
-
-
 def _out_of_view(part: Part, T_world_camera: np.ndarray, camera: Camera, tab, options: RenderOptions) -> bool:
     """Whether a part's bounding sphere lies wholly outside the view: behind the near plane, past the far
     one, or beyond a side of the pyramid of the pixels' rays (widened by 4 pixels for the screen-space
@@ -491,7 +402,7 @@ def _workspace(n: int) -> list:
 def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions):
     """The records (M, REC) float32 (from float64 maths) of the M surfels that meet a tile, in depth order
     (this thread's scratch memory: valid until its next bin_surfels; copy them to keep them), the tiles'
-    lists of them (start, lst; see _tile_lists) and which surfel each is (order (M,), an index into the
+    lists of them (start, lst; see numba_tiles.tile_lists) and which surfel each is (order (M,), an index into the
     surfels or the parts' surfels one after the other). For numpy surfels or `Scene.placed` parts: each
     part is projected from its own frame, with the camera's pose in that frame (records are in camera and
     screen space, so they compose), and nothing is moved or copied."""
@@ -512,7 +423,7 @@ def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: Rend
                     float(camera.fx), float(camera.fy), float(options.near), float(options.far),
                     tab.tile_col_u[None], tab.tile_row_v[None], rec_all[sl], depth[sl], rect_all[sl], closed)
         o += n
-    keys = _depth_keys(depth, rect_all)
+    keys = depth_keys(depth, rect_all)
     keys.sort()  # numpy's (vectorized) sort
     order = keys & 0xFFFFFFFF
     # in depth order and compact: the lists then read records in increasing order, and nothing is kept of the
@@ -521,7 +432,7 @@ def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: Rend
     rec, rect = rec[:M], rect[:M]
     _gather(order, rec_all, rect_all, rec, rect)
     # the footprint bounds as the records hold them: padded outward in float64 by more than float32 rounds
-    start, lst = _tile_lists(np.arange(M), rect, rec[:, 18:22], tab.bounds, tab.tiles_x, numba.get_num_threads())
+    start, lst = tile_lists(np.arange(M), rect, rec[:, 18:22], tab.bounds, tab.tiles_x, numba.get_num_threads())
     return rec, start, lst, order
 
 

@@ -26,9 +26,9 @@ from ..cameras import Camera
 from ..errors import InputError
 from ..surfels import Surfels
 from .common import N_RECORD, TILE_SIZE, CameraFrame, RenderOptions, tile_table, world_to_camera
-from .numba_backend import (A_MIN, D_SCALE, F_INV_SQ, FASTMATH, LANES, MAX_A, N_PLANES_TRACKED, ONE, PA, PF, PL,
-                            PLANE, PM, PM2, PR, PT, ROW, U_LANES, C0, _geometry, _make_compositor, _span, _splat,
-                            bin_surfels, f64, small_chunks)
+from .numba_backend import (A_MIN, D_SCALE, F_INV_SQ, LANES, MAX_A, N_PLANES_TRACKED, PA, PF, PL, PLANE, PM, PM2, PR,
+                            PT, ROW, U_LANES, C0, _geometry, _make_compositor, _span, _splat, bin_surfels, f64)
+from .numba_tiles import FASTMATH, ONE, small_chunks
 from .torch_backend import finish, project
 
 _composite_tile_tracked = _make_compositor(True)

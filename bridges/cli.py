@@ -1,0 +1,148 @@
+"""The bridges layer's commands: ``gsim closed-loop`` and ``gsim serve``. SUMO, gymnasium and gRPC (the sumo
+and serve extras) load inside the commands."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from gsim.cli_args import camera_backends, int_at_least, positive
+from gsim.errors import InputError
+
+SERVE_HELP = """Serve scenes over gRPC (the network sensor API: bridges/sensor.proto, docs/network_api.md).
+
+Services: gsim.sensor.v1.SensorService (ListScenes, DescribeScene, RenderCamera, RenderLidar, StartSession,
+StepSession, EndSession, GetServerInfo), grpc.health.v1.Health and server reflection (grpcurl works without
+the proto). Python: from gsim.bridges.client import SensorClient.
+
+Bound to 127.0.0.1 unless --host says otherwise; then a bearer token is required (--token-file or
+GSIM_SERVE_TOKEN) and so is TLS (--tls-cert, --tls-key), since the token would otherwise travel in clear:
+--insecure serves plaintext anyway, on a network you trust, with a warning.
+"""
+
+CLOSED_LOOP_HELP = """Drive an agent through a scenario in closed loop.
+
+Each step: the agent acts on its observation (rendered cameras and LiDAR, ego state, route; privileged agents
+also get the ground-truth boxes) -> the ego's kinematic bicycle model advances one step (0.1 s) -> SUMO steps
+with the ego injected, so traffic reacts -> the log's actors (replayed on their tracks) and SUMO's vehicles
+(drawn with library assets) are placed -> the sensors render at the new pose -> metrics -> record.
+
+Agents: replay (the logged path and timing), privileged (car following + pure pursuit on ground truth), lidar-aeb
+(route following, brakes for LiDAR returns in its path), module:attribute (a class with act(obs)) or
+exec:COMMAND (an agent process speaking JSON lines, see gsim.bridges.agents.ProcessAgent).
+Shipped scenarios (on the demo street, built on first use): stopped-car (a car stands in the ego's lane),
+lead-car (a slower car ahead), traffic (SUMO traffic at a density).
+
+Writes DIR/metrics.json (collision, score = NC x DAC x (5 TTC + 5 EP + 2 C) / 12, route_completion, steps and
+each sub-metric), metrics.md, steps.jsonl, video.mp4 (camera | bird's-eye view), log/ (the run as a gsim
+driving log) and run.mcap (Foxglove). A failing run keeps every completed step. See docs/closed_loop.md.
+"""
+
+
+def cmd_closed_loop(a) -> int:
+    from .agents import load_agent
+    from .runner import run, run_batch
+    from .scenario import SHIPPED, ensure_demo, load_loop_scenario
+    agents = a.agent.split(",") if not a.agent.startswith("exec:") else [a.agent]
+    try:
+        seeds = [int(x) for x in a.seed.split(",")]
+    except ValueError:
+        raise InputError(f"--seed: expected integers separated by commas, got {a.seed!r}") from None
+    for name in agents:
+        load_agent(name)  # bad input fails before anything starts
+    for sc in a.scenario:
+        loaded = load_loop_scenario(sc)
+        if sc in SHIPPED:
+            ensure_demo(loaded)
+    if len(a.scenario) == 1 and len(agents) == 1 and len(seeds) == 1:
+        m = run(a.scenario[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo)
+        print(f"{m['scenario']} / {m['agent']} (seed {m['seed']}): score {m['score']:.3f}, collision {m['collision']}, "
+              f"route completion {m['route_completion']:.2f}, {m['steps']} steps in {m['wall_s']:.1f} s -> {a.out}")
+        return 0
+    rows = run_batch(a.scenario, agents, seeds, a.out, max_steps=a.steps, client=a.sumo)
+    print(f"{len(rows)} runs -> {Path(a.out) / 'table.md'}")
+    return 0
+
+
+def _read(option: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise InputError(f"{option} {path}: cannot read it ({e.strerror or e})") from None
+
+
+def cmd_serve(a) -> int:
+    import os
+    # the server forks (ffmpeg for run videos, SUMO) while gRPC's threads run: gRPC's fork handlers would
+    # skip or hang there, and the children exec at once anyway (read when grpc is first imported)
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+    from .scenario import SCENARIOS_DIR, SHIPPED
+    from .server import Limits, check_exposure, load_served, serve_forever, start
+    if bool(a.tls_cert) != bool(a.tls_key):
+        raise InputError("--tls-cert and --tls-key: give both (a PEM certificate chain and its private key)")
+    token = os.environ.get("GSIM_SERVE_TOKEN") or None
+    if a.token_file:
+        try:
+            token = _read("--token-file", a.token_file).decode().strip()
+        except UnicodeDecodeError:
+            raise InputError(f"--token-file {a.token_file}: not UTF-8 text") from None
+        if not token:
+            raise InputError(f"--token-file {a.token_file}: the file is empty")
+    tls = (_read("--tls-key", a.tls_key), _read("--tls-cert", a.tls_cert)) if a.tls_cert else None
+    check_exposure(a.host, token, tls, a.insecure)  # (start() checks it too; here before the scenes load, minutes)
+    served = {}
+    for arg in a.scene or [*SHIPPED, str(SCENARIOS_DIR.parent / "out" / "demo")]:  # (the scenarios build it)
+        t0 = time.perf_counter()
+        s = load_served(arg, progress=True)
+        if s.id in served:
+            raise InputError(f"{arg}: a second scene with the id {s.id!r} (ids are folder or scenario names)")
+        served[s.id] = s
+        print(f"gsim serve: {s.kind} {s.id!r} ({len(s.scene.actors)} actors, cameras {sorted(s.cameras)}, LiDARs "
+              f"{sorted(s.lidars)}) loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    limits = Limits(workers=a.workers, queue=a.queue, max_sessions=a.max_sessions, session_idle_s=a.session_timeout_s)
+    server = start(served, a.host, a.port, token, tls, limits, a.sessions_dir, backend=a.backend, insecure=a.insecure)
+    print(f"gsim serve: listening on {a.host}:{server.port} ({'TLS' if tls else 'plaintext'}, "
+          f"{'token required' if token else 'no token'}; {len(served)} scenes; SIGTERM or Ctrl-C stops)", flush=True)
+    serve_forever(server)
+    return 0
+
+
+def register(sub) -> None:
+    cl = sub.add_parser("closed-loop", formatter_class=argparse.RawDescriptionHelpFormatter,
+                        help="drive an agent through a scenario with SUMO traffic, with metrics, video, log and MCAP",
+                        description=CLOSED_LOOP_HELP)
+    cl.add_argument("scenario", nargs="+", help="scenario YAML files or shipped names (stopped-car, lead-car, "
+                                                 "traffic); several: a batch")
+    cl.add_argument("--agent", default="lidar-aeb", help="replay, privileged, lidar-aeb or module:attribute; "
+                                                         "comma-separated: a batch (default lidar-aeb)")
+    cl.add_argument("--out", required=True, help="the run directory (a batch: one per scenario/agent/seed and "
+                                                 "table.md)")
+    cl.add_argument("--seed", default="0", help="SUMO's and the traffic's seed; comma-separated: a batch")
+    cl.add_argument("--steps", type=int_at_least(1), default=None, help="stop after this many steps")
+    cl.add_argument("--sumo", choices=("libsumo", "traci", "gui"), default="libsumo",
+                    help="how SUMO runs: in this process (libsumo, default), as a process (traci) or with its GUI")
+    cl.set_defaults(fn=cmd_closed_loop)
+
+    sv = sub.add_parser("serve", formatter_class=argparse.RawDescriptionHelpFormatter,
+                        help="the network sensor API: render cameras and LiDAR and run closed-loop sessions over gRPC",
+                        description=SERVE_HELP)
+    sv.add_argument("scene", nargs="*", help="reconstruction or scene directories (id: the folder's name), scenario "
+                                             "files or shipped scenario names (default: out/demo and the shipped "
+                                             "closed-loop scenarios, built on first use)")
+    sv.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int_at_least(0), default=50051, help="0: any free port (printed)")
+    sv.add_argument("--token-file", default=None, help="a file holding the bearer token every call must carry "
+                                                       "(or GSIM_SERVE_TOKEN); required unless bound to localhost")
+    sv.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key): serve TLS; required "
+                                                     "with a token unless bound to localhost (or --insecure)")
+    sv.add_argument("--tls-key", default=None, help="PEM private key")
+    sv.add_argument("--insecure", action="store_true", help="bound to another address with a token but without "
+                    "TLS: serve plaintext anyway (the token travels in clear; a trusted network only), with a warning")
+    sv.add_argument("--workers", type=int_at_least(1), default=1, help="renders at once (>1 with gsplat only)")
+    sv.add_argument("--queue", type=int_at_least(0), default=16,
+                    help="calls admitted beyond the workers; more get RESOURCE_EXHAUSTED")
+    sv.add_argument("--max-sessions", type=int_at_least(1), default=4)
+    sv.add_argument("--session-timeout-s", type=positive, default=300.0, help="idle sessions are ended after this")
+    sv.add_argument("--sessions-dir", default="out/sessions", help="where closed-loop sessions are recorded")
+    sv.add_argument("--backend", default="auto", choices=camera_backends(), help="the camera backend")
+    sv.set_defaults(fn=cmd_serve)

@@ -1,0 +1,67 @@
+"""argparse types shared by every layer's commands (`gsim.cli` and each layer's ``cli.py``).
+
+A type raises `argparse.ArgumentTypeError`, so argparse's one-line error names the option
+(``gsim render: error: argument --fps: expected a finite number > 0, got 'nan'``) and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Callable, Optional, Tuple
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {v}")
+        return v
+    return parse
+
+
+def _bounds(low: Optional[float], high: Optional[float], low_open: bool) -> str:
+    parts = ([] if low is None else [f"{'>' if low_open else '>='} {low:g}"]) + ([] if high is None else
+                                                                                  [f"<= {high:g}"])
+    return f" {' and '.join(parts)}" if parts else ""
+
+
+def finite_float(low: Optional[float] = None, high: Optional[float] = None, low_open: bool = False
+                 ) -> Callable[[str], float]:
+    """An argparse type: a finite number (never NaN or infinite), >= ``low`` (> ``low`` if ``low_open``) and
+    <= ``high`` where given."""
+    expected = f"a finite number{_bounds(low, high, low_open)}"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not math.isfinite(v) or (low is not None and (v <= low if low_open else v < low)) or \
+                (high is not None and v > high):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return v
+    return parse
+
+
+positive = finite_float(0.0, low_open=True)  # fps, seconds, metres that must be > 0
+
+
+def distances(text: str) -> Tuple[float, ...]:
+    """An argparse type: comma-separated finite metres, e.g. ``1,2,3`` (their range is the command's to check)."""
+    try:
+        values = tuple(float(x) for x in text.split(",")) if text.strip() else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected metres separated by commas (e.g. 1,2,3), got {text!r}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite metres separated by commas (e.g. 1,2,3), got {text!r}")
+    return values
+
+
+def camera_backends() -> list:
+    """The ``--backend`` choices of camera rendering: 'auto' and the registry's names (`gsim.render.BACKENDS`)."""
+    from .render import BACKENDS
+    return ["auto", *BACKENDS]

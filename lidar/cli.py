@@ -1,0 +1,39 @@
+"""The LiDAR layer's commands: ``gsim render-lidar``."""
+from __future__ import annotations
+
+
+def cmd_render_lidar(a) -> int:
+    import numpy as np
+    from tqdm import tqdm
+
+    from gsim.lidar import LidarSpec, render_lidar
+    from gsim.lidar.io import load_lidar_trajectory, write_sweep
+    from gsim.scene import load_scene
+    spec = LidarSpec.preset(a.spec)
+    scene = load_scene(a.scene)
+    times, poses = load_lidar_trajectory(a.trajectory)
+    # each sweep starts at a frame of the trajectory; the sensor moves along it while the sweep spins
+    rolling = not a.no_rolling and len(times) > 1 and bool(np.all(np.diff(times) > 0))
+    for i, (t, T) in enumerate(tqdm(list(zip(times, poses)), desc="render-lidar", unit="sweep")):
+        f = render_lidar(scene, spec, (times, poses) if rolling else T, backend=a.backend, timestamp_us=int(t),
+                         rolling=rolling)
+        write_sweep(f, a.out, i)
+    kitti = "|bin" if scene.lidar_head is not None else ""
+    print(f"wrote {len(times)} sweeps of {spec.name} to {a.out} (points/*.npy|ply|pcd{kitti}, range/*.png)"
+          f"{'' if rolling else ', sensor held still over each sweep'}")
+    return 0
+
+
+def register(sub) -> None:
+    from gsim.lidar.spec import preset_names  # numpy only
+    rl = sub.add_parser("render-lidar", help="render LiDAR sweeps of a scene along a LiDAR trajectory")
+    rl.add_argument("scene")
+    rl.add_argument("--spec", required=True, choices=preset_names(), metavar="PRESET",
+                    help=f"a LiDAR preset: {', '.join(preset_names())}")
+    rl.add_argument("--trajectory", required=True,
+                    help='JSON {"schema_version": 1, "frames": [{"timestamp_us": ..., "T_world_lidar": 4x4}]}')
+    rl.add_argument("--out", required=True)
+    rl.add_argument("--backend", default="auto", choices=["auto", "numba", "torch"])
+    rl.add_argument("--no-rolling", action="store_true",
+                    help="hold the sensor (and the actors) still over each sweep instead of moving them per column")
+    rl.set_defaults(fn=cmd_render_lidar)

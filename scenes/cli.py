@@ -1,0 +1,197 @@
+"""The scenes layer's commands: driving logs (synth, convert, validate, export), reconstruction, evaluation,
+trajectories along a log and the synthetic street's ground truth, and the whole demo."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gsim.cli_args import camera_backends, distances, finite_float, int_at_least
+
+
+def cmd_demo(a) -> int:
+    from .demo import run_demo
+    run_demo(Path(a.out), seed=a.seed, shift_m=a.shift_m, **({"iterations": a.iterations} if a.iterations else {}))
+    return 0
+
+
+def cmd_synth(a) -> int:
+    from .synth import SynthOptions, synthesize
+    print(f"wrote log {synthesize(a.out, seed=a.seed, options=SynthOptions(tracks=not a.no_tracks, omit=tuple(a.omit)))}")
+    return 0
+
+
+def cmd_convert(a) -> int:
+    if a.format == "kitti-raw":
+        from .kitti_raw import convert_kitti_raw
+        outs = [convert_kitti_raw(a.src, a.out)]
+    elif a.format == "dgp":
+        from .dgp import convert_dgp
+        outs = convert_dgp(a.src, a.out)
+    else:
+        from .nerfstudio import import_nerfstudio
+        outs = [import_nerfstudio(a.src, a.out)]
+    for o in outs:
+        print(f"wrote log {o}")
+    return 0
+
+
+def cmd_export_nerfstudio(a) -> int:
+    from .log import load_log
+    from .nerfstudio import export_nerfstudio
+    print(f"wrote {export_nerfstudio(load_log(a.log), a.out)}")
+    return 0
+
+
+def cmd_validate(a) -> int:
+    from .log import validate_log
+    log = validate_log(a.log, progress=True)
+    print(f"{a.log}: valid gsim log '{log.name}' ({log.source}): {len(log.frames)} frames, cameras "
+          f"{sorted(log.cameras)}, lidars {sorted(log.lidars)}, {len(log.actors)} actors")
+    for n in log.notes:
+        print(f"  note: {n}")
+    return 0
+
+
+def cmd_reconstruct(a) -> int:
+    from .train import preset, reconstruct
+    overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale))
+                 if v is not None}
+    if a.no_movers:
+        overrides["movers"] = False
+    scene = reconstruct(a.log, a.out, preset(a.preset, **overrides), resume=a.resume)
+    print(f"wrote scene {scene}")
+    return 0
+
+
+def cmd_eval(a) -> int:
+    from .evaluate import evaluate
+    repair = a.open_repairer(a) if a.open_repairer else None  # set with --repair by gsim.diffusion.cli
+    m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend,
+                 shifts=a.shifts, ahead=a.ahead, repair=repair)
+    lidar = (f", LiDAR depth |err| median {m['lidar_depth_median_abs_m']:.3f} m mean {m['lidar_depth_mean_abs_m']:.3f} m"
+             if "lidar_depth_median_abs_m" in m else "")
+    print(f"held-out views: {len(m['views'])} at downscale {m['downscale']}; PSNR {m['psnr']:.2f} dB, "
+          f"SSIM {m['ssim']:.4f}{lidar} -> {a.out}/metrics.json")
+    rows = [("held-out views", m)] + [(f"shifted {r['shift_m']:g} m (both sides)", r) for r in m.get("lane_shift", [])] \
+        + [(f"{r['ahead_m']:g} m ahead", r) for r in m.get("ahead", [])]
+    for where, r in rows[1:] if repair is None else rows:
+        fixed = f"; repaired: PSNR {r['repaired_psnr']:.2f} dB, SSIM {r['repaired_ssim']:.4f}" if repair else ""
+        alpha = f", alpha < 0.5 on {r['low_alpha_fraction']:.1%} ({r['views']} views)" if "low_alpha_fraction" in r else ""
+        print(f"{where}: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}{alpha}{fixed}")
+    return 0
+
+
+def cmd_trajectory(a) -> int:
+    from gsim.scene import load_scene
+
+    from .log import load_log
+    from .render_path import camera_path, path_camera
+    log = load_log(a.log)
+    sensor = path_camera(log, a.camera)
+    scene = None if a.scene is None else load_scene(a.scene)
+    traj = camera_path(log, sensor, a.shift_m, a.frames, a.every, a.holdout_every, a.downscale, scene)
+    traj.save(a.out)
+    cam = traj.camera
+    where = "" if scene is None or scene.pose_corrections is None else f", where {a.scene} puts the log's poses"
+    print(f"wrote {a.out}: {len(traj.poses)} poses of camera {sensor} ({cam.model} {cam.width}x{cam.height}), "
+          f"shifted {a.shift_m:g} m left{where}")
+    return 0
+
+
+def cmd_truth(a) -> int:
+    from gsim.trajectory import load_trajectory
+
+    from .lane_shift import render_truth
+    from .log import load_log
+    n = render_truth(load_log(a.log), load_trajectory(a.trajectory), a.out)
+    print(f"wrote {n} exact frames of the synthetic street to {a.out}/rgb and {a.out}/depth")
+    return 0
+
+
+def register(sub) -> None:
+    backends = camera_backends()
+    dm = sub.add_parser("demo", help="the main job: synthesize the default street log, reconstruct it on CPU, "
+                                     "evaluate held-out views, render a video along a shifted path")
+    dm.add_argument("--out", default="out/demo")
+    dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--iterations", type=int_at_least(1), default=None,
+                    help="training iterations (default 1500; the cpu preset has 2000)")
+    dm.add_argument("--shift-m", type=finite_float(), default=1.0,
+                    help="lateral shift of the novel-view path (metres, left)")
+    dm.set_defaults(fn=cmd_demo)
+
+    sy = sub.add_parser("synth", help="write the synthetic street log (multi-camera + LiDAR, exact ground truth)")
+    sy.add_argument("out")
+    sy.add_argument("--seed", type=int, default=0)
+    sy.add_argument("--no-tracks", action="store_true",
+                    help="withhold the cars' actor tracks (an unannotated drive; the images and sweeps are the same)")
+    sy.add_argument("--omit", nargs="+", default=[], metavar="CAR",
+                    help="leave these cars out (ids as in the log's tracks, e.g. parked_03): ground truth for edits")
+    sy.set_defaults(fn=cmd_synth)
+
+    cv = sub.add_parser("convert", help="convert a dataset into a gsim driving log")
+    cv.add_argument("format", choices=["kitti-raw", "dgp", "nerfstudio"])
+    cv.add_argument("src", help="kitti-raw: the date folder with calib_*.txt; dgp: a scene folder or dataset JSON; "
+                                "nerfstudio: transforms.json")
+    cv.add_argument("out")
+    cv.set_defaults(fn=cmd_convert)
+
+    en = sub.add_parser("export-nerfstudio", help="write a log's cameras as a nerfstudio transforms.json")
+    en.add_argument("log")
+    en.add_argument("out")
+    en.set_defaults(fn=cmd_export_nerfstudio)
+
+    va = sub.add_parser("validate", help="check a driving log and every file it names")
+    va.add_argument("log")
+    va.set_defaults(fn=cmd_validate)
+
+    rc = sub.add_parser("reconstruct", help="train a surfel scene on a driving log")
+    rc.add_argument("log")
+    rc.add_argument("out")
+    rc.add_argument("--preset", default="cpu", choices=["cpu", "cuda"])
+    rc.add_argument("--iterations", type=int_at_least(1), default=None)
+    rc.add_argument("--seed", type=int, default=None)
+    rc.add_argument("--downscale", type=int_at_least(1), default=None,
+                    help="train on images box-averaged by this integer factor (recorded in the scene)")
+    rc.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
+    rc.add_argument("--no-movers", action="store_true",
+                    help="a log without actor tracks: do not detect its moving objects (they stay in the background)")
+    rc.set_defaults(fn=cmd_reconstruct)
+
+    ev = sub.add_parser("eval", help="held-out metrics (PSNR, SSIM, LiDAR depth) and side-by-side images")
+    ev.add_argument("scene")
+    ev.add_argument("log")
+    ev.add_argument("--out", required=True)
+    ev.add_argument("--holdout-every", type=int_at_least(2), default=8)
+    ev.add_argument("--downscale", type=int_at_least(1), default=None,
+                    help="box-average the images by this factor (default: the training downscale recorded in the "
+                         "scene, else 1; another one is allowed, with a warning)")
+    ev.add_argument("--backend", default="auto", choices=backends)
+    ev.add_argument("--shifts", type=distances, default=(), help="comma-separated metres, e.g. 1,2,3: also the "
+                    "held-out views shifted sideways (both sides) against the synthetic street's exact images")
+    ev.add_argument("--ahead", type=distances, default=(), help="comma-separated metres: the last held-out frame "
+                    "moved ahead beyond the driven path (synthetic logs)")
+    ev.set_defaults(fn=cmd_eval, open_repairer=None)
+
+    tj = sub.add_parser("trajectory", help="write a render trajectory (for gsim render) along a log camera's path, "
+                                           "optionally shifted sideways")
+    tj.add_argument("log")
+    tj.add_argument("out", help="the trajectory JSON to write")
+    tj.add_argument("--camera", default=None, help="the log's camera (default: front, else the first by name)")
+    tj.add_argument("--shift-m", type=finite_float(), default=0.0,
+                    help="sideways shift in the vehicle frame at each pose (metres, positive = left)")
+    tj.add_argument("--frames", default="all", choices=["all", "train", "holdout"],
+                    help="the log's frames, or its training or held-out ones (see --holdout-every)")
+    tj.add_argument("--holdout-every", type=int_at_least(2), default=8, help="held-out frames: index %% N == 0")
+    tj.add_argument("--every", type=int_at_least(1), default=1, help="keep every N-th of those frames")
+    tj.add_argument("--downscale", type=int_at_least(1), default=1,
+                    help="divide the camera's resolution (and intrinsics) by this factor")
+    tj.add_argument("--scene", default=None,
+                    help="a reconstruction of the log: follow the log's poses as its training refined them")
+    tj.set_defaults(fn=cmd_trajectory)
+
+    gt = sub.add_parser("truth", help="a synthetic log's exact images along any trajectory (e.g. `gsim trajectory "
+                                      "--shift-m 2`): ground truth off the driven path")
+    gt.add_argument("log", help="a log written by gsim synth (its street is re-created from the log)")
+    gt.add_argument("--trajectory", required=True)
+    gt.add_argument("--out", required=True)
+    gt.set_defaults(fn=cmd_truth)
