@@ -37,6 +37,17 @@ def child_path(root, name: str, what: str) -> Path:
     return path
 
 
+def _at_destination(e: BaseException, tmp: Path, path: Path):
+    """For an OSError about the temporary file or folder (or about no file: a full disk in write()), the same
+    error naming the destination, the path the user gave and knows; else None."""
+    if not isinstance(e, OSError) or e.errno is None:
+        return None
+    name = None if e.filename is None else str(e.filename)
+    if name is not None and name != str(tmp) and not name.startswith(str(tmp) + os.sep):
+        return None
+    return OSError(e.errno, e.strerror, str(path) + ("" if name is None else name[len(str(tmp)):]))
+
+
 @contextlib.contextmanager
 def atomic_path(path, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path``, on error it is removed.
@@ -53,9 +64,12 @@ def atomic_path(path, suffix: str = "") -> Iterator[Path]:
             os.fsync(f.fileno())
         os.chmod(tmp, umask_mode(0o666))  # mkstemp creates 0600
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        named = _at_destination(e, Path(tmp), path)
+        if named is not None:
+            raise named from e
         raise
 
 
@@ -85,8 +99,11 @@ def atomic_directory(path, marker: str) -> Iterator[Path]:
                 os.rename(old, path)
             raise
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        named = _at_destination(e, tmp, path)
+        if named is not None:
+            raise named from e
         raise
 
 

@@ -359,3 +359,20 @@ def test_ply_bad_input(tmp_path, make):
     assert p.name in msg and all(s in msg for s in needles), msg
     with pytest.raises(SceneFormatError):
         load_scene(p)
+
+
+def test_a_failed_atomic_write_names_the_destination_not_its_temporary(tmp_path):
+    """A full disk (write() names no file) or a failure inside the temporary folder is reported at the path the
+    user gave: the temporary beside it is gone and was never theirs."""
+    import errno
+
+    from gsim.io import atomic_directory, atomic_path
+    with pytest.raises(OSError, match="No space left") as e:
+        with atomic_path(tmp_path / "out.bin"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert e.value.filename == str(tmp_path / "out.bin")
+    with pytest.raises(FileNotFoundError) as e:
+        with atomic_directory(tmp_path / "scene", "scene.json") as tmp:
+            open(tmp / "missing" / "a.npy", "wb")
+    assert e.value.filename == str(tmp_path / "scene" / "missing" / "a.npy")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
