@@ -47,7 +47,9 @@ def cmd_closed_loop(a) -> int:
     try:
         seeds = [int(x) for x in a.seed.split(",")]
     except ValueError:
-        raise InputError(f"--seed: expected integers separated by commas, got {a.seed!r}") from None
+        seeds = [-1]
+    if min(seeds) < 0:
+        raise InputError(f"--seed: expected integers >= 0 separated by commas, got {a.seed!r}")
     for name in agents:
         load_agent(name)  # bad input fails before anything starts
     for sc in a.scenario:

@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from gsim.errors import GsimError
+from gsim.errors import GsimError, InputError
 from gsim.scene import Actor
 
 from .dynamics import ActionError, BicycleModel, Controls, EgoState, TrajectoryTracker, VehicleParams, yaw_rate
@@ -216,7 +216,7 @@ class ClosedLoop:
         from .sumo import SumoError
         try:
             self._start_traffic()
-        except (SumoError, ValueError) as e:
+        except (SumoError, InputError) as e:
             raise LoopError(f"step 0: SUMO could not start the scenario's traffic: {e}") from None
         self.prev_T = self.ground.pose(*self._along(-self.dt), self.state.yaw_rad, self.lift)
         self.controls = Controls(0.0, 0.0)

@@ -52,8 +52,9 @@ def cmd_expand(a) -> int:
     s = expand(a.scene, a.log, repair, a.out, opts)
     for st in s["stages"]:
         where = f"{st['shift_m']:g} m beside" if st["shift_m"] else f"{st['ahead_m']:g} m ahead"
+        after = st["real_view_loss_after"]
         print(f"{where}: {st['pseudo_views']} repaired views, {st['surfels_added']} surfels added, real views' loss "
-              f"{st['real_view_loss_before']:.4f} -> {st['real_view_loss_after']:.4f}"
+              f"{st['real_view_loss_before']:.4f} -> {'-' if after is None else f'{after:.4f}'}"
               + ("" if st["kept"] else f": undone ({st['stopped']})"))
     if s["held_out_psnr_before"] is not None:
         print(f"held-out views: {s['held_out_psnr_before']:.2f} -> {s['held_out_psnr_after']:.2f} dB")
@@ -86,7 +87,7 @@ def register(sub) -> None:
     dt.add_argument("--steps", type=int_at_least(1), default=2000)
     dt.add_argument("--crop", type=int_at_least(8), default=None,
                     help="training crops' side, a multiple of 8 (default: TrainOptions', 64)")
-    dt.add_argument("--seed", type=int, default=0)
+    dt.add_argument("--seed", type=int_at_least(0), default=0)
     dt.add_argument("--resume", action="store_true", help="go on from OUT-work's checkpoint")
     dt.add_argument("--loss", choices=("l1", "l2"), default="l1", help="the denoising loss")
     dt.set_defaults(fn=cmd_diffusion_train)
@@ -107,7 +108,7 @@ def register(sub) -> None:
     ex.add_argument("--every", type=int_at_least(1), default=3, help="move every N-th training view")
     ex.add_argument("--pseudo-weight", type=finite_float(0.0, 1.0, low_open=True), default=0.5,
                     help="the repaired views' loss weight, in (0, 1] (real: 1)")
-    ex.add_argument("--seed", type=int, default=0)
+    ex.add_argument("--seed", type=int_at_least(0), default=0)
     ex.add_argument("--allow-worse", action="store_true", help="write the expanded scene even if it is worse than "
                     "the reconstruction on the log's held-out views by more than 0.2 dB (refused otherwise)")
     ex.set_defaults(fn=cmd_expand)

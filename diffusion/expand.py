@@ -27,10 +27,11 @@ import numpy as np
 import torch
 
 from gsim.config import Config
-from gsim.errors import GsimError, GsimWarning, InputError
+from gsim.errors import Diverged, GsimError, GsimWarning, InputError
 
 
-PROBE_VIEWS = 12  # training views whose loss the guard compares before and after each stage
+PROBE_VIEWS = 12  # training views whose loss the guard compares before, during and after each stage
+PROBE_EVERY = 50  # distillation steps between the guard's looks
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class ExpandOptions(Config):
     every: the training views moved (every n-th); fill_alpha: below it a pixel gets a new surfel;
     min_change: a pseudo view's loss counts only where the repair changed the render by more (`corrected`);
     fill_stride: one new surfel per stride x stride pixels; fill_range_m: the farthest ground filled; the guards
-    (`expand`): abort: a stage stops when its real views' training loss exceeds this multiple of where it started,
+    (`expand`): abort: a stage stops when its real views' loss exceeds this multiple of where it started,
     jump: a stage is undone when it leaves the real views' loss more than this share above where it started,
     max_worse_db: the held-out PSNR an expanded scene may lose, unless allow_worse."""
 
@@ -56,7 +57,7 @@ class ExpandOptions(Config):
     fill_range_m: float = 60.0
     min_change: float = 0.03
     seed: int = 0
-    abort: float = 10.0
+    abort: float = 2.0
     jump: float = 0.25
     max_worse_db: float = 0.2
     allow_worse: bool = False
@@ -159,7 +160,7 @@ def fill_points(camera, T_world_camera: np.ndarray, image: np.ndarray, alpha: np
 def add_surfels(run, points: np.ndarray, colours: np.ndarray, normals: np.ndarray, footprint: np.ndarray,
                 opacity: float = 0.5) -> int:
     """Append background surfels (fresh optimiser moments); returns how many."""
-    from gsim.scenes.init import _frame_from_normal
+    from gsim.scenes.init import frame_from_normal
     from gsim.surfels import rgb_to_sh
     from gsim.transforms import rotmat_to_quat
     n = len(points)
@@ -171,7 +172,7 @@ def add_surfels(run, points: np.ndarray, colours: np.ndarray, normals: np.ndarra
     sh = np.zeros((n, k, 3), np.float32)
     sh[:, 0] = rgb_to_sh(np.clip(colours, 0, 1))
     f = lambda a: torch.as_tensor(np.asarray(a, np.float32))  # noqa: E731
-    new = {"means": f(points), "quats": f(rotmat_to_quat(_frame_from_normal(normals))),
+    new = {"means": f(points), "quats": f(rotmat_to_quat(frame_from_normal(normals))),
            "log_scales": f(np.log(np.repeat(footprint[:, None] / 2, 2, 1))),
            "logit_opacities": torch.full((n,), float(np.log(opacity / (1 - opacity)))), "sh": f(sh),
            "features": torch.zeros((n,) + p["features"].shape[1:])}
@@ -211,10 +212,9 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     summary written to out/expand.json. ``repairer``: any object with `repair_image(rgb, alpha, depth, seed)`.
 
     Each stage is guarded: it starts from a snapshot of the run, and is undone (the expansion stops there, keeping
-    the stages before it) if a training loss is not finite, if the real views' training losses jump (their mean
-    over the last 10 steps beyond `ExpandOptions.abort` x the stage's starting loss), or if the stage leaves the
-    real views' loss more than `ExpandOptions.jump` (a share) above where it started (measured on a fixed set of
-    training views). Then the held-out views' PSNR before and after decides: a scene worse by more than
+    the stages before it) if a training loss is not finite, if the real views' loss jumps (a fixed set of training
+    views, photometric loss, looked at every `PROBE_EVERY` steps: beyond `ExpandOptions.abort` x where the stage
+    started), or if the stage leaves it more than `ExpandOptions.jump` (a share) above where it started. Then the held-out views' PSNR before and after decides: a scene worse by more than
     `max_worse_db` is not written unless `allow_worse`. `ExpansionRefused` when nothing may be written."""
     from tqdm import tqdm
 
@@ -235,6 +235,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     run, rng, lidar = t.run, np.random.default_rng(options.seed), bool(t.sweeps)
     held = held_out_views(log_path, cfg)
     probe = t.views[::max(len(t.views) // PROBE_VIEWS, 1)][:PROBE_VIEWS]
+    probe_loss = lambda: float(np.mean([view_loss(run, v) for v in probe]))  # noqa: E731  (of the current run)
     summary = {"scene": str(Path(scene_path).resolve()), "log": str(Path(log_path).resolve()),
                "options": options.to_dict(), "first_step": first, "stages": [],
                "held_out_psnr_before": held_out_psnr(run, held, lidar) if held else None}
@@ -242,7 +243,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     last = max(v.frame for v in t.views)
     for shift, ahead in stages:
         good = snapshot(run)
-        start_loss = float(np.mean([view_loss(run, v) for v in probe]))
+        start_loss = probe_loss()
         scene = run.model.to_scene(lidar=lidar)
         pseudo: List = []
         added, changed = 0, 0.0
@@ -263,8 +264,8 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             if taught.any():
                 pseudo.append(pseudo_view(v, Tc, fixed, taught))
                 changed += float(taught.mean())
-        losses, real_losses, stopped = [], [], None
-        for _ in tqdm(range(options.iterations), desc=f"distill {where}", unit="it", disable=not progress):
+        losses, stopped = [], None
+        for k in tqdm(range(options.iterations), desc=f"distill {where}", unit="it", disable=not progress):
             real = rng.random() < options.real_fraction or not pseudo
             pool = t.views if real else pseudo
             view = pool[int(rng.integers(len(pool)))]
@@ -273,27 +274,27 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             try:
                 loss, _ = train_step(run, view, t.sweeps, t.log, robust=t.robust,
                                      weight=1.0 if real else options.pseudo_weight * float(view.mask.mean()))
-            except FloatingPointError as e:  # a non-finite loss
+            except Diverged as e:  # a non-finite loss
                 stopped = str(e)
                 break
             run.step += 1
             losses.append(loss)
-            if real:
-                real_losses.append(loss)
-                if len(real_losses) >= 10 and np.mean(real_losses[-10:]) > options.abort * start_loss:
-                    stopped = (f"the real views' training loss jumped to {np.mean(real_losses[-10:]):.4g} "
-                               f"(the stage started at {start_loss:.4g})")
+            if (k + 1) % PROBE_EVERY == 0 and k + 1 < options.iterations:
+                now = probe_loss()
+                if not now <= options.abort * start_loss:  # (a NaN too)
+                    stopped = f"the real views' loss jumped from {start_loss:.4g} to {now:.4g} by step {k + 1}"
                     break
-        end_loss = float(np.mean([view_loss(run, v) for v in probe])) if stopped is None else float("nan")
+        end_loss = probe_loss() if stopped is None else None
         if stopped is None and not end_loss <= start_loss * (1 + options.jump):
             stopped = f"the real views' loss rose from {start_loss:.4g} to {end_loss:.4g}"
+            end_loss = end_loss if np.isfinite(end_loss) else None  # (expand.json stays strict JSON)
         record = {"shift_m": shift, "ahead_m": ahead, "pseudo_views": len(pseudo),
                   "taught_fraction": changed / max(len(moved), 1), "surfels_added": added,
                   "loss_first_50": float(np.mean(losses[:50])) if losses else None,
                   "loss_last_50": float(np.mean(losses[-50:])) if losses else None,
                   "real_view_loss_before": start_loss, "real_view_loss_after": end_loss, "kept": stopped is None}
         if stopped is not None:
-            run = resumed(cfg, good, t.log.actors)  # back to the last good scene; the outer stages build on this one
+            run = resumed(cfg, good, t.log)  # back to the last good scene; the outer stages build on this one
             summary["stages"].append({**record, "stopped": stopped, "surfels": len(run.model)})
             warnings.warn(f"expand: the {where} stage was undone ({stopped}); the expansion stops with the stages "
                           f"before it", GsimWarning, stacklevel=2)

@@ -12,6 +12,7 @@ A model directory is diffusers' format: ``unet/`` (UNet2DModel), ``scheduler/`` 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
@@ -45,6 +46,9 @@ class RepairConfig(Config):
         object.__setattr__(self, "channels", tuple(int(c) for c in self.channels))
         if not self.channels or any(c < 8 or c % 8 for c in self.channels):
             raise InputError(f"RepairConfig.channels: expected widths that are multiples of 8, got {self.channels}")
+        if not (isinstance(self.depth_scale_m, (int, float)) and math.isfinite(self.depth_scale_m)
+                and self.depth_scale_m > 0):
+            raise InputError(f"RepairConfig.depth_scale_m: expected a finite number > 0, got {self.depth_scale_m!r}")
         if self.loss not in ("l1", "l2"):
             raise InputError(f"RepairConfig.loss: expected 'l1' or 'l2', got {self.loss!r}")
         if not 0 < self.repair_t < self.train_timesteps:

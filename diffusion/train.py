@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from gsim.config import Config
-from gsim.errors import InputError
+from gsim.errors import Diverged, InputError
 from gsim.io import atomic_path
 from gsim.scenes import checkpoint
 
@@ -206,7 +206,7 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
         real, rgb, alpha, depth = _batch(pairs, options, rng)
         loss = model.loss(real, rgb, alpha, depth, generator=gen)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"diffusion train: the loss is {loss.item()} at step {step}: training diverged; "
+            raise Diverged(f"diffusion train: the loss is {loss.item()} at step {step}: training diverged; "
                                      f"the checkpoint written before is the last good one")
         opt.zero_grad()
         loss.backward()

@@ -93,7 +93,7 @@ def _box_centre(T_bottom: np.ndarray, height: float) -> np.ndarray:
     return T
 
 
-def _on_plane(T: np.ndarray, coef: np.ndarray) -> np.ndarray:
+def on_plane(T: np.ndarray, coef: np.ndarray) -> np.ndarray:
     """``T`` (an asset's bottom-centre pose) moved onto the plane z = a x + b y + c: its heading kept,
     z and tilt from the plane."""
     n = np.array([-coef[0], -coef[1], 1.0])
@@ -262,7 +262,7 @@ def insert_actor(scene: Scene, asset, timestamps_us, poses, actor_id: Optional[s
         l, w, h = asset.size
         rect = footprint(T, (l + 2 * GROUND_MARGIN_M, w + 2 * GROUND_MARGIN_M, h))
         if on_ground:
-            T = _on_plane(T, ground.plane(rect, what))
+            T = on_plane(T, ground.plane(rect, what))
         elif not allow_overlap and len(ground.under(rect)) >= MIN_GROUND_SURFELS:
             c = ground.plane(rect, what)
             gap = T[2, 3] - (c[0] * T[0, 3] + c[1] * T[1, 3] + c[2])
@@ -293,7 +293,7 @@ def move_actor(scene: Scene, actor_id: str, shift_m=(0.0, 0.0, 0.0), speed_scale
         ts, new = np.asarray(track[0], np.int64), np.asarray(track[1], np.float64)
         ground = Ground(scene.background)
         l, w, h = a.size
-        poses = np.stack([_box_centre(_on_plane(P, ground.plane(footprint(P, (l + 1, w + 1, h)),
+        poses = np.stack([_box_centre(on_plane(P, ground.plane(footprint(P, (l + 1, w + 1, h)),
                                                                 f"move_actor {a.id!r} at t={int(t)} us")), h)
                           for t, P in zip(ts, new)])
     poses[:, :3, 3] += np.einsum("nij,j->ni", poses[:, :3, :3], np.asarray(shift_m, float))
@@ -384,7 +384,7 @@ def _fill_footprints(bg: Surfels, ground: Ground, actor: Actor, spacing: float) 
     rng = np.random.default_rng(0)
     src = ground.index[ring[np.nonzero(out)[0][nn[np.arange(len(holes)), rng.integers(0, k, len(holes))]]]]
     m = len(holes)
-    R = _on_plane(np.eye(4), coef)[:3, :3]  # lying on the plane
+    R = on_plane(np.eye(4), coef)[:3, :3]  # lying on the plane
     z = holes @ coef[:2] + coef[2]
     return Surfels(means=np.c_[holes, z].astype(np.float32), quats=np.tile(rotmat_to_quat(R), (m, 1)).astype(np.float32),
                    scales=np.full((m, 2), 0.7 * spacing, np.float32), opacities=np.full(m, 0.95, np.float32),

@@ -195,6 +195,8 @@ def load_scenario(path, model=Scenario) -> Scenario:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise ScenarioError(f"{path}: not valid YAML ({str(e).splitlines()[0]} ...)") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: nests too deeply to be a scenario") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: expected a mapping of scenario fields at the top level")
     return parse_scenario(data, str(path), model).resolve(path.parent)

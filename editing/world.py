@@ -14,7 +14,7 @@ from gsim.boxes import footprint, overlap
 from gsim.scene import Scene, load_scene
 from gsim.transforms import interpolate_pose
 
-from .edits import EditError, Ground, _on_plane, insert_actor, move_actor, remove_actor
+from .edits import EditError, Ground, on_plane, insert_actor, move_actor, remove_actor
 from .library import AssetLibrary
 from .scenario import Ego, Scenario, Track
 
@@ -98,7 +98,7 @@ def _ego(log, ego: Ego, scene: Scene) -> Tuple[np.ndarray, np.ndarray]:
         ts, poses = track_poses(ego.track)
         for i, P in enumerate(poses):
             c = ground.plane(footprint(P, (5.0, 3.0, 1.0)), f"ego path at t={int(ts[i])} us")
-            poses[i] = _on_plane(P, c)
+            poses[i] = on_plane(P, c)
             poses[i, :3, 3] += poses[i, :3, 2] * lift
     if ego.shift_m:
         poses = poses.copy()

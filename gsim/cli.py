@@ -131,7 +131,7 @@ def register(sub) -> None:
     d.add_argument("--surfels", type=int_at_least(100), default=100_000)
     d.add_argument("--width", type=int_at_least(1), default=640)
     d.add_argument("--height", type=int_at_least(1), default=360)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int_at_least(0), default=0)
     d.add_argument("--fps", type=positive, default=10.0)
     d.add_argument("--backend", default="auto", choices=backends)
     d.set_defaults(fn=cmd_street)

@@ -37,6 +37,10 @@ class MissingExtra(Unavailable, ImportError):
     """An optional extra that is not installed; the message names it (pip install 'gsim[extra]')."""
 
 
+class Diverged(GsimError, FloatingPointError):
+    """A training run whose loss stopped being finite; the message says which checkpoint is the last good one."""
+
+
 class GsimWarning(UserWarning):
     """Something legitimate but probably unintended (the CLI prints it as one line)."""
 

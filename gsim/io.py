@@ -32,7 +32,11 @@ def child_path(root, name: str, what: str) -> Path:
     at ``root / name`` cannot lead a write elsewhere). Else an `InputError` naming ``what``."""
     check_name(name, what)
     path = Path(root) / name
-    if path.resolve().parent != Path(root).resolve():
+    try:
+        inside = path.resolve().parent == Path(root).resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
         raise InputError(f"{what}: {path} leads outside {root} (a link?); refusing to write there")
     return path
 
@@ -177,9 +181,11 @@ def read_manifest(path, what: str, versions: Collection[int], error: Type[InputE
     except UnicodeDecodeError as e:
         raise error(f"{path}: the {what} is not UTF-8 text (byte {e.start})") from None
     try:
-        d = json.loads(text)
+        d = json.loads(text)  # (NaN and Infinity parse: each loader's field checks refuse them, naming the field)
     except json.JSONDecodeError as e:
         raise error(f"{path}: the {what} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise error(f"{path}: the {what} nests too deeply to be a manifest") from None
     if not isinstance(d, dict):
         raise error(f"{path}: the {what} must be a JSON object, got {_JSON_KINDS.get(type(d), type(d).__name__)}")
     check_schema_version(d, versions, str(path), error)

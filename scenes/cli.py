@@ -112,7 +112,7 @@ def register(sub) -> None:
     dm = sub.add_parser("demo", help="the main job: synthesize the default street log, reconstruct it on CPU, "
                                      "evaluate held-out views, render a video along a shifted path")
     dm.add_argument("--out", default="out/demo")
-    dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--seed", type=int_at_least(0), default=0)
     dm.add_argument("--iterations", type=int_at_least(1), default=None,
                     help="training iterations (default 1500; the cpu preset has 2000)")
     dm.add_argument("--shift-m", type=finite_float(), default=1.0,
@@ -121,7 +121,7 @@ def register(sub) -> None:
 
     sy = sub.add_parser("synth", help="write the synthetic street log (multi-camera + LiDAR, exact ground truth)")
     sy.add_argument("out")
-    sy.add_argument("--seed", type=int, default=0)
+    sy.add_argument("--seed", type=int_at_least(0), default=0)
     sy.add_argument("--no-tracks", action="store_true",
                     help="withhold the cars' actor tracks (an unannotated drive; the images and sweeps are the same)")
     sy.add_argument("--omit", nargs="+", default=[], metavar="CAR",
@@ -149,7 +149,7 @@ def register(sub) -> None:
     rc.add_argument("out")
     rc.add_argument("--preset", default="cpu", choices=["cpu", "cuda"])
     rc.add_argument("--iterations", type=int_at_least(1), default=None)
-    rc.add_argument("--seed", type=int, default=None)
+    rc.add_argument("--seed", type=int_at_least(0), default=None)
     rc.add_argument("--downscale", type=int_at_least(1), default=None,
                     help="train on images box-averaged by this integer factor (recorded in the scene)")
     rc.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")

@@ -221,7 +221,7 @@ def _normals(xyz: np.ndarray, origin: np.ndarray, voxel: float) -> np.ndarray:
     return n * np.sign(np.sum(n * to_sensor, axis=1, keepdims=True) + 1e-12)
 
 
-def _frame_from_normal(n: np.ndarray) -> np.ndarray:
+def frame_from_normal(n: np.ndarray) -> np.ndarray:
     """(N,3,3) rotations whose third column is the unit normal n."""
     helper = np.where(np.abs(n[:, 2:3]) < 0.9, [[0.0, 0.0, 1.0]], [[1.0, 0.0, 0.0]])
     x = np.cross(helper, n)
@@ -253,7 +253,7 @@ def surfels_from_points(p: _Points, voxel: float, opt: InitOptions) -> Surfels:
     sh = np.zeros((n, k, 3), np.float32)
     sh[:, 0] = rgb_to_sh(mean_rgb)
     f = np.float32
-    return Surfels(mean_xyz.astype(f), rotmat_to_quat(_frame_from_normal(mean_n)).astype(f),
+    return Surfels(mean_xyz.astype(f), rotmat_to_quat(frame_from_normal(mean_n)).astype(f),
                    np.repeat(sigma[:, None], 2, 1).astype(f), np.full(n, opt.opacity, f), sh)
 
 

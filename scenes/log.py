@@ -35,7 +35,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from gsim.cameras import Camera, camera_from_dict
-from gsim.errors import InputError, NAME_RE
+from gsim.errors import InputError, check_name
 from gsim.io import atomic_directory, read_manifest, write_json
 from gsim.transforms import check_pose, interpolate_pose
 
@@ -212,6 +212,13 @@ class _Reader:
     def fail(self, where: str, what: str):
         raise LogFormatError(f"{self.mpath}: {where}: {what}")
 
+    def name(self, name, where: str) -> None:
+        """Sensor names and actor ids become folder and file names: one safe path component."""
+        try:
+            check_name(name, where)
+        except InputError as e:
+            raise LogFormatError(f"{self.mpath}: {e}") from None
+
     def get(self, d, key: str, where: str, kind=None):
         if not isinstance(d, dict) or key not in d:
             self.fail(f"{where}.{key}" if where else key, "missing")
@@ -252,8 +259,8 @@ def _beams(r: _Reader, d, where: str) -> Optional[LidarBeams]:
     nums = [r.get(d, k, where, (int, float)) for k in ("azimuth_resolution_deg", "min_range_m", "max_range_m")]
     if not el or not all(isinstance(e, (int, float)) and math.isfinite(e) for e in el):
         r.fail(f"{where}.elevations_deg", "expected a non-empty list of finite numbers")
-    if not (nums[0] > 0 and 0 <= nums[1] < nums[2]):
-        r.fail(where, "expected azimuth_resolution_deg > 0 and 0 <= min_range_m < max_range_m")
+    if not (all(math.isfinite(x) for x in nums) and nums[0] > 0 and 0 <= nums[1] < nums[2]):
+        r.fail(where, "expected finite azimuth_resolution_deg > 0 and 0 <= min_range_m < max_range_m")
     return LidarBeams(tuple(float(e) for e in el), *(float(x) for x in nums))
 
 
@@ -271,6 +278,7 @@ def load_log(path) -> DrivingLog:
     cameras: Dict[str, CameraSensor] = {}
     for name, d in r.get(sensors, "cameras", "sensors", dict).items():
         where = f"sensors.cameras.{name}"
+        r.name(name, where)
         if not isinstance(d, dict):
             r.fail(where, "expected an object")
         T = r.pose(d, "T_vehicle_camera", where)
@@ -282,6 +290,7 @@ def load_log(path) -> DrivingLog:
     lidars: Dict[str, LidarSensor] = {}
     for name, d in r.get(sensors, "lidars", "sensors", dict).items():
         where = f"sensors.lidars.{name}"
+        r.name(name, where)
         if not isinstance(d, dict):
             r.fail(where, "expected an object")
         lidars[name] = LidarSensor(name, r.pose(d, "T_vehicle_lidar", where), _beams(r, d.get("beams"), f"{where}.beams"))
@@ -320,11 +329,10 @@ def load_log(path) -> DrivingLog:
     actors = []
     for i, a in enumerate(m.get("actors", [])):
         where = f"actors[{i}]"
-        aid = r.get(a, "id", where, str)
-        if not NAME_RE.fullmatch(aid):
-            r.fail(f"{where}.id", f"{aid!r}: expected letters, digits, '_', '.', '-'")
+        r.name(r.get(a, "id", where, str), f"{where}.id")
+        aid = a["id"]
         size = r.get(a, "size", where, list)
-        if len(size) != 3 or not all(isinstance(s, (int, float)) and s > 0 for s in size):
+        if len(size) != 3 or not all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in size):
             r.fail(f"{where}.size", f"expected [length, width, height] > 0 metres, got {size!r}")
         track = r.get(a, "track", where, list)
         if not track:
@@ -399,10 +407,12 @@ class LogWriter:
                 "actors": self.actors}
 
     def add_camera(self, name: str, camera: Camera, T_vehicle_camera) -> None:
+        check_name(name, "camera name")
         self.sensors["cameras"][name] = {**camera.to_dict(),
                                          "T_vehicle_camera": check_pose(T_vehicle_camera, f"camera {name}").tolist()}
 
     def add_lidar(self, name: str, T_vehicle_lidar, beams: Optional[LidarBeams] = None) -> None:
+        check_name(name, "LiDAR name")
         self.sensors["lidars"][name] = {"T_vehicle_lidar": check_pose(T_vehicle_lidar, f"lidar {name}").tolist(),
                                         "beams": None if beams is None else beams.to_dict()}
 

@@ -112,8 +112,13 @@ class SceneModel:
                           view_knots=None if view_centres is None else _view_knots(knots_us, view_centres))
 
     @staticmethod
-    def from_state(state: dict, tracks: Sequence[ActorTrack]) -> "SceneModel":
-        """The inverse of `state_dict`, given the log's tracks (matched by the saved actor ids)."""
+    def from_state(state: dict, tracks: Sequence[ActorTrack], cameras: Sequence[str]) -> "SceneModel":
+        """The inverse of `state_dict`, given the log's tracks (matched by the saved actor ids) and cameras (each
+        camera of the checkpoint must be one of them: its appearance is learnt per camera)."""
+        unknown = sorted(set(state["affine"]) - set(cameras))
+        if unknown:
+            raise InputError(f"checkpoint: cameras {unknown} are not in this log (it has {sorted(cameras)}): a "
+                             f"checkpoint continues on the log it was trained on")
         by_id = {t.id: t for t in tracks}
         missing = [i for i in state["track_ids"] if i not in by_id]
         if missing:
@@ -190,7 +195,7 @@ class SceneModel:
         corrected poses: `Scene.log_pose`)."""
         k = int(np.searchsorted(self.view_knots[0], timestamp_us))
         if k == len(self.view_knots[0]) or self.view_knots[0][k] != timestamp_us:
-            raise InputError(f"no view pose correction is learnt at {timestamp_us} us (not a training view's time)")
+            raise ValueError(f"no view pose correction is learnt at {timestamp_us} us (not a training view's time)")
         rot, trans = self.view_offsets["rot"][k], self.view_offsets["trans"][k]
         c = torch.as_tensor(self.view_knots[1][k], dtype=rot.dtype, device=rot.device)
         # a rotation vector as the quaternion (1, w/2) normalised: exact rotations, first-order in the angle

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gsim.appearance import IDENTITY_AFFINE, Sky, compose
-from gsim.errors import InputError, Unavailable
+from gsim.errors import Diverged, InputError, Unavailable
 from gsim.io import write_json
 from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.render import BACKENDS, RenderOptions, render_camera
@@ -353,7 +353,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
                 + cfg.lidar_drop_weight * drop_l)
     if not torch.isfinite(loss):
         # the model's surfels skip Surfels' value checks (a tenth of a step): this one catches a diverged run
-        raise FloatingPointError(f"reconstruct: the loss is {float(loss.detach())} at step {run.step} (view of frame "
+        raise Diverged(f"reconstruct: the loss is {float(loss.detach())} at step {run.step} (view of frame "
                                  f"{view.frame}, {view.sensor}): training diverged; the checkpoint written before "
                                  f"is the last good one (lower a learning rate and --resume)")
     loss.backward()
@@ -376,9 +376,9 @@ def snapshot(run: _Run) -> dict:
     return copy.deepcopy(run.state())
 
 
-def resumed(cfg: TrainConfig, state: dict, tracks) -> _Run:
-    """The run that ``state`` (a checkpoint's or a `snapshot`) holds, on a log with these actor ``tracks``."""
-    run = _Run(cfg, SceneModel.from_state(state["model"], tracks), state["scale"])
+def resumed(cfg: TrainConfig, state: dict, log) -> _Run:
+    """The run that ``state`` (a checkpoint's or a `snapshot`) holds, on ``log`` (its actor tracks and cameras)."""
+    run = _Run(cfg, SceneModel.from_state(state["model"], log.actors, list(log.cameras)), state["scale"])
     run.restore(state)
     return run
 
@@ -415,6 +415,11 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
           out: Optional[Path] = None) -> Training:
     """Load the log, find its movers (written to OUT/movers.json and OUT/movers/ when ``out`` is given),
     make the views and rays, and start a run (from ``state``, a checkpoint, when given)."""
+    if cfg.backend != "torch":  # (a resumed checkpoint's, too: one trained with gsplat on a CPU machine)
+        reason = BACKENDS[cfg.backend].probe() if cfg.backend in BACKENDS else f"unknown backend {cfg.backend!r}"
+        if reason is not None:
+            raise Unavailable(f"preset {cfg.preset!r} needs the {cfg.backend} backend, which is not available "
+                              f"here: {reason}")
     log = load_log(log_path)
     train_frames, _ = split_frames(log, cfg.holdout_every)
     if cfg.train_span is not None:
@@ -437,7 +442,7 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
                                                 [v.timestamp_us for v in views], view_centres=centres),
                    scene_scale(views, bg.means))
     else:
-        run = resumed(cfg, state, log.actors)
+        run = resumed(cfg, state, log)
     return Training(log, train_frames, views, sweeps, run, bool(found))
 
 
@@ -453,11 +458,6 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
             raise InputError(f"{out / CHECKPOINT}: no checkpoint to resume from")
         state = load_state(found)
         cfg = TrainConfig.from_dict(state["config"])  # a resumed run keeps its own configuration
-    if cfg.backend != "torch":
-        reason = BACKENDS[cfg.backend].probe() if cfg.backend in BACKENDS else f"unknown backend {cfg.backend!r}"
-        if reason is not None:
-            raise Unavailable(f"preset {cfg.preset!r} needs the {cfg.backend} backend, which is not available "
-                               f"here: {reason}")
     torch.manual_seed(cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     t = start(log_path, cfg, state, progress, out)

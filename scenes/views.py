@@ -57,7 +57,7 @@ def ignored_points(ignored: Ignored, obs: LidarObs, n: int) -> np.ndarray:
     if m is None:
         return np.zeros(n, bool)
     if len(m) != n:
-        raise InputError(f"{obs.points}: the ignore mask has {len(m)} entries for {n} points")
+        raise ValueError(f"{obs.points}: the ignore mask has {len(m)} entries for {n} points")
     return m
 
 

@@ -98,7 +98,7 @@ def test_a_round_trip_gives_back_the_same_state_and_run(tmp_path):
     assert "head/b2" not in back["adam"]["m"] and back["adam"]["step"] == 2
     # restored into a new run: the same optimiser moments, and the same random draws from here on
     again = train_mod._Run(train_mod.TrainConfig.from_dict(back["config"]),
-                           SceneModel.from_state(back["model"], tracks), back["scale"])
+                           SceneModel.from_state(back["model"], tracks, list(back["model"]["affine"])), back["scale"])
     again.restore(back)
     _same(run.adam.state_dict(), again.adam.state_dict())
     assert run.rng.random() == again.rng.random()

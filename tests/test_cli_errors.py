@@ -674,3 +674,15 @@ def test_serve_insecure_passes_on_and_local_or_tls_needs_no_flag(inputs, serve_s
     assert main([*base, "--host", "0.0.0.0", "--tls-cert", str(inputs.token), "--tls-key", str(inputs.token)]) == 0
     assert main(base) == 0
     assert [c["insecure"] for c in serve_spy["start"]] == [True, False, False]
+
+
+@pytest.mark.parametrize("argv", [["street", "--seed", "-1", "--out", "x"], ["synth", "x", "--seed", "-1"],
+                                  ["closed-loop", "stopped-car", "--seed", "0,-1", "--out", "x"]])
+def test_a_negative_seed_is_bad_input_not_a_bug(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own refusal
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and "--seed" in err and "internal error" not in err and not (tmp_path / "x").exists(), err

@@ -198,3 +198,29 @@ def test_writer_rejects_bad_poses_when_adding(tmp_path):
                 w.add_ego_pose(7, np.diag([1.0, 1.0, 2.0, 1.0]))
             raise RuntimeError("stop")
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["cameras", "lidars"])
+@pytest.mark.parametrize("bad", ["../x", "/abs", "a/b", "", "n" * 300, "naïve"])
+def test_sensor_names_that_would_be_paths_are_refused(log_dir, kind, bad):
+    """A sensor's name becomes folder and file names (evaluation views, movers, pseudo views, exports)."""
+    def rename(m):
+        sensors = m["sensors"][kind]
+        sensors[bad] = sensors.pop(next(iter(sensors)))
+    edit_manifest(log_dir, rename)
+    expect_error(log_dir, f"sensors.{kind}.", "not a valid name")
+    with pytest.raises(ValueError, match="not a valid name"):
+        with LogWriter(log_dir.parent / "w", name="w", source="test") as w:
+            (w.add_camera(bad, CAM, T_VC) if kind == "cameras" else w.add_lidar(bad, np.eye(4), BEAMS))
+    assert not (log_dir.parent / "w").exists()
+
+
+@pytest.mark.parametrize("field", ["azimuth_resolution_deg", "min_range_m", "max_range_m"])
+def test_non_finite_beam_numbers_are_refused(log_dir, field):
+    edit_manifest(log_dir, lambda m: m["sensors"]["lidars"]["top"]["beams"].update({field: float("inf")}))
+    expect_error(log_dir, "sensors.lidars.top.beams", "finite")
+
+
+def test_a_non_finite_actor_size_is_refused(log_dir):
+    edit_manifest(log_dir, lambda m: m["actors"][0].update(size=[4.5, float("inf"), 1.5]))
+    expect_error(log_dir, "actors[0].size")

@@ -111,3 +111,27 @@ def test_every_manifest_loader_reads_through_the_one_reader(tmp_path, deny_readi
         load()
     msg = str(e.value)
     assert msg.startswith(f"{path}: ") and BAD[case][1][0] in msg, msg
+
+
+def test_a_manifest_nested_beyond_reason_is_bad_input_not_a_crash(tmp_path):
+    p = tmp_path / "deep.json"
+    p.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(InputError, match="nests too deeply"):
+        read_manifest(p, "scene manifest", (1,))
+
+
+def test_a_scenario_nested_beyond_reason_is_bad_input(tmp_path):
+    pytest.importorskip("yaml")
+    pytest.importorskip("pydantic")
+    from gsim.editing.scenario import ScenarioError, load_scenario
+    p = tmp_path / "deep.yaml"
+    p.write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ScenarioError, match="nests too deeply|not valid YAML"):
+        load_scenario(p)
+
+
+def test_a_symlink_loop_is_refused_as_a_path(tmp_path):
+    from gsim.io import child_path
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(InputError, match="leads outside"):
+        child_path(tmp_path, "loop", "asset id")

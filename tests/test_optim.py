@@ -110,7 +110,7 @@ def test_actor_pose_offsets_move_the_actor_and_are_saved():
     # the saved scene carries the refined poses; a checkpoint restores the offsets
     scene = model.to_scene()
     np.testing.assert_allclose(scene.actors[0].track_poses[1], T, atol=1e-6)
-    again = SceneModel.from_state(model.state_dict(), [track])
+    again = SceneModel.from_state(model.state_dict(), [track], list(model.affine))
     assert torch.equal(again.pose_offsets["car"], model.pose_offsets["car"])
     assert np.array_equal(again.pose_knots["car"], model.pose_knots["car"])
 
@@ -170,6 +170,6 @@ def test_view_pose_corrections_render_as_the_corrected_camera_and_are_saved(tmp_
     assert model.view_offsets["rot"].grad[0].abs().sum() > 0 and model.view_offsets["trans"].grad[0].abs().sum() > 0
     scene.save(tmp_path / "scene")
     np.testing.assert_allclose(load_scene(tmp_path / "scene").log_pose(T, 30_000), scene.log_pose(T, 30_000))
-    again = SceneModel.from_state(model.state_dict(), [])
+    again = SceneModel.from_state(model.state_dict(), [], list(model.affine))
     assert torch.equal(again.view_offsets["rot"], model.view_offsets["rot"])
     np.testing.assert_allclose(again.pose_corrections()[1], model.pose_corrections()[1])

@@ -23,7 +23,6 @@ import numpy as np
 from numba import njit, prange
 
 from ..cameras import Camera
-from ..errors import InputError
 from ..scene import Part
 from ..surfels import Surfels
 from .common import (ALPHA_THRESHOLD, DISTORTION_SCALE, FILTER_INV_SQUARE, MAX_ALPHA, N_RECORD, T_MIN, TILE_SIZE,
@@ -446,7 +445,7 @@ def render(surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderO
     them; not with the distortion output)."""
     if isinstance(surfels, list):
         if options.distortion:
-            raise InputError("numba backend: the distortion output needs world-frame surfels (Scene.at), not parts")
+            raise ValueError("numba backend: the distortion output needs world-frame surfels (Scene.at), not parts")
     elif options.distortion or (surfels.is_torch and _needs_grad(surfels)):
         from .numba_grad import render as render_tracked
         return render_tracked(surfels, camera, T_world_camera, options)
