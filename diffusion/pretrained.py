@@ -177,7 +177,9 @@ def load_pretrained(path, kind: str = "auto", controlnet=None, dtype: torch.dtyp
     except ImportError as e:  # pragma: no cover - the extra is missing
         raise MissingExtra("loading pretrained weights needs the diffusion extra: pip install 'gsim[diffusion]'") from e
 
-    common = dict(local_files_only=True, dtype=dtype)
+    # safetensors only: a folder someone sent must not be unpickled (diffusers would torch.load a .bin, whose
+    # weights_only guard older torch releases could be talked around)
+    common = dict(local_files_only=True, dtype=dtype, use_safetensors=True)
     extra = {}
     if controlnet is not None:
         try:

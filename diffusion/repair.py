@@ -169,7 +169,7 @@ class RepairModel:
         logging.set_verbosity_error()  # (diffusers advises installing accelerate on every load: not needed here)
         try:
             config = RepairConfig.from_dict(settings)
-            unet = UNet2DModel.from_pretrained(p / "unet", local_files_only=True)
+            unet = UNet2DModel.from_pretrained(p / "unet", local_files_only=True, use_safetensors=True)  # (no pickle)
             scheduler = DDPMScheduler.from_pretrained(p / "scheduler", local_files_only=True)
         except (OSError, ValueError) as e:
             raise InputError(f"{p}: unreadable repair model ({type(e).__name__}: {e})") from None

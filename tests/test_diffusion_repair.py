@@ -141,3 +141,21 @@ def test_masked_repair_changes_only_the_mask():
     img = m.repair_image(rgb[0].permute(1, 2, 0).numpy(), np.ones((16, 16)), np.full((16, 16), 4.0),
                          mask=mask[0, 0].numpy())
     assert np.allclose(img, out[0].permute(1, 2, 0).numpy(), atol=1e-6)
+
+
+def test_a_repair_model_with_pickled_weights_is_refused_unread(tmp_path):
+    """Weights come from safetensors only: a folder someone sent with a pickled .bin is refused, never unpickled."""
+    from pathlib import Path
+
+    from gsim.errors import InputError
+
+    class Plant:
+        def __reduce__(self):
+            return Path.touch, (tmp_path / "planted",)
+    RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20)).save(tmp_path / "m")
+    for f in (tmp_path / "m" / "unet").glob("*.safetensors"):
+        f.unlink()
+    torch.save({"conv_in.weight": Plant()}, tmp_path / "m" / "unet" / "diffusion_pytorch_model.bin")
+    with pytest.raises(InputError, match="unreadable repair model"):
+        RepairModel.load(tmp_path / "m")
+    assert not (tmp_path / "planted").exists()
