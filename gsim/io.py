@@ -141,6 +141,10 @@ def write_depth_png(path, depth_m: np.ndarray) -> None:
 def write_video(path, frames_uint8, fps: float) -> None:
     """H.264 MP4 from uint8 (H,W,3) frames (ffmpeg from the imageio-ffmpeg wheel)."""
     import imageio.v2 as imageio
+    # imageio-ffmpeg starts ffmpeg with preexec_fn=os.setpgrp (so Ctrl-C spares it): Python code in a forked child
+    # of a threaded process (the server's gRPC threads, numba's OpenMP pool) can crash or hang there (seen: a
+    # segfault in a served session's video). Its documented switch turns that off; ffmpeg then sees Ctrl-C too.
+    os.environ.setdefault("IMAGEIO_FFMPEG_NO_PREVENT_SIGINT", "1")
     with atomic_path(path, suffix=".mp4") as tmp:
         # macro_block_size=1: keep odd sizes exact rather than resizing them
         with imageio.get_writer(tmp, format="FFMPEG", fps=fps, codec="libx264", quality=8,
