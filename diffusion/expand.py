@@ -199,10 +199,9 @@ def held_out_views(log_path, cfg) -> list:
     return make_views(log, split_frames(log, cfg.holdout_every)[1], cfg.downscale)
 
 
-def held_out_psnr(run, views, lidar: bool) -> float:
-    """The mean PSNR (dB) of the run's scene on ``views``, rendered where the scene puts the log's poses."""
+def held_out_psnr(scene, views) -> float:
+    """The mean PSNR (dB) of ``scene`` on ``views``, rendered where the scene puts the log's poses."""
     from gsim.images import image_metrics, render_image
-    scene = run.model.to_scene(lidar=lidar)
     return float(np.mean([image_metrics(render_image(scene, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
                                                      v.timestamp_us, v.sensor)[0], v.image)["psnr"] for v in views]))
 
@@ -214,8 +213,9 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     Each stage is guarded: it starts from a snapshot of the run, and is undone (the expansion stops there, keeping
     the stages before it) if a training loss is not finite, if the real views' loss jumps (a fixed set of training
     views, photometric loss, looked at every `PROBE_EVERY` steps: beyond `ExpandOptions.abort` x where the stage
-    started), or if the stage leaves it more than `ExpandOptions.jump` (a share) above where it started. Then the held-out views' PSNR before and after decides: a scene worse by more than
-    `max_worse_db` is not written unless `allow_worse`. `ExpansionRefused` when nothing may be written."""
+    started), or if the stage leaves it more than `ExpandOptions.jump` (a share) above where it started. Then the
+    held-out views' PSNR before and after decides: a scene worse by more than `max_worse_db` is not written unless
+    `allow_worse`. `ExpansionRefused` when nothing may be written."""
     from tqdm import tqdm
 
     from gsim.images import render_image
@@ -238,7 +238,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     probe_loss = lambda: float(np.mean([view_loss(run, v) for v in probe]))  # noqa: E731  (of the current run)
     summary = {"scene": str(Path(scene_path).resolve()), "log": str(Path(log_path).resolve()),
                "options": options.to_dict(), "first_step": first, "stages": [],
-               "held_out_psnr_before": held_out_psnr(run, held, lidar) if held else None}
+               "held_out_psnr_before": held_out_psnr(run.model.to_scene(lidar=lidar), held) if held else None}
     (out / "pseudo").mkdir(parents=True, exist_ok=True)
     last = max(v.frame for v in t.views)
     for shift, ahead in stages:
@@ -301,7 +301,8 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             break
         summary["stages"].append({**record, "surfels": len(run.model)})
     kept = sum(s["kept"] for s in summary["stages"])
-    summary["held_out_psnr_after"] = held_out_psnr(run, held, lidar) if held else None
+    final = run.model.to_scene(lidar=lidar)
+    summary["held_out_psnr_after"] = held_out_psnr(final, held) if held else None
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     worse = (summary["held_out_psnr_before"] - summary["held_out_psnr_after"]) if held else 0.0
     refused = ("no stage could be kept" if not kept else
@@ -313,6 +314,6 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
         raise ExpansionRefused(f"{out}: {refused}; the scene and its checkpoint were not written (expand.json says "
                                f"what each stage measured)")
     run.save(out)
-    dataclasses.replace(run.model.to_scene(lidar=lidar), train_downscale=cfg.downscale).save(out / "scene")
+    dataclasses.replace(final, train_downscale=cfg.downscale).save(out / "scene")
     write_json(out / "expand.json", summary)
     return summary

@@ -293,6 +293,11 @@ def convert_legacy_checkpoint(path, trust_pickle: bool = False) -> Path:
     return out
 
 
+def _on(a: np.ndarray, device) -> torch.Tensor:
+    """A view's array as a tensor on the model's device."""
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
 def _render(run: _Run, view: View, options: RenderOptions):
     """(frame, rgb): the view as the run's model renders it (its pose correction applied, the sky composed)."""
     model = run.model
@@ -300,8 +305,8 @@ def _render(run: _Run, view: View, options: RenderOptions):
     if run.cfg.refines_views and not view.pose_corrected:
         surfels = model.corrected(surfels, view.timestamp_us)
     frame = render_camera(surfels, view.camera, view.T_world_camera, backend=run.cfg.backend, options=options)
-    dirs = torch.from_numpy(np.ascontiguousarray(view.dirs_world)).to(model.device)
-    return frame, compose(frame.rgb, frame.alpha, Sky(model.sky), dirs, model.affine[view.sensor])
+    return frame, compose(frame.rgb, frame.alpha, Sky(model.sky), _on(view.dirs_world, model.device),
+                          model.affine[view.sensor])
 
 
 def view_loss(run: _Run, view: View) -> float:
@@ -309,9 +314,8 @@ def view_loss(run: _Run, view: View) -> float:
     guard watches on real views (`gsim.diffusion.expand`)."""
     with torch.no_grad():
         _, rgb = _render(run, view, RenderOptions())
-        on = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(run.model.device)  # noqa: E731
-        mask = None if view.mask is None else on(view.mask)
-        return float(losses.photometric(rgb, on(view.image), run.cfg.ssim_weight, mask))
+        mask = None if view.mask is None else _on(view.mask, run.model.device)
+        return float(losses.photometric(rgb, _on(view.image, run.model.device), run.cfg.ssim_weight, mask))
 
 
 def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, robust: bool = False,
@@ -320,7 +324,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     outlier residuals leave the photometric loss (a log whose transients are not all known); ``weight``: of
     the view's camera losses (below 1 for views whose target is not a real image: `gsim.diffusion.expand`)."""
     cfg, model = run.cfg, run.model
-    on = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(model.device)  # noqa: E731
+    on = lambda a: _on(a, model.device)  # noqa: E731
     params = {**model.params, **model.extra_params()}
     geometry = run.step >= cfg.normal_from
     frame, rgb = _render(run, view, RenderOptions(distortion=bool(cfg.distortion_weight and geometry)))

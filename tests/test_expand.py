@@ -200,8 +200,8 @@ def test_a_scene_worse_on_held_out_views_is_refused_unless_allowed(small_recon, 
     measured = []
     real = ex.held_out_psnr
 
-    def worse(run, views, lidar):  # the real measurement, then 0.3 dB off it after the expansion
-        measured.append(real(run, views, lidar))
+    def worse(scene, views):  # the real measurement, then 0.3 dB off it after the expansion
+        measured.append(real(scene, views))
         return measured[0] - 0.3 * (len(measured) - 1)
     monkeypatch.setattr(ex, "held_out_psnr", worse)
     model = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20))
