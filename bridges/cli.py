@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from gsim.cli_args import camera_backends, int_at_least, positive
+from gsim.cli_args import camera_backends, int_at_least, positive, seed_list
 from gsim.errors import InputError
 
 SERVE_HELP = """Serve scenes over gRPC (the network sensor API: bridges/sensor.proto, docs/network_api.md).
@@ -44,12 +44,7 @@ def cmd_closed_loop(a) -> int:
     from .runner import run, run_batch
     from .scenario import SHIPPED, ensure_demo, load_loop_scenario
     agents = a.agent.split(",") if not a.agent.startswith("exec:") else [a.agent]
-    try:
-        seeds = [int(x) for x in a.seed.split(",")]
-    except ValueError:
-        seeds = [-1]
-    if min(seeds) < 0:
-        raise InputError(f"--seed: expected integers >= 0 separated by commas, got {a.seed!r}")
+    seeds = a.seed
     for name in agents:
         load_agent(name)  # bad input fails before anything starts
     for sc in a.scenario:
@@ -119,7 +114,7 @@ def register(sub) -> None:
                                                          "comma-separated: a batch (default lidar-aeb)")
     cl.add_argument("--out", required=True, help="the run directory (a batch: one per scenario/agent/seed and "
                                                  "table.md)")
-    cl.add_argument("--seed", default="0", help="SUMO's and the traffic's seed; comma-separated: a batch")
+    cl.add_argument("--seed", type=seed_list, default=(0,), help="SUMO's and the traffic's seed; comma-separated: a batch")
     cl.add_argument("--steps", type=int_at_least(1), default=None, help="stop after this many steps")
     cl.add_argument("--sumo", choices=("libsumo", "traci", "gui"), default="libsumo",
                     help="how SUMO runs: in this process (libsumo, default), as a process (traci) or with its GUI")

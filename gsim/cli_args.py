@@ -61,6 +61,17 @@ def distances(text: str) -> Tuple[float, ...]:
     return values
 
 
+def seed_list(text: str) -> Tuple[int, ...]:
+    """An argparse type: comma-separated integers >= 0, e.g. ``0,1,2``."""
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected integers >= 0 separated by commas, got {text!r}")
+    return values
+
+
 def camera_backends() -> list:
     """The ``--backend`` choices of camera rendering: 'auto' and the registry's names (`gsim.render.BACKENDS`)."""
     from .render import BACKENDS
