@@ -5,7 +5,7 @@ training view is moved sideways by the stage's distance to both sides of the veh
 frame's cameras are moved forward beyond the driven path), rendered by the current scene and repaired
 (a `RepairModel` or a `PretrainedRepair`); where the render is nearly empty (alpha < ``fill_alpha``) new
 surfels are added at a depth taken from the render's surroundings, or on the ground where the pixel's ray
-meets it; then the scene is fine-tuned on the real training views and these pseudo views, the pseudo views'
+meets it, unless a training view saw through that point (its surface or the sky behind it); then the scene is fine-tuned on the real training views and these pseudo views, the pseudo views'
 photometric loss weighted by ``pseudo_weight`` (the real views stay the reference: the distillation must not
 cost them quality). The fine-tuning continues the reconstruction's own run (its checkpoint: optimiser state,
 the learning rates where its schedule ended), so the reconstruction directory must hold the checkpoint
@@ -32,6 +32,7 @@ from gsim.errors import Diverged, GsimError, GsimWarning, InputError
 
 PROBE_VIEWS = 12  # training views whose loss the guard compares before, during and after each stage
 PROBE_EVERY = 50  # distillation steps between the guard's looks
+SEEN_SOLID, SEEN_CLEAR = 0.9, 0.1  # a training view's render alpha above which it saw a surface, below it the sky
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,9 @@ class ExpandOptions(Config):
     iterations: fine-tuning steps per stage; real_fraction: the share of those steps on real views;
     every: the training views moved (every n-th); fill_alpha: below it a pixel gets a new surfel;
     min_change: a pseudo view's loss counts only where the repair changed the render by more (`corrected`);
-    fill_stride: one new surfel per stride x stride pixels; fill_range_m: the farthest ground filled; the guards
+    fill_stride: one new surfel per stride x stride pixels; fill_range_m: the farthest ground filled;
+    carve_margin: a fill point nearer than (1 - carve_margin) x the depth a training view saw there is dropped
+    (`seen_through`); the guards
     (`expand`): abort: a stage stops when its real views' loss exceeds this multiple of where it started,
     jump: a stage is undone when it leaves the real views' loss more than this share above where it started,
     max_worse_db: the held-out PSNR an expanded scene may lose, unless allow_worse."""
@@ -55,6 +58,7 @@ class ExpandOptions(Config):
     fill_alpha: float = 0.5
     fill_stride: int = 2
     fill_range_m: float = 60.0
+    carve_margin: float = 0.1
     min_change: float = 0.03
     seed: int = 0
     abort: float = 2.0
@@ -116,14 +120,50 @@ def corrected(render: np.ndarray, repaired: np.ndarray, filled: np.ndarray, opt:
     return binary_dilation(changed, structure=np.ones((5, 5), bool)) | filled
 
 
+def sights(scene, views) -> list:
+    """[(camera, T_world_camera, depth (H,W) m)] for ``views`` (training views): where the scene puts each camera
+    and how far it saw through each pixel, as the scene renders it: the depth of a solid surface (alpha >=
+    `SEEN_SOLID`), inf where the sky shows (alpha < `SEEN_CLEAR`), 0 (nothing known) between. See `seen_through`."""
+    from gsim.images import render_image
+    out = []
+    for v in views:
+        T = scene.log_pose(v.T_world_camera, v.timestamp_us)
+        _, alpha, depth = render_image(scene, v.camera, T, v.timestamp_us, v.sensor)
+        far = np.where(alpha < SEEN_CLEAR, np.inf, np.where((alpha >= SEEN_SOLID) & (depth > 0), depth, 0.0))
+        out.append((v.camera, T, far))
+    return out
+
+
+def seen_through(points: np.ndarray, seen: list, margin: float) -> np.ndarray:
+    """(N,) bool: the points some view of ``seen`` (`sights`) looked through: they project in front of what it
+    saw there (a surface, nearer than (1 - margin) of its depth, or the sky). A surfel there would stand in the
+    way of what the log's camera and LiDAR observed."""
+    out = np.zeros(len(points), bool)
+    for camera, T, depth in seen:
+        H, W = depth.shape
+        pc = (points - T[:3, 3]) @ T[:3, :3]  # world -> camera
+        uv, ok = camera.project(pc)
+        ok &= np.isfinite(uv).all(1)
+        u, v = np.floor(np.clip(np.where(ok[:, None], uv, -1.0), -1.0, 1e9)).astype(np.int64).T
+        ok &= (u >= 0) & (u < W) & (v >= 0) & (v < H)
+        i = np.flatnonzero(ok)
+        out[i[pc[i, 2] < (1 - margin) * depth[v[i], u[i]]]] = True
+    return out
+
+
 def fill_points(camera, T_world_camera: np.ndarray, image: np.ndarray, alpha: np.ndarray, depth: np.ndarray,
-                opt: ExpandOptions) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                opt: ExpandOptions, seen: list = ()) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                             np.ndarray]:
     """Where the render is nearly empty: (points (N,3), colours (N,3), normals (N,3), footprints (N,) m,
     filled (H,W) bool: the hole pixels the points cover, before the stride).
     A hole enclosed by rendered surfaces (not reaching the image's top edge, where the sky is) takes the
     depth of its nearest surface pixel (a gap in a facade or the road); a hole pixel whose ray meets the
     ground (the median height of the render's bottom rows) within ``fill_range_m`` lies on it, whichever
-    of the two is nearer; the rest is sky and gets nothing."""
+    of the two is nearer; the rest is sky and gets nothing. A point a training view of ``seen`` (`sights`)
+    looked through is dropped: a hole enclosed by surfaces is often sky (between a crown and a facade, under a
+    floater at the top edge) or space a foreground surface (a car, a pole) disoccludes, and a surfel at the
+    enclosing depth would float where the log saw nothing (on synthetic seed 7 such walls in the sky diverged
+    the 3 m stage)."""
     from scipy import ndimage
     H, W = alpha.shape
     hole = alpha < opt.fill_alpha
@@ -149,6 +189,8 @@ def fill_points(camera, T_world_camera: np.ndarray, image: np.ndarray, alpha: np
     grid = np.zeros((H, W), bool)
     grid[opt.fill_stride // 2::opt.fill_stride, opt.fill_stride // 2::opt.fill_stride] = True
     filled = hole & np.isfinite(t)
+    if len(seen):
+        filled[filled] = ~seen_through(o + d_world[filled] * t[filled][:, None], seen, opt.carve_margin)
     pick = filled & grid
     z, on_ground = t[pick], (t == t_ground)[pick]
     d = d_world[pick]
@@ -236,9 +278,11 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     held = held_out_views(log_path, cfg)
     probe = t.views[::max(len(t.views) // PROBE_VIEWS, 1)][:PROBE_VIEWS]
     probe_loss = lambda: float(np.mean([view_loss(run, v) for v in probe]))  # noqa: E731  (of the current run)
+    recon = run.model.to_scene(lidar=lidar)
+    seen = sights(recon, t.views)  # what the log saw, as the reconstruction renders it: fills stay out
     summary = {"scene": str(Path(scene_path).resolve()), "log": str(Path(log_path).resolve()),
                "options": options.to_dict(), "first_step": first, "stages": [],
-               "held_out_psnr_before": held_out_psnr(run.model.to_scene(lidar=lidar), held) if held else None}
+               "held_out_psnr_before": held_out_psnr(recon, held) if held else None}
     (out / "pseudo").mkdir(parents=True, exist_ok=True)
     last = max(v.frame for v in t.views)
     for shift, ahead in stages:
@@ -258,7 +302,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             fixed = repairer.repair_image(rgb, alpha, depth, seed=options.seed + i)
             if i % 8 == 0:
                 _picture(out / "pseudo" / f"left{left:+.1f}_ahead{fwd:+.1f}_{i:03d}_{v.sensor}.png", rgb, fixed)
-            *fill, filled = fill_points(v.camera, Tc, fixed, alpha, depth, options)
+            *fill, filled = fill_points(v.camera, Tc, fixed, alpha, depth, options, seen)
             added += add_surfels(run, *fill)
             taught = corrected(rgb, fixed, filled, options)
             if taught.any():

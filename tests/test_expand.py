@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("diffusers")
 
 import gsim  # noqa: E402
-from gsim.diffusion.expand import ExpandOptions, expand, fill_points  # noqa: E402
+from gsim.diffusion.expand import ExpandOptions, expand, fill_points, seen_through  # noqa: E402
 from gsim.diffusion.repair import RepairConfig, RepairModel  # noqa: E402
 from gsim.errors import InputError  # noqa: E402
 from gsim.transforms import look_at  # noqa: E402
@@ -36,6 +36,53 @@ def test_holes_take_the_enclosing_surface_the_ground_or_stay_sky():
     assert np.allclose(pts[~gap, 2], 0.0, atol=1e-3) and np.allclose(normals[~gap], [0, 0, 1])
     assert np.allclose(normals[gap], [-1, 0, 0], atol=0.25) and np.allclose(rgb, 0.3) and (size > 0).all()
     assert len(fill_points(cam, T, image, np.ones((H, W)), depth, ExpandOptions())[0]) == 0
+
+
+def test_fills_a_training_view_saw_through_are_dropped():
+    """From a moved camera, the surface nearest a hole can be a foreground one; a fill at its depth would float
+    in space the log's own camera saw empty (the 3 m stage of seed 7 diverged on such fills): it is dropped."""
+    cam = gsim.PinholeCamera(40, 30, 20.0, 20.0, 20.0, 15.0)
+    T = look_at([0.0, 0.0, 1.5], [10.0, 0.0, 1.5])
+    wall = np.full((30, 40), 12.0)  # the training view saw a wall 12 m ahead
+    wall[:, :5] = np.inf  # the sky in its left columns
+    wall[:, 35:] = 0.0  # and something not solid in its right ones (nothing known there)
+    seen = [(cam, T, wall)]
+    points = np.array([[6.0, 0.0, 1.5],  # in front of the wall: seen through
+                       [11.5, 0.0, 1.5],  # within the margin (10% of 12 m) before it: kept
+                       [14.0, 0.0, 1.5],  # behind it: unknown, kept
+                       [6.0, 0.0, -20.0],  # below the view: unknown, kept
+                       [-6.0, 0.0, 1.5],  # behind the camera: kept
+                       [40.0, 33.0, 1.5],  # where it saw the sky, however far: seen through
+                       [6.0, -5.0, 1.5]])  # where it saw nothing solid nor the sky: kept
+    assert seen_through(points, seen, 0.1).tolist() == [True, False, False, False, False, True, False]
+    # a camera 3 m to the right sees a hole (a gap between foreground posts 5 m ahead): its fill would sit at
+    # the posts' depth, in front of the wall the training view saw; the hole stays empty
+    moved = look_at([0.0, -3.0, 1.5], [10.0, -3.0, 1.5])
+    depth = np.full((30, 40), 5.0)
+    alpha = np.ones((30, 40), np.float32)
+    alpha[10:14, 18:22] = 0.0
+    image = np.full((30, 40, 3), 0.3, np.float32)
+    opt = ExpandOptions(fill_stride=1)
+    assert len(fill_points(cam, moved, image, alpha, depth, opt)[0]) == 16
+    pts, *_, filled = fill_points(cam, moved, image, alpha, depth, opt, seen)
+    assert len(pts) == 0 and not filled.any()
+
+
+def test_sights_are_what_a_training_view_saw_surface_or_sky():
+    from types import SimpleNamespace
+
+    from gsim.diffusion.expand import sights
+    from support import plane
+    cam = gsim.PinholeCamera(40, 30, 20.0, 20.0, 20.0, 15.0)
+    view = SimpleNamespace(camera=cam, T_world_camera=look_at([0.0, 0.0, 1.5], [10.0, 0.0, 1.5]), timestamp_us=0,
+                           sensor="front")
+    [(_, T, far)] = sights(gsim.Scene(background=plane()), [view])  # a ground plane 30 m around, nothing above
+    assert np.allclose(T, view.T_world_camera)
+    assert np.isinf(far[:12]).all()  # above the horizon: the sky
+    rows = np.arange(24, 30)
+    assert np.allclose(far[24:, 20], 1.5 * 20.0 / (rows + 0.5 - 15.0), rtol=0.05)  # the ground's camera z
+    # a fill floating in the sky ahead (a wall put in a sky pocket) is seen through; one under the road is not
+    assert seen_through(np.array([[8.0, 0.0, 3.0], [4.0, 0.0, -0.5]]), [(cam, T, far)], 0.1).tolist() == [True, False]
 
 
 def test_options_are_checked():
