@@ -44,7 +44,8 @@ class ExpandOptions(Config):
     min_change: a pseudo view's loss counts only where the repair changed the render by more (`corrected`);
     fill_stride: one new surfel per stride x stride pixels; fill_range_m: the farthest ground filled;
     carve_margin: a fill point nearer than (1 - carve_margin) x the depth a training view saw there is dropped
-    (`seen_through`); the guards
+    (`seen_through`); clearance_m, max_near: a moved camera is skipped where the log saw no free space or when
+    more than max_near of its render is nearer than clearance_m (`clear_pose`); the guards
     (`expand`): abort: a stage stops when its real views' loss exceeds this multiple of where it started,
     jump: a stage is undone when it leaves the real views' loss more than this share above where it started,
     max_worse_db: the held-out PSNR an expanded scene may lose, unless allow_worse."""
@@ -59,6 +60,8 @@ class ExpandOptions(Config):
     fill_stride: int = 2
     fill_range_m: float = 60.0
     carve_margin: float = 0.1
+    clearance_m: float = 1.5
+    max_near: float = 0.1
     min_change: float = 0.03
     seed: int = 0
     abort: float = 2.0
@@ -149,6 +152,17 @@ def seen_through(points: np.ndarray, seen: list, margin: float) -> np.ndarray:
         i = np.flatnonzero(ok)
         out[i[pc[i, 2] < (1 - margin) * depth[v[i], u[i]]]] = True
     return out
+
+
+def clear_pose(T_world_camera: np.ndarray, alpha: np.ndarray, depth: np.ndarray, seen: list,
+               opt: ExpandOptions) -> bool:
+    """Whether a moved camera may teach the scene: it stands where a training view of ``seen`` (`sights`) saw
+    free space, and no more than ``opt.max_near`` of its render (``alpha``, ``depth``) is a surface nearer than
+    ``opt.clearance_m``. Moved sideways, a camera can land inside a parked car or against its flank: its render
+    is a close-up (fog from inside), and fitting the repair of it tore the nearby surfels apart (seed 7's 3 m
+    stage, 8 of its 70 poses inside, 4 more against a car)."""
+    near = float(((depth < opt.clearance_m) & (alpha >= SEEN_SOLID)).mean())
+    return near <= opt.max_near and bool(seen_through(T_world_camera[None, :3, 3], seen, opt.carve_margin)[0])
 
 
 def fill_points(camera, T_world_camera: np.ndarray, image: np.ndarray, alpha: np.ndarray, depth: np.ndarray,
@@ -290,7 +304,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
         start_loss = probe_loss()
         scene = run.model.to_scene(lidar=lidar)
         pseudo: List = []
-        added, changed = 0, 0.0
+        added, changed, blocked = 0, 0.0, 0
         where = f"{shift:g} m beside" if shift else f"{ahead:g} m ahead"
         moved = [(v, side * shift, 0.0) for v in t.views[::options.every] for side in (1, -1)] if shift else \
             [(v, 0.0, ahead) for v in t.views if v.frame == last]
@@ -299,6 +313,9 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             T = offset_pose(t.log, v.sensor, v.timestamp_us, ahead_m=fwd, left_m=left)
             Tc = scene.log_pose(T, v.timestamp_us)  # where the scene puts the log's pose
             rgb, alpha, depth = render_image(scene, v.camera, Tc, v.timestamp_us, v.sensor)
+            if not clear_pose(Tc, alpha, depth, seen, options):
+                blocked += 1
+                continue
             fixed = repairer.repair_image(rgb, alpha, depth, seed=options.seed + i)
             if i % 8 == 0:
                 _picture(out / "pseudo" / f"left{left:+.1f}_ahead{fwd:+.1f}_{i:03d}_{v.sensor}.png", rgb, fixed)
@@ -332,7 +349,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
         if stopped is None and not end_loss <= start_loss * (1 + options.jump):
             stopped = f"the real views' loss rose from {start_loss:.4g} to {end_loss:.4g}"
             end_loss = end_loss if np.isfinite(end_loss) else None  # (expand.json stays strict JSON)
-        record = {"shift_m": shift, "ahead_m": ahead, "pseudo_views": len(pseudo),
+        record = {"shift_m": shift, "ahead_m": ahead, "poses_blocked": blocked, "pseudo_views": len(pseudo),
                   "taught_fraction": changed / max(len(moved), 1), "surfels_added": added,
                   "loss_first_50": float(np.mean(losses[:50])) if losses else None,
                   "loss_last_50": float(np.mean(losses[-50:])) if losses else None,

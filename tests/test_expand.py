@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("diffusers")
 
 import gsim  # noqa: E402
-from gsim.diffusion.expand import ExpandOptions, expand, fill_points, seen_through  # noqa: E402
+from gsim.diffusion.expand import ExpandOptions, clear_pose, expand, fill_points, seen_through  # noqa: E402
 from gsim.diffusion.repair import RepairConfig, RepairModel  # noqa: E402
 from gsim.errors import InputError  # noqa: E402
 from gsim.transforms import look_at  # noqa: E402
@@ -83,6 +83,20 @@ def test_sights_are_what_a_training_view_saw_surface_or_sky():
     assert np.allclose(far[24:, 20], 1.5 * 20.0 / (rows + 0.5 - 15.0), rtol=0.05)  # the ground's camera z
     # a fill floating in the sky ahead (a wall put in a sky pocket) is seen through; one under the road is not
     assert seen_through(np.array([[8.0, 0.0, 3.0], [4.0, 0.0, -0.5]]), [(cam, T, far)], 0.1).tolist() == [True, False]
+
+
+def test_a_moved_camera_teaches_only_from_free_space_with_room_around_it():
+    cam = gsim.PinholeCamera(40, 30, 20.0, 20.0, 20.0, 15.0)
+    seen = [(cam, look_at([0.0, 0.0, 1.5], [10.0, 0.0, 1.5]), np.full((30, 40), 12.0))]  # a wall 12 m ahead
+    far, solid = np.full((30, 40), 8.0), np.ones((30, 40))
+    moved = lambda x: look_at([x, 0.5, 1.5], [x + 10.0, 0.5, 1.5])  # noqa: E731
+    opt = ExpandOptions()
+    assert clear_pose(moved(3.0), solid, far, seen, opt)  # the log saw through where it stands
+    assert not clear_pose(moved(13.0), solid, far, seen, opt)  # behind the wall: inside something
+    flank = far.copy()
+    flank[:, :8] = 0.6  # a car's flank 0.6 m away fills a fifth of the view
+    assert not clear_pose(moved(3.0), solid, flank, seen, opt)
+    assert clear_pose(moved(3.0), np.where(flank < 1, 0.0, solid), flank, seen, opt)  # (a transparent one: fine)
 
 
 def test_options_are_checked():
