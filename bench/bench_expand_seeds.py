@@ -55,7 +55,8 @@ def main() -> int:
     for seed, r in rows.items():
         f = lambda xs: " / ".join(f"{x:.2f}" for x in xs)  # noqa: E731
         st = ", ".join(f"{s['shift_m']:g} m {'kept' if s.get('kept', True) else 'undone'} "
-                       f"({s['loss_first_50'] or float('nan'):.3g}, {s.get('poses_blocked', '-')})" for s in r["stages"])
+                       f"({s['loss_first_50'] or float('nan'):.3g}, {s.get('poses_blocked', '-')})"
+                       for s in r["stages"])
         print(f"| {seed} | {f(r['reconstruction'])} | {f(r['expanded'])} | {st} |")
     return 0
 

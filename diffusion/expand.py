@@ -5,11 +5,12 @@ training view is moved sideways by the stage's distance to both sides of the veh
 frame's cameras are moved forward beyond the driven path), rendered by the current scene and repaired
 (a `RepairModel` or a `PretrainedRepair`); where the render is nearly empty (alpha < ``fill_alpha``) new
 surfels are added at a depth taken from the render's surroundings, or on the ground where the pixel's ray
-meets it, unless a training view saw through that point (its surface or the sky behind it); then the scene is fine-tuned on the real training views and these pseudo views, the pseudo views'
-photometric loss weighted by ``pseudo_weight`` (the real views stay the reference: the distillation must not
-cost them quality). The fine-tuning continues the reconstruction's own run (its checkpoint: optimiser state,
-the learning rates where its schedule ended), so the reconstruction directory must hold the checkpoint
-`gsim reconstruct` wrote. Every stage is guarded and the result is checked on the log's held-out views (`expand`).
+meets it, unless a training view saw through that point (its surface or the sky behind it); then the scene
+is fine-tuned on the real training views and these pseudo views, the pseudo views' photometric loss weighted
+by ``pseudo_weight`` (the real views stay the reference: the distillation must not cost them quality). The
+fine-tuning continues the reconstruction's own run (its checkpoint: optimiser state, the learning rates where its
+schedule ended), so the reconstruction directory must hold the checkpoint `gsim reconstruct` wrote. Every stage
+is guarded and the result is checked on the log's held-out views (`expand`).
 
 Output: OUT/scene (the expanded scene), OUT/checkpoint.safetensors (so a later expansion can continue),
 OUT/expand.json (stages, surfels added, losses, the guards' measurements, held-out PSNR before and after, wall
@@ -83,6 +84,9 @@ class ExpandOptions(Config):
         for name in ("iterations", "every", "fill_stride"):
             if getattr(self, name) < 1:
                 raise InputError(f"ExpandOptions.{name}: expected >= 1, got {getattr(self, name)}")
+        if not (0 <= self.carve_margin < 1 and self.clearance_m >= 0 and 0 <= self.max_near <= 1):
+            raise InputError(f"ExpandOptions: expected 0 <= carve_margin < 1, clearance_m >= 0 and 0 <= max_near <= 1, "
+                             f"got {self.carve_margin}, {self.clearance_m}, {self.max_near}")
         if not 0 <= self.real_fraction <= 1 or not 0 < self.pseudo_weight <= 1:
             raise InputError(f"ExpandOptions: expected 0 <= real_fraction <= 1 and 0 < pseudo_weight <= 1, got "
                              f"{self.real_fraction}, {self.pseudo_weight}")
@@ -141,16 +145,13 @@ def seen_through(points: np.ndarray, seen: list, margin: float) -> np.ndarray:
     """(N,) bool: the points some view of ``seen`` (`sights`) looked through: they project in front of what it
     saw there (a surface, nearer than (1 - margin) of its depth, or the sky). A surfel there would stand in the
     way of what the log's camera and LiDAR observed."""
+    from gsim.scenes.views import in_image
     out = np.zeros(len(points), bool)
     for camera, T, depth in seen:
-        H, W = depth.shape
-        pc = (points - T[:3, 3]) @ T[:3, :3]  # world -> camera
-        uv, ok = camera.project(pc)
-        ok &= np.isfinite(uv).all(1)
-        u, v = np.floor(np.clip(np.where(ok[:, None], uv, -1.0), -1.0, 1e9)).astype(np.int64).T
-        ok &= (u >= 0) & (u < W) & (v >= 0) & (v < H)
+        uv, ok, pc = in_image(camera, T, points)
         i = np.flatnonzero(ok)
-        out[i[pc[i, 2] < (1 - margin) * depth[v[i], u[i]]]] = True
+        u, v = np.floor(uv[i]).astype(np.int64).T
+        out[i[pc[i, 2] < (1 - margin) * depth[v, u]]] = True
     return out
 
 

@@ -100,7 +100,7 @@ def above_top_beam(top_tan: float, points: np.ndarray, origins: np.ndarray) -> n
     return points[:, 2] - (origins[:, 2] + rho * top_tan)
 
 
-def _in_image(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray):
+def in_image(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray):
     """(uv (N,2) pixels, (N,) bool: projects inside the image, (N,3) camera-frame points)."""
     Tcw = np.linalg.inv(T_world_camera)
     pc = world @ Tcw[:3, :3].T + Tcw[:3, 3]
@@ -116,7 +116,7 @@ def visible_points(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray
     A point is kept when it projects into the image and lies within ``tolerance`` (relative)
     of the nearest point in its ``block``-pixel cell: LiDAR points hidden from the camera by
     parallax (behind a nearer surface) are dropped."""
-    uv, ok, pc = _in_image(camera, T_world_camera, world)
+    uv, ok, pc = in_image(camera, T_world_camera, world)
     idx = np.nonzero(ok)[0]
     u, v, z = uv[idx, 0].astype(np.int64), uv[idx, 1].astype(np.int64), pc[idx, 2]
     cell = (v // block) * (camera.width // block + 1) + u // block
@@ -133,7 +133,7 @@ def transient_mask(camera: Camera, T_world_camera: np.ndarray, world: np.ndarray
     HDL-64E, and a moving object's edges lie between its points)."""
     if len(world) == 0:
         return None
-    uv, ok, _ = _in_image(camera, T_world_camera, world)
+    uv, ok, _ = in_image(camera, T_world_camera, world)
     if not ok.any():
         return None
     hit = np.zeros((camera.height, camera.width), bool)

@@ -108,6 +108,9 @@ def test_options_are_checked():
         ExpandOptions(shifts=())
     with pytest.raises(ValueError, match="iterations"):
         ExpandOptions(iterations=0)
+    for bad in (dict(carve_margin=1.0), dict(carve_margin=float("nan")), dict(clearance_m=-1.0), dict(max_near=1.5)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ExpandOptions(**bad)
 
 
 @pytest.fixture(scope="module")
