@@ -33,7 +33,8 @@ def register(sub) -> None:
     rl.add_argument("--trajectory", required=True,
                     help='JSON {"schema_version": 1, "frames": [{"timestamp_us": ..., "T_world_lidar": 4x4}]}')
     rl.add_argument("--out", required=True)
-    rl.add_argument("--backend", default="auto", choices=["auto", "numba", "torch"])
+    rl.add_argument("--backend", default="auto", choices=["auto", "numba", "cuda", "torch"],
+                    help="auto: the CUDA kernel where an NVIDIA GPU is, else numba")
     rl.add_argument("--no-rolling", action="store_true",
                     help="hold the sensor (and the actors) still over each sweep instead of moving them per column")
     rl.set_defaults(fn=cmd_render_lidar)

@@ -70,72 +70,79 @@ def surfel_records(means, quats, scales, opac, rec):
 
 @njit(parallel=True, cache=True)
 def _caps(rec, scales, group, world_from_group, o_ref, R_ref, margin, tan_div, grid, rect, depth, cap):
-    """The cells each surfel can reach (see the module docstring) as rect[i] = x0, x1, y0, y1 (empty: x0 = x1;
+    """`surfel_cap` of every surfel."""
+    for i in prange(rec.shape[0]):
+        surfel_cap(i, rec, scales, group, world_from_group, o_ref, R_ref, margin, tan_div, grid, rect, depth, cap)
+
+
+@njit(cache=True, inline="always")
+def surfel_cap(i, rec, scales, group, world_from_group, o_ref, R_ref, margin, tan_div, grid, rect, depth, cap):
+    """The cells surfel i can reach (see the module docstring) as rect[i] = x0, x1, y0, y1 (empty: x0 = x1;
     x1 may pass n_az on a full-circle grid, wrapping around), its centre distance from the reference origin,
     and cap[i]: the centre relative to that origin and its direction (world axes), and the cosine of the
     cap's angular radius (-2: every direction). grid = (az_lo, az_step, n_az, el_lo, el_step, n_el, circle),
-    angles in the reference frame (radians)."""
+    angles in the reference frame (radians). One thread's work: the CPU loop's and the CUDA kernel's
+    (lidar.kernel_cuda)."""
     az_lo, az_step, n_az, el_lo, el_step, n_el = grid[0], grid[1], int(grid[2]), grid[3], grid[4], int(grid[5])
     circle = grid[6] > 0
-    for i in prange(rec.shape[0]):
-        rect[i, 0], rect[i, 1] = 0, 0
-        o = float(rec[i, 12])
-        if o * 255.0 <= 1.0:
-            continue
-        g = group[i]
-        m0, m1, m2 = float(rec[i, 0]), float(rec[i, 1]), float(rec[i, 2])
-        W = world_from_group[g]
-        w0 = W[0, 0] * m0 + W[0, 1] * m1 + W[0, 2] * m2 + W[0, 3] - o_ref[0]
-        w1 = W[1, 0] * m0 + W[1, 1] * m1 + W[1, 2] * m2 + W[1, 3] - o_ref[1]
-        w2 = W[2, 0] * m0 + W[2, 1] * m1 + W[2, 2] * m2 + W[2, 3] - o_ref[2]
-        dist = math.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
-        lg = math.log(o * 255.0)
-        r3 = math.sqrt(2.0 * lg) * max(float(scales[i, 0]), float(scales[i, 1]))
-        d = margin[g]
-        full = dist <= d + r3 + NEAR
-        rho = 0.0
-        if not full:  # the filter's angle: tan_div sqrt(lg) >= its atan
-            rho = max(math.asin(r3 / (dist - d)), tan_div * math.sqrt(lg)) + (math.asin(d / dist) if d > 0 else 0.0)
-            rho += CAP_SLACK
-            full = rho >= 0.5 * math.pi
-        inv = 1.0 / max(dist, 1e-30)
-        cap[i, 0], cap[i, 1], cap[i, 2] = w0, w1, w2
-        cap[i, 3], cap[i, 4], cap[i, 5] = w0 * inv, w1 * inv, w2 * inv
-        cap[i, 6] = -2.0 if full else math.cos(rho)
-        depth[i] = dist
-        full_az = full
-        if full:
-            y0, y1 = 0, n_el
-        else:
-            q0 = R_ref[0, 0] * w0 + R_ref[1, 0] * w1 + R_ref[2, 0] * w2
-            q1 = R_ref[0, 1] * w0 + R_ref[1, 1] * w1 + R_ref[2, 1] * w2
-            sin_el = (R_ref[0, 2] * w0 + R_ref[1, 2] * w1 + R_ref[2, 2] * w2) * inv
-            el_c = math.asin(max(-1.0, min(1.0, sin_el)))
-            y0 = max(0, int(math.floor((el_c - rho - el_lo) / el_step)))
-            y1 = min(n_el, int(math.floor((el_c + rho - el_lo) / el_step)) + 1)
-            ce, sr = math.sqrt(max(1.0 - sin_el * sin_el, 0.0)), math.sin(rho)
-            full_az = ce <= sr
-        if y0 >= y1:
-            continue
-        if full_az:
-            x0, x1 = 0, n_az
-        else:
-            half = math.asin(sr / ce)
-            a = (math.atan2(q1, q0) - az_lo) % (2 * math.pi)  # the centre, from az_lo: [0, 2 pi)
-            xa, xb = int(math.floor((a - half) / az_step)), int(math.floor((a + half) / az_step)) + 1
-            if circle:
-                x0, x1 = (xa + n_az, xb + n_az) if xa < 0 else (xa, xb)
-                if x1 - x0 >= n_az:
-                    x0, x1 = 0, n_az
-            else:  # a partial grid: the cap, or its copy one turn either side, may meet it (the union's span)
-                x0, x1 = max(xa, 0), min(xb, n_az)
-                for turn in (2 * math.pi, -2 * math.pi):
-                    c0 = max(int(math.floor((a + turn - half) / az_step)), 0)
-                    c1 = min(int(math.floor((a + turn + half) / az_step)) + 1, n_az)
-                    if c0 < c1:
-                        x0, x1 = (min(x0, c0), max(x1, c1)) if x0 < x1 else (c0, c1)
-        if x0 < x1:
-            rect[i, 0], rect[i, 1], rect[i, 2], rect[i, 3] = x0, x1, y0, y1
+    rect[i, 0], rect[i, 1] = 0, 0
+    o = float(rec[i, 12])
+    if o * 255.0 <= 1.0:
+        return
+    g = group[i]
+    m0, m1, m2 = float(rec[i, 0]), float(rec[i, 1]), float(rec[i, 2])
+    W = world_from_group[g]
+    w0 = W[0, 0] * m0 + W[0, 1] * m1 + W[0, 2] * m2 + W[0, 3] - o_ref[0]
+    w1 = W[1, 0] * m0 + W[1, 1] * m1 + W[1, 2] * m2 + W[1, 3] - o_ref[1]
+    w2 = W[2, 0] * m0 + W[2, 1] * m1 + W[2, 2] * m2 + W[2, 3] - o_ref[2]
+    dist = math.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
+    lg = math.log(o * 255.0)
+    r3 = math.sqrt(2.0 * lg) * max(float(scales[i, 0]), float(scales[i, 1]))
+    d = margin[g]
+    full = dist <= d + r3 + NEAR
+    rho = 0.0
+    if not full:  # the filter's angle: tan_div sqrt(lg) >= its atan
+        rho = max(math.asin(r3 / (dist - d)), tan_div * math.sqrt(lg)) + (math.asin(d / dist) if d > 0 else 0.0)
+        rho += CAP_SLACK
+        full = rho >= 0.5 * math.pi
+    inv = 1.0 / max(dist, 1e-30)
+    cap[i, 0], cap[i, 1], cap[i, 2] = w0, w1, w2
+    cap[i, 3], cap[i, 4], cap[i, 5] = w0 * inv, w1 * inv, w2 * inv
+    cap[i, 6] = -2.0 if full else math.cos(rho)
+    depth[i] = dist
+    full_az = full
+    if full:
+        y0, y1 = 0, n_el
+    else:
+        q0 = R_ref[0, 0] * w0 + R_ref[1, 0] * w1 + R_ref[2, 0] * w2
+        q1 = R_ref[0, 1] * w0 + R_ref[1, 1] * w1 + R_ref[2, 1] * w2
+        sin_el = (R_ref[0, 2] * w0 + R_ref[1, 2] * w1 + R_ref[2, 2] * w2) * inv
+        el_c = math.asin(max(-1.0, min(1.0, sin_el)))
+        y0 = max(0, int(math.floor((el_c - rho - el_lo) / el_step)))
+        y1 = min(n_el, int(math.floor((el_c + rho - el_lo) / el_step)) + 1)
+        ce, sr = math.sqrt(max(1.0 - sin_el * sin_el, 0.0)), math.sin(rho)
+        full_az = ce <= sr
+    if y0 >= y1:
+        return
+    if full_az:
+        x0, x1 = 0, n_az
+    else:
+        half = math.asin(sr / ce)
+        a = (math.atan2(q1, q0) - az_lo) % (2 * math.pi)  # the centre, from az_lo: [0, 2 pi)
+        xa, xb = int(math.floor((a - half) / az_step)), int(math.floor((a + half) / az_step)) + 1
+        if circle:
+            x0, x1 = (xa + n_az, xb + n_az) if xa < 0 else (xa, xb)
+            if x1 - x0 >= n_az:
+                x0, x1 = 0, n_az
+        else:  # a partial grid: the cap, or its copy one turn either side, may meet it (the union's span)
+            x0, x1 = max(xa, 0), min(xb, n_az)
+            for turn in (2 * math.pi, -2 * math.pi):
+                c0 = max(int(math.floor((a + turn - half) / az_step)), 0)
+                c1 = min(int(math.floor((a + turn + half) / az_step)) + 1, n_az)
+                if c0 < c1:
+                    x0, x1 = (min(x0, c0), max(x1, c1)) if x0 < x1 else (c0, c1)
+    if x0 < x1:
+        rect[i, 0], rect[i, 1], rect[i, 2], rect[i, 3] = x0, x1, y0, y1
 
 
 @njit(cache=True)
@@ -169,7 +176,7 @@ REFRESH = 16  # surfels between checks for a cell whose rays are all done
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def _alpha_range(p0, p1, p2, d0, d1, d2, geo, inv_div2):
+def alpha_range(p0, p1, p2, d0, d1, d2, geo, inv_div2):
     """A surfel's alpha and range along a ray (p = centre - origin, d unit; the surfel's frame), and
     n.d (its sign turns the normal to face the ray). Branch-free, so that the lane loop vectorizes;
     the surfel comes as scalars (`surfel_geometry`): loads from its record inside the loop could alias the
@@ -192,29 +199,36 @@ def _alpha_range(p0, p1, p2, d0, d1, d2, geo, inv_div2):
 
 @njit(cache=True, inline="always")
 def surfel_geometry(rec, j):
-    """What `_alpha_range` reads of surfel j's record (N_REC), as scalars loaded once outside the lane loop."""
+    """What `alpha_range` reads of surfel j's record (N_REC), as scalars loaded once outside the lane loop."""
     return (rec[j, 3], rec[j, 4], rec[j, 5], rec[j, 6], rec[j, 7], rec[j, 8], rec[j, 9], rec[j, 10], rec[j, 11],
             rec[j, 12])
 
 
 @njit(cache=True, fastmath=FASTMATH, inline="always")
-def _update(st, i, al, rng, n0, n1, n2, hit_alpha):
-    """Composite one surfel's (alpha, range, facing normal) into the ray at i (branch-free, as the cameras)."""
-    T = st[PT + i]
+def composite_step(T, acc, al, hit_alpha):
+    """One surfel's alpha into a ray whose transmittance is T and accumulated alpha acc: (the new T, the surfel's
+    weight, whether acc reaches hit_alpha with it). Front to back; a ray stops (exclusive) where T would fall
+    to T_MIN. Branch-free, so that the CPU's lane loop vectorizes; lidar.kernel_cuda composites with it too."""
     nT = T * (ONE - al)
     take = al >= A_MIN
     stop = take & (nT <= T_END)  # exclusive: this surfel is not composited
     w = al * T if take & ~stop else ZERO
-    before = st[PA + i]
-    st[PA + i] = before + w
+    crossed = (w > ZERO) & (acc < hit_alpha) & (acc + w >= hit_alpha)
+    return (ZERO if stop else (nT if take else T)), w, crossed
+
+
+@njit(cache=True, fastmath=FASTMATH, inline="always")
+def _update(st, i, al, rng, n0, n1, n2, hit_alpha):
+    """Composite one surfel's (alpha, range, facing normal) into the ray at i (`composite_step`)."""
+    T, w, crossed = composite_step(st[PT + i], st[PA + i], al, hit_alpha)
+    st[PA + i] += w
     st[PRS + i] += w * rng
-    crossed = (w > ZERO) & (before < hit_alpha) & (before + w >= hit_alpha)
     st[PMED + i] = rng if crossed else st[PMED + i]
     st[PNX + i] += w * n0
     st[PNY + i] += w * n1
     st[PNZ + i] += w * n2
     st[PW + i] = w
-    st[PT + i] = ZERO if stop else (nT if take else T)
+    st[PT + i] = T
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
@@ -224,7 +238,7 @@ def world_lanes(st, base, w0, w1, w2, geo, nx, ny, nz, inv2, hit) -> None:
     for lane in range(U_LANES):
         i = base + lane
         d0, d1, d2 = st[DX + i], st[DY + i], st[DZ + i]
-        al, rng, nd = _alpha_range(w0 - st[OX + i], w1 - st[OY + i], w2 - st[OZ + i], d0, d1, d2, geo, inv2)
+        al, rng, nd = alpha_range(w0 - st[OX + i], w1 - st[OY + i], w2 - st[OZ + i], d0, d1, d2, geo, inv2)
         s = -ONE if nd > ZERO else ONE
         _update(st, i, al, rng, s * nx, s * ny, s * nz, hit)
 
@@ -247,22 +261,29 @@ def _world_chunk(st, base, w0, w1, w2, u0, u1, u2, cos_rho, geo, nx, ny, nz, inv
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def actor_ray(st, i, A, g, c, o0, o1, o2, e0, e1, e2, rec, j, geo, inv2, hit) -> None:
-    """Composite actor surfel j into the ray at i (world origin o, direction e), taken into the actor's
-    frame by A[g, c] (3,4), its group_from_world at the ray's firing time (A comes whole: a slice per ray
-    would touch its reference count from every thread)."""
+def actor_hit(A, g, c, o0, o1, o2, e0, e1, e2, rec, j, geo, inv2):
+    """Actor surfel j along the world ray (origin o, direction e) fired at column c: the ray taken into the
+    actor's frame by A[g, c] (3,4), its group_from_world at that time (A comes whole: a slice per ray would
+    touch its reference count from every thread). Returns alpha, range and the world normal facing the ray."""
     p0 = rec[j, 0] - (A[g, c, 0, 0] * o0 + A[g, c, 0, 1] * o1 + A[g, c, 0, 2] * o2 + A[g, c, 0, 3])
     p1 = rec[j, 1] - (A[g, c, 1, 0] * o0 + A[g, c, 1, 1] * o1 + A[g, c, 1, 2] * o2 + A[g, c, 1, 3])
     p2 = rec[j, 2] - (A[g, c, 2, 0] * o0 + A[g, c, 2, 1] * o1 + A[g, c, 2, 2] * o2 + A[g, c, 2, 3])
     d0 = A[g, c, 0, 0] * e0 + A[g, c, 0, 1] * e1 + A[g, c, 0, 2] * e2
     d1 = A[g, c, 1, 0] * e0 + A[g, c, 1, 1] * e1 + A[g, c, 1, 2] * e2
     d2 = A[g, c, 2, 0] * e0 + A[g, c, 2, 1] * e1 + A[g, c, 2, 2] * e2
-    al, rng, nd = _alpha_range(f32(p0), f32(p1), f32(p2), f32(d0), f32(d1), f32(d2), geo, inv2)
+    al, rng, nd = alpha_range(f32(p0), f32(p1), f32(p2), f32(d0), f32(d1), f32(d2), geo, inv2)
     s = -1.0 if nd > 0 else 1.0
     nx, ny, nz = rec[j, 9], rec[j, 10], rec[j, 11]  # A^T n: the normal in the world
-    _update(st, i, al, rng, f32(s * (A[g, c, 0, 0] * nx + A[g, c, 1, 0] * ny + A[g, c, 2, 0] * nz)),
+    return (al, rng, f32(s * (A[g, c, 0, 0] * nx + A[g, c, 1, 0] * ny + A[g, c, 2, 0] * nz)),
             f32(s * (A[g, c, 0, 1] * nx + A[g, c, 1, 1] * ny + A[g, c, 2, 1] * nz)),
-            f32(s * (A[g, c, 0, 2] * nx + A[g, c, 1, 2] * ny + A[g, c, 2, 2] * nz)), hit)
+            f32(s * (A[g, c, 0, 2] * nx + A[g, c, 1, 2] * ny + A[g, c, 2, 2] * nz)))
+
+
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def actor_ray(st, i, A, g, c, o0, o1, o2, e0, e1, e2, rec, j, geo, inv2, hit) -> None:
+    """Composite actor surfel j (`actor_hit`) into the ray at i."""
+    al, rng, n0, n1, n2 = actor_hit(A, g, c, o0, o1, o2, e0, e1, e2, rec, j, geo, inv2)
+    _update(st, i, al, rng, n0, n1, n2, hit)
 
 
 def _make_compositor(track: bool):
@@ -342,7 +363,7 @@ _composite = _make_compositor(False)
 _composite_tracked = _make_compositor(True)
 
 
-def _grid(az: np.ndarray, el: np.ndarray):
+def ray_grid(az: np.ndarray, el: np.ndarray):
     """A uniform (azimuth, elevation) grid over the rays' directions (radians, reference frame):
     (az_lo, az_step, n_az, el_lo, el_step, n_el, circle) and each ray's cell. The azimuth range is the
     whole circle when the rays leave no empty arc of SEAM_BINS; else it starts after the largest one."""
@@ -369,6 +390,12 @@ def _grid(az: np.ndarray, el: np.ndarray):
     return np.array([az_lo, az_step, n_az, el_lo, el_step, n_el, circle]), y * n_az + x
 
 
+def bundle_grid(dirs: np.ndarray, rays: np.ndarray, R_ref: np.ndarray):
+    """`ray_grid` of the rays ``rays`` (world directions ``dirs``) in the reference frame R_ref."""
+    d_ref = np.einsum("ji,rj->ri", R_ref, dirs[rays])  # R_ref^T d (einsum: a BLAS call leaves its threads spinning)
+    return ray_grid(np.arctan2(d_ref[:, 1], d_ref[:, 0]), np.arcsin(np.clip(d_ref[:, 2], -1.0, 1.0)))
+
+
 _WORK = threading.local()
 
 
@@ -389,10 +416,7 @@ def render_bundle(rec, scales, feats, group, world_from_group, group_from_world,
 
     world_from_group (G,3,4): each group's pose at the reference time; margin (G,): how far (m) a
     group's surfels and the bundle's ray origins can be from where the reference pose puts them."""
-    d_ref = np.einsum("ji,rj->ri", R_ref, dirs[rays])  # R_ref^T d (einsum: a BLAS call leaves its threads spinning)
-    az = np.arctan2(d_ref[:, 1], d_ref[:, 0])
-    el = np.arcsin(np.clip(d_ref[:, 2], -1.0, 1.0))
-    grid, cell = _grid(az, el)
+    grid, cell = bundle_grid(dirs, rays, R_ref)
     n = rec.shape[0]
     rect, depth = scratch("rect", (n, 4), np.int64), scratch("depth", (n,), np.float32)
     cap = scratch("cap", (n, 7), np.float32)

@@ -195,9 +195,10 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     Surfels. ``T_world_lidar``: the sensor pose (4x4, sensor -> world) held over the sweep, or a trajectory
     (timestamps_us (K,), poses (K,4,4)) from which each column's pose is interpolated (``rolling``; else
     the pose at timestamp_us). Actors move along their tracks per column when ``rolling``.
-    backend: "auto"/"numba" (the CPU kernel) or "torch" (the reference twin, any device; binning-free and slow
-    on big scenes). head: the `LidarHead` that decodes the surfels' features into intensity and ray drop
-    (default: the scene's own; none: intensity is None and only geometry drops rays). numpy out."""
+    backend: "numba" (the CPU kernels), "cuda" (lidar.kernel_cuda, an NVIDIA GPU), "auto" (cuda where a GPU is,
+    else numba) or "torch" (the reference twin, any device; binning-free and slow on big scenes). head: the
+    `LidarHead` that decodes the surfels' features into intensity and ray drop (default: the scene's own; none:
+    intensity is None and only geometry drops rays). numpy out."""
     if not isinstance(spec, (LidarSpec, RayTableSpec)):
         raise InputError(f"render_lidar: spec must be a gsim.lidar.LidarSpec (e.g. LidarSpec.preset("
                          f"'velodyne-hdl64e')) or RayTableSpec, got {type(spec).__name__}")
@@ -248,14 +249,20 @@ def _returns(out: dict, dirs: np.ndarray, hit_alpha: float, min_range_m: float, 
 
 
 def _backend(backend: str) -> str:
-    name = "numba" if backend == "auto" else backend
-    if name not in ("numba", "torch"):
-        raise InputError(f"render_lidar: backend must be 'auto', 'numba' or 'torch', got {backend!r}")
-    from gsim.render import BACKENDS
-    reason = BACKENDS[name].probe()
+    """The kernel to trace with: "auto" takes the CUDA kernel on a GPU (never the simulator's), else numba."""
+    if backend not in ("auto", "numba", "cuda", "torch"):
+        raise InputError(f"render_lidar: backend must be 'auto', 'numba', 'cuda' or 'torch', got {backend!r}")
+    from .kernel_cuda import simulated, unavailable_reason
+    if backend == "auto":
+        backend = "cuda" if not simulated() and unavailable_reason() is None else "numba"
+    if backend == "cuda":
+        reason = unavailable_reason()
+    else:
+        from gsim.render import BACKENDS
+        reason = BACKENDS[backend].probe()
     if reason is not None:
-        raise Unavailable(f"render_lidar: backend {name!r} is not available: {reason}")
-    return name
+        raise Unavailable(f"render_lidar: backend {backend!r} is not available: {reason}")
+    return backend
 
 
 def render_rays(scene_or_surfels, T_world_lidar: np.ndarray, times_us: np.ndarray, dirs: np.ndarray,
@@ -299,6 +306,9 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: 
     by_column = np.argsort(column, kind="stable")
     bounds = np.searchsorted(column[by_column], np.arange(C + 1))
     out = _outputs(R, groups.features.shape[1], candidates)
+    if backend == "cuda":
+        from .kernel_cuda import Tracer
+        tracer = Tracer(groups, group_from_world, origins, dirs, column, candidates)
     for cols in _bundles(sensor[:, :3, 3], world_from_group[1:], R):
         rays = by_column[bounds[cols[0]]:bounds[cols[-1] + 1]]
         if len(rays) == 0:
@@ -308,8 +318,12 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: 
             from .kernel import render_bundle
             render_bundle(groups.rec, groups.scales, groups.features, groups.group, ref, group_from_world, margin,
                           origins, dirs, column, o_ref, R_ref, BEAM_DIVERGENCE_RAD, hit_alpha, out, rays)
+        elif backend == "cuda":
+            tracer.bundle(ref, margin, o_ref, R_ref, dirs, rays, BEAM_DIVERGENCE_RAD, hit_alpha)
         else:
             _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, hit_alpha, out, rays)
+    if backend == "cuda":
+        out = tracer.result()
     out["group_from_world"] = group_from_world
     return out
 

@@ -1,0 +1,67 @@
+"""The CUDA LiDAR kernel (gsim.lidar.kernel_cuda) against the numba kernel under numba's CUDA simulator.
+
+Run by tests/test_lidar_cuda.py in a process of its own (NUMBA_ENABLE_CUDASIM=1 must be set before numba.cuda
+is imported): tiny cases, since the simulator runs every GPU thread as a Python thread. Exits non-zero (an
+AssertionError) where the two kernels disagree.
+"""
+import os
+
+import numpy as np
+
+import gsim
+from gsim.lidar import RayTableSpec, render_lidar
+from gsim.lidar.render import _groups, _layout, _sensor_poses, trace
+
+
+def pose(x, y=0.0, yaw=0.0):
+    T = np.eye(4)
+    T[:2, :2] = [[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]]
+    T[:3, 3] = [x, y, 0.0]
+    return T
+
+
+def cloud(rng, n, spread):
+    q = rng.normal(size=(n, 4))
+    return gsim.Surfels(np.c_[rng.uniform(-spread, spread, (n, 2)), rng.uniform(-2, 2, n)],
+                        q / np.linalg.norm(q, axis=1, keepdims=True), rng.uniform(0.2, 1.0, (n, 2)),
+                        rng.uniform(0.3, 0.99, n), rng.uniform(0, 1, (n, 3)), rng.uniform(-1, 1, (n, 4)))
+
+
+def ring(n_az, elevations_deg):
+    """A ray table over the whole circle (its grid wraps around) at the given elevations."""
+    az, el = np.meshgrid(np.linspace(-np.pi, np.pi, n_az, endpoint=False), np.radians(elevations_deg))
+    return np.stack([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)], -1).reshape(-1, 3)
+
+
+def main():
+    assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
+    rng = np.random.default_rng(1)
+    car = gsim.Actor(id="car", category="car", size=(4.0, 2.0, 1.5), surfels=cloud(rng, 40, 2.0),
+                     track_timestamps_us=np.array([0, 100_000]),
+                     track_poses=np.stack([pose(6.0, 3.0), pose(7.5, 3.0, 0.3)]))
+    scene = gsim.Scene(background=cloud(rng, 150, 15.0), actors=(car,))
+    trajectory = (np.array([0, 100_000]), np.stack([pose(0.0), pose(1.5, 0.2, 0.2)]))
+    # a full circle of rays (the wrapping grid), the sensor driving and turning, the car moving per column
+    spec = RayTableSpec.from_directions("ring", ring(800, [-6.0]), 0.1, 100.0)
+    a, b = (render_lidar(scene, spec, trajectory, backend=k, timestamp_us=0) for k in ("numba", "cuda"))
+    assert (a.range_image > 0).sum() > 300, (a.range_image > 0).sum()
+    assert np.array_equal(a.range_image > 0, b.range_image > 0)
+    assert np.abs(a.range_image - b.range_image).max() < 1e-4
+    assert np.abs(a.alpha_image - b.alpha_image).max() < 1e-5
+    assert np.abs(a.normals - b.normals).max() < 1e-4
+    # the raw sums and each ray's first contributors (what training recomposites), on a partial grid
+    lay = _layout(RayTableSpec.from_directions("fan", ring(48, [-10.0, -4.0, 2.0]), 0.1, 100.0))
+    times = lay.column_us
+    sensor = _sensor_poses(trajectory, 0, times, True)
+    dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
+    column = np.arange(len(dirs))
+    x, y = (trace(_groups(scene), sensor, times, dirs, column, 0.5, k, candidates=6) for k in ("numba", "cuda"))
+    assert (x["alpha"] > 0.5).sum() > 40
+    for key, tol in (("alpha", 1e-5), ("median", 1e-4), ("range_sum", 1e-3), ("normal", 1e-5), ("features", 1e-5)):
+        assert np.abs(x[key] - y[key]).max() < tol, (key, np.abs(x[key] - y[key]).max())
+    assert np.array_equal(x["candidates"], y["candidates"])
+    print("cuda kernel (simulator) matches numba")
+
+
+if __name__ == "__main__":
+    main()
