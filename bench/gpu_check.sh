@@ -1,7 +1,7 @@
 #!/bin/bash
-# The GPU checks in one run, for a CUDA machine lent for minutes: gsplat's kernel build, the CUDA tests,
-# the 1080p camera benchmark, the cuda preset on a log, a scenario rendered on its reconstruction and a profile
-# of its step. BENCHMARKS.md's H200 numbers (2026-11-26) came from it.
+# The GPU checks in one run, for a CUDA machine lent for minutes: gsplat's kernel build, the CUDA tests, the 1080p
+# camera benchmark, LiDAR on the GPU against numba (speed, parity), the cuda preset on a log, a scenario rendered on
+# its reconstruction and a profile of its step. BENCHMARKS.md's H200 numbers (2026-11-26) came from it.
 #
 #   [WHEELS=DIR] [LOG=DIR] [ITERS=3000] [DOWNSCALE=2] [LIMIT=540] [OUT=DIR] bash bench/gpu_check.sh
 #
@@ -35,6 +35,10 @@ python3 -c "import gsim; print(gsim.backend_report())"
 el "camera benchmark"
 timeout 120 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --height 1080 --frames 50 \
   --backends gsplat 2>&1 | tail -2
+el "LiDAR: the CUDA kernel against numba on the demo street (1M surfels)"
+python3 -c "import numba.cuda as c; print('numba.cuda', c.__file__, c.is_available())"
+timeout 150 python3 bench/bench_lidar_cuda.py --surfels 1000000 --sweeps 5 --out "$OUT/lidar_cuda_street.json" \
+  2>&1 | grep -v '^{' | tail -4
 if [ -n "$LOG" ]; then
   el "cuda preset on $LOG (the CUDA tests run beside it)"
   LEFT=$(( ${LIMIT:-540} - ($(date +%s)-S) - 10 ))
@@ -50,6 +54,11 @@ if [ -n "$LOG" ]; then
   tail -12 "$OUT/recon_log.txt" | cut -c1-240
   cp $RECON/bench.json $RECON/recon/train.json $RECON/eval/metrics.json "$OUT"/ 2>/dev/null
   cp "$(ls $RECON/eval/views/*.png 2>/dev/null | head -1)" "$OUT/recon_view.png" 2>/dev/null
+  if [ -d $RECON/recon/scene ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
+    el "LiDAR: the CUDA kernel against numba on the reconstruction, from the log's LiDAR poses"
+    timeout 60 python3 bench/bench_lidar_cuda.py --scene $RECON/recon/scene --log "$LOG" --specs velodyne-hdl64e \
+      --sweeps 5 --out "$OUT/lidar_cuda_log.json" 2>&1 | grep -v '^{' | tail -3
+  fi
   if [ -d $RECON/recon/scene ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 120 ]; then
     el "a scenario rendered on the reconstruction with gsplat, then numba (issue 12)"
     timeout 90 python3 bench/bench_scenario.py $RECON/recon/scene "$LOG" --backends gsplat,numba --every 4 \
