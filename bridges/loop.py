@@ -196,6 +196,7 @@ class ClosedLoop:
         self.cameras, self.lidars = mounted_rig(log, scenario.sensors)
         self.traffic = None
         self._pool = None  # the LiDARs' render thread, started with the first step that renders
+        self._renderer = None  # the scene resident where it renders (gsim.resident), made by the first such step
         self._templates: Dict[str, Actor] = {}
         self._handed = set()
 
@@ -330,7 +331,11 @@ class ClosedLoop:
         cams, lidars, ranges = {}, {}, {}
         if self.render_sensors:
             from gsim.io import to_uint8
-            from gsim.images import render_image
+            from gsim.resident import Renderer
+            if self._renderer is None:
+                self._renderer = Renderer(scene)
+            else:  # the same surfel sets on new tracks stay where they are
+                self._renderer.update(scene)
             with self.timer("sensors"):
                 # the LiDARs in a worker thread while the cameras render here: each renderer leaves a core idle
                 # in its serial parts (two threads make either 1.3x faster, not 2x), which the other one fills
@@ -338,9 +343,10 @@ class ClosedLoop:
                 args = (scene, self.prev_T, T, t, numba.get_num_threads())
                 sweeps = self._worker().submit(self._sweeps, *args) if self.lidars and _concurrent() else None
                 try:
-                    with self.timer("cameras"):
-                        for n, (cam, T_vc) in self.cameras.items():
-                            cams[n] = to_uint8(render_image(scene, cam, T @ T_vc, t, n)[0])
+                    with self.timer("cameras"):  # every camera of the step in one call (gsplat: one batch)
+                        views = [(cam, T @ T_vc, n) for n, (cam, T_vc) in self.cameras.items()]
+                        frames = self._renderer.cameras(views, t, numpy=True)
+                        cams = {n: to_uint8(f.rgb) for n, f in zip(self.cameras, frames)}
                 finally:  # a camera's error waits for the sweeps too: nothing renders on past the step
                     if sweeps is not None:
                         futures.wait([sweeps])
@@ -365,7 +371,7 @@ class ClosedLoop:
         lidars, ranges = {}, {}
         for n, (spec, T_vl) in self.lidars.items():
             f = render_lidar(scene, spec, (np.array([t - self.dt_us, t]), np.stack([prev_T @ T_vl, T @ T_vl])),
-                             timestamp_us=t - self.dt_us)
+                             backend=self._renderer.lidar_backend, timestamp_us=t - self.dt_us)
             inten = f.intensity if f.intensity is not None else np.zeros(len(f.ranges), np.float32)
             lidars[n] = np.c_[f.points, inten, f.time_offset_us].astype(np.float32)
             ranges[n] = f.range_image.astype(np.float32)

@@ -245,6 +245,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         self.stopping = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="gsim-session-reaper", daemon=True)
         self._reaper.start()
+        self._resident = threading.local()  # per worker thread: {(scene id, backend): gsim.resident.Renderer}
 
     # ---------------------------------------------------------------------------------------- helpers
     def _scene(self, scene_id: str) -> Served:
@@ -279,6 +280,18 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             raise WireError(f"backend: {name!r} is not available here ({why}); available: auto, "
                             f"{', '.join(available_backends())}")
         return name
+
+    def _renderer(self, served: Served, scene, backend: str):
+        """This worker thread's resident renderer of a served scene (its actors as ``scene`` places them): the
+        scene goes to the device once per thread, each call after that only moves the actors."""
+        from gsim.resident import Renderer
+        cache = self._resident.__dict__.setdefault("renderers", {})
+        r = cache.get((served.id, backend))
+        if r is None:
+            r = cache[served.id, backend] = Renderer(scene, backend)
+        else:
+            r.update(scene)
+        return r
 
     @staticmethod
     def _with_poses(scene, overrides, timestamp_us: Optional[int]):
@@ -394,8 +407,11 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         backend = self._backend(request.backend)
         with self._slot(context):
             t0 = time.perf_counter()
-            f = render_camera(scene, camera, pose, backend=backend, timestamp_us=t, sensor=sensor,
-                              readout_us=int(request.readout_us))
+            if isinstance(pose, tuple) or request.readout_us:  # a moving or rolling-shutter camera
+                f = render_camera(scene, camera, pose, backend=backend, timestamp_us=t, sensor=sensor,
+                                  readout_us=int(request.readout_us))
+            else:
+                f = self._renderer(s, scene, backend).camera(camera, pose, t, sensor, numpy=True)
             ms = (time.perf_counter() - t0) * 1e3
         return pb.RenderCameraResponse(rgb=encode_image(f.rgb, request.encoding, request.jpeg_quality or 90),
                                        depth=to_array(f.depth) if request.depth else None,
@@ -433,8 +449,8 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         if not 0 < hit_alpha < 1:
             raise WireError(f"hit_alpha: expected a value in (0, 1) (0: 0.5), got {request.hit_alpha}")
         backend = request.backend or "auto"
-        if backend not in ("auto", "numba"):  # (the torch twin is a binning-free test reference: minutes a sweep)
-            raise WireError(f"backend: expected auto or numba for LiDAR, got {backend!r}")
+        if backend not in ("auto", "numba", "cuda"):  # (the torch twin is a binning-free test reference: minutes)
+            raise WireError(f"backend: expected auto, numba or cuda for LiDAR, got {backend!r}")
         scene = self._with_poses(s.scene, request.actor_poses, t)
         with self._slot(context):
             t0 = time.perf_counter()

@@ -4,7 +4,7 @@ losses, edited-scene outputs, diffusion and the closed loop share them from here
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -12,16 +12,21 @@ import torch.nn.functional as F
 
 from .io import to_uint8
 from .render import render_camera
+from .resident import Renderer
 from .scene import Scene
 
 SSIM_WINDOW, SSIM_SIGMA = 11, 1.5
 
 
-def render_image(scene: Scene, camera, T_world_camera, timestamp_us: int, sensor: str,
+def render_image(scene: Union[Scene, Renderer], camera, T_world_camera, timestamp_us: int, sensor: str,
                  backend: str = "auto") -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rgb (H,W,3) with the sky and the log camera ``sensor``'s appearance affine, alpha (H,W), depth (H,W) m)
-    of ``scene`` at ``timestamp_us`` seen from ``T_world_camera`` (OpenCV camera -> world, 4x4), numpy."""
-    f = render_camera(scene, camera, T_world_camera, backend=backend, timestamp_us=timestamp_us, sensor=sensor)
+    of ``scene`` at ``timestamp_us`` seen from ``T_world_camera`` (OpenCV camera -> world, 4x4), numpy. ``scene``
+    may be a `Renderer` holding one on its device (``backend`` is then the renderer's): many views of a scene."""
+    if isinstance(scene, Renderer):
+        f = scene.camera(camera, T_world_camera, timestamp_us, sensor, numpy=True)
+    else:
+        f = render_camera(scene, camera, T_world_camera, backend=backend, timestamp_us=timestamp_us, sensor=sensor)
     return f.rgb, f.alpha, f.depth
 
 

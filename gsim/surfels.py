@@ -46,6 +46,26 @@ def sh_rotation(R: np.ndarray, k: int) -> np.ndarray:
     return pinv @ _sh_basis(d @ R, k)
 
 
+def move_rows(s: "Surfels", rows, owner, R, t, q) -> "Surfels":
+    """Torch surfels with the rows ``rows`` (indices) moved rigidly each by its owner's pose: owner (len(rows),)
+    indexes R (A,3,3), t (A,3) and q (A,4), R's wxyz quaternion. A view-dependent colour turns with its owner (as
+    `Surfels.transformed`). Differentiable; index_select and index_copy, whose backward sums in a fixed order
+    (indexing's may not; and Surfels() would validate every array)."""
+    import torch
+
+    from .transforms import quat_multiply
+    pick = lambda x, i: x.index_select(0, i)  # noqa: E731
+    moved = torch.einsum("nij,nj->ni", pick(R, owner), pick(s.means, rows)) + pick(t, owner)
+    means = s.means.index_copy(0, rows, moved)
+    quats = s.quats.index_copy(0, rows, quat_multiply(pick(q, owner), pick(s.quats, rows)))
+    colors = s.colors
+    if colors.shape[1] > 1:
+        M = torch.as_tensor(np.stack([sh_rotation(r, colors.shape[1]) for r in R.detach().double().cpu().numpy()]),
+                            dtype=colors.dtype, device=colors.device)
+        colors = colors.index_copy(0, rows, torch.einsum("nkj,njc->nkc", pick(M, owner), pick(colors, rows)))
+    return Surfels.derived(means, quats, s.scales, s.opacities, colors, s.features)
+
+
 def is_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 

@@ -66,14 +66,20 @@ def rotmat_to_quat(R: np.ndarray) -> np.ndarray:
     return q.reshape(R.shape[:-2] + (4,))
 
 
-def quat_multiply(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Hamilton product a*b of wxyz quaternions (broadcasting)."""
-    aw, ax, ay, az = np.moveaxis(np.asarray(a, np.float64), -1, 0)
-    bw, bx, by, bz = np.moveaxis(np.asarray(b, np.float64), -1, 0)
-    return np.stack([aw * bw - ax * bx - ay * by - az * bz,
-                     aw * bx + ax * bw + ay * bz - az * by,
-                     aw * by - ax * bz + ay * bw + az * bx,
-                     aw * bz + ax * by - ay * bx + az * bw], axis=-1)
+def quat_multiply(a, b):
+    """Hamilton product a*b of wxyz quaternions (broadcasting): float64 numpy, or torch tensors (differentiable,
+    in their dtype)."""
+    if type(a).__module__.startswith("torch"):
+        import torch
+        (aw, ax, ay, az), (bw, bx, by, bz), stack = a.unbind(-1), b.unbind(-1), torch.stack
+    else:
+        aw, ax, ay, az = np.moveaxis(np.asarray(a, np.float64), -1, 0)
+        bw, bx, by, bz = np.moveaxis(np.asarray(b, np.float64), -1, 0)
+        stack = np.stack
+    return stack([aw * bw - ax * bx - ay * by - az * bz,
+                  aw * bx + ax * bw + ay * bz - az * by,
+                  aw * by - ax * bz + ay * bw + az * bx,
+                  aw * bz + ax * by - ay * bx + az * bw], -1)
 
 
 def check_pose(T, name: str = "pose") -> np.ndarray:

@@ -26,6 +26,7 @@ import numpy as np
 from gsim.errors import GsimWarning, InputError
 from gsim.images import error_map, image_metrics, render_image
 from gsim.io import to_uint8, write_bytes, write_json, write_png
+from gsim.resident import Renderer
 from gsim.scene import Scene, load_scene
 
 from .lane_shift import evaluate_offsets, street_of
@@ -103,9 +104,10 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         from tqdm import tqdm
         it = tqdm(views, desc="evaluate", unit="view")
     per_view, has_lidar = [], any(f.lidars for f in held)
+    renderer = Renderer(scene, backend)  # the scene put on the renderer's device once for every view
     for v in it:
-        rgb, alpha, depth = render_image(scene, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
-                                         v.timestamp_us, v.sensor, backend)
+        rgb, alpha, depth = render_image(renderer, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
+                                         v.timestamp_us, v.sensor)
         name = f"{v.frame:06d}_{v.sensor}"
         m = {"name": name, "frame": v.frame, "sensor": v.sensor, "timestamp_us": v.timestamp_us,
              **image_metrics(rgb, v.image)}

@@ -77,6 +77,7 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
     measured too (``repaired_psnr``, ``repaired_ssim``) and drawn after the render."""
     from gsim.io import to_uint8, write_png
     from gsim.images import error_map, image_metrics, render_image
+    from gsim.resident import Renderer
     street, options = street_of(log)
     last = max(v.frame for v in views)
     jobs = [(k, d, dx, dy, v) for k, d, dx, dy in offsets(shifts, ahead) for v in views
@@ -85,10 +86,11 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
         from tqdm import tqdm
         jobs = tqdm(jobs, desc="off the path", unit="view")
     rows = {}
+    renderer = Renderer(scene, backend)
     for kind, dist, dx, dy, v in jobs:
         T = offset_pose(log, v.sensor, v.timestamp_us, dx, dy)
-        rgb, alpha, depth = render_image(scene, v.camera, scene.log_pose(T, v.timestamp_us), v.timestamp_us, v.sensor,
-                                         backend)
+        rgb, alpha, depth = render_image(renderer, v.camera, scene.log_pose(T, v.timestamp_us), v.timestamp_us,
+                                         v.sensor)
         gt = truth(street, options, log, v.sensor, T, v.timestamp_us, downscale)
         m = {**image_metrics(rgb, gt), "low_alpha_fraction": float(np.mean(alpha < 0.5))}
         shown = [rgb]

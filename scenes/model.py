@@ -30,8 +30,8 @@ from gsim.errors import InputError
 from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.render.torch_backend import quat_to_rotmat
 from gsim.scene import Actor, Scene
-from gsim.surfels import Surfels, sh_rotation
-from gsim.transforms import bracket, rotmat_to_quat
+from gsim.surfels import Surfels, move_rows
+from gsim.transforms import bracket, quat_multiply, rotmat_to_quat
 
 from .log import ActorTrack
 
@@ -43,13 +43,6 @@ def _yaw(a: torch.Tensor) -> torch.Tensor:
     """(..., 3, 3) rotations about z by ``a`` radians."""
     c, s, o, z = torch.cos(a), torch.sin(a), torch.ones_like(a), torch.zeros_like(a)
     return torch.stack([torch.stack([c, -s, z], -1), torch.stack([s, c, z], -1), torch.stack([z, z, o], -1)], -2)
-
-
-def _quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    aw, ax, ay, az = a.unbind(-1)
-    bw, bx, by, bz = b.unbind(-1)
-    return torch.stack([aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
-                        aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw], -1)
 
 
 def _view_knots(times_us: Sequence[int], centres: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -167,18 +160,7 @@ class SceneModel:
         if len(act) == 0:
             return s
         R, t, q = self._poses_at(timestamp_us, s.means.dtype)
-        k = self.owner[act]
-        # index_select, not x[idx]: its backward is an index_add, where x[idx]'s is a sorting index_put
-        # (with the validation Surfels() did, 70 ms of a 430 ms KITTI step)
-        pick = lambda x, i: x.index_select(0, i)
-        means = s.means.index_copy(0, act, torch.einsum("nij,nj->ni", pick(R, k), pick(s.means, act)) + pick(t, k))
-        quats = s.quats.index_copy(0, act, _quat_mul(pick(q, k), pick(s.quats, act)))
-        colors = s.colors
-        if colors.shape[1] > 1:  # view-dependent colour turns with its actor (as Surfels.transformed)
-            M = torch.as_tensor(np.stack([sh_rotation(r, colors.shape[1]) for r in R.detach().double().cpu().numpy()]),
-                                dtype=colors.dtype, device=colors.device)
-            colors = colors.index_copy(0, act, torch.einsum("nkj,njc->nkc", pick(M, k), pick(colors, act)))
-        return Surfels.derived(means, quats, s.scales, s.opacities, colors, s.features)
+        return move_rows(s, act, self.owner[act], R, t, q)
 
     def corrected(self, s: Surfels, timestamp_us: int) -> Surfels:
         """``s`` moved by the correction of the training view at ``timestamp_us`` (differentiable in it): rendering
@@ -187,8 +169,8 @@ class SceneModel:
         if not len(self.view_knots[0]):
             return s
         R, q, t = self._view_transform(timestamp_us)
-        return Surfels.derived(s.means @ R.T + t, _quat_mul(q.expand_as(s.quats), s.quats), s.scales, s.opacities,
-                               s.colors, s.features)
+        return Surfels.derived(s.means @ R.T + t, quat_multiply(q.expand_as(s.quats), s.quats), s.scales,
+                               s.opacities, s.colors, s.features)
 
     def _view_transform(self, timestamp_us: int):
         """(R (3,3), q (4,), t (3,)): the world's correction x -> R x + t at a knot (other times blend the
@@ -238,7 +220,7 @@ class SceneModel:
         zero = torch.zeros_like(h)
         q_yaw = torch.stack([torch.cos(h), zero, zero, torch.sin(h)], -1)
         return (R @ _yaw(d[:, 3]), on(P[:, :3, 3], dtype) + (R @ d[:, :3, None])[..., 0],
-                _quat_mul(on(rotmat_to_quat(P[:, :3, :3]), dtype), q_yaw))
+                quat_multiply(on(rotmat_to_quat(P[:, :3, :3]), dtype), q_yaw))
 
     def _offsets_at(self, track_id: str, times_us) -> torch.Tensor:
         """A track's (M,4) (dx, dy, dz, dyaw) at times (M,): linear between its knots, constant beyond them."""

@@ -248,9 +248,9 @@ def test_a_bug_is_internal_with_a_request_id_and_its_traceback_logged(in_process
     import re
     from gsim.bridges import server
 
-    def render_camera(*a, **kw):
+    def renderer(*a, **kw):
         raise bug
-    monkeypatch.setattr(server, "render_camera", render_camera)
+    monkeypatch.setattr(server.SensorServicer, "_renderer", renderer)  # the still camera's path: a resident renderer
     caplog.set_level(logging.ERROR, logger=server.log.name)
     c, _ = in_process
     e = rpc_error(c.stub.RenderCamera, CAMERA_REQUEST)
@@ -273,9 +273,9 @@ def test_deliberate_errors_get_client_statuses(in_process, monkeypatch):
                         (NotFound("camera_name: no camera 'rear'"), grpc.StatusCode.NOT_FOUND),
                         (MissingExtra("needs gsplat: pip install 'gsim[cuda]'"), grpc.StatusCode.FAILED_PRECONDITION),
                         (LoopError("step 3: SUMO died"), grpc.StatusCode.ABORTED)):
-        def render_camera(*a, **kw):
+        def renderer(*a, **kw):
             raise error
-        monkeypatch.setattr(server, "render_camera", render_camera)
+        monkeypatch.setattr(server.SensorServicer, "_renderer", renderer)
         e = rpc_error(c.stub.RenderCamera, CAMERA_REQUEST)
         assert (e.code(), e.details()) == (code, str(error))
     monkeypatch.undo()

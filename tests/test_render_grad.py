@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gsim
-from gsim.render import _pick
+from gsim.render import pick_backend
 from gsim.render.common import DISTORTION_FAR, DISTORTION_NEAR, DISTORTION_SCALE, RenderOptions
 from support import CAMERAS, PIN, one_surfel, random_scene
 
@@ -166,7 +166,7 @@ def test_numba_differentiable_is_the_auto_choice_on_cpu():
     assert gsim.render.BACKENDS["numba"].differentiable
     st = random_scene(5, seed=0).torch(dtype=torch.float32)
     leaves = gsim.Surfels(st.means.requires_grad_(True), st.quats, st.scales, st.opacities, st.colors)
-    assert _pick("auto", leaves).name == ("gsplat" if "gsplat" in gsim.available_backends() else "numba")
+    assert pick_backend("auto", leaves).name == ("gsplat" if "gsplat" in gsim.available_backends() else "numba")
 
 
 def _on_meta(s):
@@ -184,7 +184,7 @@ def test_numba_grads_need_cpu_tensors():
     with pytest.raises(ValueError, match="numba backend: .*need CPU tensors, got surfels on meta"):
         gsim.render_camera(s, PIN, np.eye(4), backend="numba")
     if "gsplat" not in gsim.available_backends():
-        assert _pick("auto", s).name == "torch"  # grads off the CPU: the torch reference
+        assert pick_backend("auto", s).name == "torch"  # grads off the CPU: the torch reference
 
 
 @pytest.mark.cuda

@@ -65,7 +65,9 @@ def available_backends() -> List[str]:
     return [name for name, b in BACKENDS.items() if b.probe() is None]
 
 
-def _pick(backend: str, surfels: Surfels) -> Backend:
+def pick_backend(backend: str, surfels: Surfels) -> Backend:
+    """The backend that renders ``surfels``: the one named (Unavailable where its probe fails), or for "auto"
+    gsplat where it runs, else numba (the torch reference for tensors that need gradients off the CPU)."""
     if backend == "auto":
         if BACKENDS["gsplat"].probe() is None:
             return BACKENDS["gsplat"]
@@ -111,7 +113,7 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     if isinstance(scene_or_surfels, Scene):  # actors with a level of detail: as many surfels as this view needs
         parts = scene_or_surfels.placed(timestamp_us, eye=T[:3, 3], focal_px=float(camera.fx))
         surfels = parts[0].surfels
-        b = _pick(backend, surfels)
+        b = pick_backend(backend, surfels)
         if len(parts) == 1:
             what = surfels
         elif b.takes_parts and not options.distortion:
@@ -120,7 +122,7 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
             what = surfels = world_surfels(parts)
     elif isinstance(scene_or_surfels, Surfels):
         what = surfels = scene_or_surfels
-        b = _pick(backend, surfels)
+        b = pick_backend(backend, surfels)
     else:
         raise TypeError(f"render_camera: expected a Scene or Surfels, got {type(scene_or_surfels).__name__}")
     frame = b.render(what, camera, T, options)

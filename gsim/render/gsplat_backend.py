@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 from gsim.errors import Unavailable
@@ -60,6 +60,13 @@ def _pinhole_cover(camera: Camera) -> PinholeCamera:
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
+    return render_batch(surfels, [camera], [T_world_camera], options)[0]
+
+
+def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np.ndarray],
+                 options: RenderOptions) -> List[CameraFrame]:
+    """Several cameras of one surfel set: the cameras whose (pinhole, or pinhole cover) images share a size in one
+    rasterization call (gsplat takes a batch of view matrices). Outputs stay on the GPU."""
     if options.distortion:
         # gsplat's render_distort is another loss: L1 of centre depths in metres, not 2DGS's squared
         # form of the per-pixel hit depths that CameraFrame.distortion is (see common.CameraFrame)
@@ -73,27 +80,36 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
     if reason is not None:
         raise Unavailable(f"gsplat backend not available: {reason}")
     s = surfels.torch(device="cuda", dtype=torch.float32)  # gsplat's kernels take float32; keeps autograd
-    pin = camera if isinstance(camera, PinholeCamera) else _pinhole_cover(camera)
-    R_cw, t_cw, _ = world_to_camera(T_world_camera)
-    view = np.eye(4)
-    view[:3, :3], view[:3, 3] = R_cw, t_cw
     dev, dt = s.means.device, s.means.dtype
-    viewmat = torch.as_tensor(view, device=dev, dtype=dt)
     scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)  # gsplat ignores the 3rd
     bg = torch.as_tensor(options.background, device=dev, dtype=dt)
-    colors, alphas, normals, *_ = gsplat.rasterization_2dgs(
-        s.means, s.quats, scales3, s.opacities, s.colors, viewmat[None],
-        torch.as_tensor(pin.K, device=dev, dtype=dt)[None], pin.width, pin.height,
-        near_plane=options.near, far_plane=options.far, sh_degree=surfels.sh_degree,
-        backgrounds=bg[None], render_mode="RGB+ED")
-    alpha = alphas[0, ..., 0]
-    normal = normals[0] @ viewmat[:3, :3].T  # gsplat returns world-frame normals
-    normal = torch.where((alpha > 0)[..., None], normal / alpha.clamp_min(1e-10)[..., None], 0.0)
-    img = torch.cat([colors[0, ..., :3], alpha[..., None], colors[0, ..., 3:4], normal], -1)
-    if pin is not camera:  # resample the cover image at each pixel's ray
-        rays = torch.tensor(camera.ray_table(), device=dev, dtype=dt)  # a copy: the cached table is read-only
-        gx = (rays[..., 0] * pin.fx + pin.cx) / pin.width * 2 - 1
-        gy = (rays[..., 1] * pin.fy + pin.cy) / pin.height * 2 - 1
-        grid = torch.nan_to_num(torch.stack([gx, gy], -1), nan=-2.0)[None]
-        img = F.grid_sample(img.permute(2, 0, 1)[None], grid, align_corners=False)[0].permute(1, 2, 0)
-    return CameraFrame(rgb=img[..., :3], alpha=img[..., 3], depth=img[..., 4], normal=img[..., 5:8])
+    pins = [c if isinstance(c, PinholeCamera) else _pinhole_cover(c) for c in cameras]
+    views = []
+    for T in poses:
+        R_cw, t_cw, _ = world_to_camera(T)
+        view = np.eye(4)
+        view[:3, :3], view[:3, 3] = R_cw, t_cw
+        views.append(view)
+    frames: List[Optional[CameraFrame]] = [None] * len(cameras)
+    for size in dict.fromkeys((p.width, p.height) for p in pins):
+        idx = [i for i, p in enumerate(pins) if (p.width, p.height) == size]
+        viewmats = torch.as_tensor(np.stack([views[i] for i in idx]), device=dev, dtype=dt)
+        Ks = torch.as_tensor(np.stack([pins[i].K for i in idx]), device=dev, dtype=dt)
+        colors, alphas, normals, *_ = gsplat.rasterization_2dgs(
+            s.means, s.quats, scales3, s.opacities, s.colors, viewmats, Ks, size[0], size[1],
+            near_plane=options.near, far_plane=options.far, sh_degree=surfels.sh_degree,
+            backgrounds=bg[None].expand(len(idx), -1), render_mode="RGB+ED")
+        for b, i in enumerate(idx):
+            alpha = alphas[b, ..., 0]
+            normal = normals[b] @ viewmats[b, :3, :3].T  # gsplat returns world-frame normals
+            normal = torch.where((alpha > 0)[..., None], normal / alpha.clamp_min(1e-10)[..., None], 0.0)
+            img = torch.cat([colors[b, ..., :3], alpha[..., None], colors[b, ..., 3:4], normal], -1)
+            camera, pin = cameras[i], pins[i]
+            if pin is not camera:  # resample the cover image at each pixel's ray
+                rays = torch.tensor(camera.ray_table(), device=dev, dtype=dt)  # a copy: the cached table is read-only
+                gx = (rays[..., 0] * pin.fx + pin.cx) / pin.width * 2 - 1
+                gy = (rays[..., 1] * pin.fy + pin.cy) / pin.height * 2 - 1
+                grid = torch.nan_to_num(torch.stack([gx, gy], -1), nan=-2.0)[None]
+                img = F.grid_sample(img.permute(2, 0, 1)[None], grid, align_corners=False)[0].permute(1, 2, 0)
+            frames[i] = CameraFrame(rgb=img[..., :3], alpha=img[..., 3], depth=img[..., 4], normal=img[..., 5:8])
+    return frames

@@ -1,0 +1,147 @@
+"""`Renderer`: a scene put on a device once and rendered many times (the closed loop, the server, evaluation).
+
+`gsim.render_camera` and `gsim.render_lidar` take a numpy scene and give numpy outputs: right for one image, but
+on a GPU every call would upload the surfels and download every output. A `Renderer` keeps the scene where its
+renderer reads it:
+- device path (backend "gsplat" on CUDA; "torch" on any torch device, the reference that tests this path on a
+  CPU): the background and every actor's surfels (in its box frame, concatenated once) are float32 tensors on
+  the device, and so are the sky and the appearance affines. A call composes the actors' poses at its time there
+  (`move_rows`: means, quaternions, view-dependent colour), renders the cameras of that time, those that share an
+  image size in one batched gsplat call, adds the sky and the camera's affine there, and leaves the outputs on the
+  device unless ``numpy`` is asked for. LiDAR sweeps go to the CUDA kernel (lidar.kernel_cuda), whose copy of the
+  surfels is kept with the scene's own surfel sets (a scene whose actors move keeps its surfel sets).
+- host path (backend "numba"): numba reads the scene's numpy arrays where they are; `cameras` and `lidar` give
+  exactly what `render_camera` and `render_lidar` give.
+Neither path takes a rolling-shutter camera (``readout_us``): that stays with `render_camera`. The device path
+renders actors at full detail (no level of detail: the GPU has the room).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import InputError
+from .render import BACKENDS, pick_backend, render_camera
+from .render.common import CameraFrame, RenderOptions, frame_to_numpy, resolve_options
+from .scene import Scene
+from .surfels import Surfels, move_rows
+from .transforms import check_pose, rotmat_to_quat
+
+View = Tuple[object, np.ndarray, Optional[str]]  # (camera, T_world_camera, log camera name or None)
+
+
+class Renderer:
+    """A scene resident on a device. backend: "auto" (gsplat where CUDA and gsplat work, else numba), "gsplat",
+    "numba" or "torch"; device: the torch device of the torch backend (gsplat: "cuda"; numba: the host)."""
+
+    def __init__(self, scene: Scene, backend: str = "auto", device: Optional[str] = None):
+        if not isinstance(scene, Scene):
+            raise TypeError(f"Renderer: expected a Scene, got {type(scene).__name__}")
+        self.backend = pick_backend(backend, scene.background).name  # (an unknown or unavailable one: its error)
+        self.device = "cpu"
+        if self.backend != "numba":
+            import torch
+            self.device = torch.device("cuda" if self.backend == "gsplat" else (device or "cpu"))
+        self._sets = {}  # id(a numpy surfel set) -> (the set, its camera surfels on the device)
+        self._key = None  # the ids of the surfel sets the device's concatenation holds
+        self._rays = {}  # camera -> (H,W,3) unit ray directions in the camera frame, on the device
+        self.scene = None
+        self.update(scene)
+
+    @property
+    def lidar_backend(self) -> str:
+        """The LiDAR kernel: the CUDA one where this renderer's device is a GPU, numba otherwise."""
+        return "cuda" if getattr(self.device, "type", self.device) == "cuda" else "numba"
+
+    def update(self, scene: Scene) -> None:
+        """Render ``scene`` from now on. Surfel sets already on the device (the same Surfels objects: a closed
+        loop's actors on new tracks, its vehicles that stay) are not uploaded again: the device concatenates what
+        it has; the sky and the affines are uploaded when they are other objects."""
+        if not isinstance(scene, Scene):
+            raise TypeError(f"Renderer: expected a Scene, got {type(scene).__name__}")
+        old, self.scene = self.scene, scene
+        self._at = (None, None)  # the last time's world-frame surfels
+        if self.backend == "numba":
+            return
+        import torch
+        dt = torch.float32
+        parts = [scene.background] + [a.surfels for a in scene.actors]
+        key = tuple(id(p) for p in parts)
+        if key != self._key:
+            # (LiDAR features are no camera's business: actors without them join a background with them)
+            up = lambda p: Surfels.derived(p.means, p.quats, p.scales, p.opacities, p.colors).torch(  # noqa: E731
+                device=self.device, dtype=dt)
+            self._sets = {id(p): self._sets.get(id(p)) or (p, up(p.numpy())) for p in parts}
+            self._surfels = Surfels.concatenate([self._sets[id(p)][1] for p in parts])
+            owner = np.repeat(np.arange(-1, len(scene.actors)), [len(p.means) for p in parts])
+            self._rows = torch.as_tensor(np.nonzero(owner >= 0)[0], device=self.device)
+            self._owner = torch.as_tensor(owner[owner >= 0], device=self.device)
+            self._key = key
+        if old is None or scene.sky is not old.sky:
+            from .appearance import Sky
+            self._sky = None if scene.sky is None else Sky(torch.as_tensor(np.asarray(scene.sky.envmap), dtype=dt,
+                                                                           device=self.device))
+        if old is None or scene.appearance is not old.appearance:
+            self._affine = {k: torch.as_tensor(v, dtype=dt, device=self.device) for k, v in scene.appearance.items()}
+
+    def surfels_at(self, timestamp_us: Optional[int]) -> Surfels:
+        """World-frame surfels on the device at ``timestamp_us`` (kept for the next call at the same time)."""
+        if not self.scene.actors:
+            return self._surfels
+        if timestamp_us is None:
+            raise InputError("Renderer: this scene has actors; give timestamp_us (integer microseconds)")
+        if self._at[0] != int(timestamp_us):
+            import torch
+            P = np.stack([a.pose_at(int(timestamp_us)) for a in self.scene.actors])
+            on = lambda x: torch.as_tensor(x, dtype=torch.float32, device=self.device)  # noqa: E731
+            moved = move_rows(self._surfels, self._rows, self._owner, on(P[:, :3, :3]), on(P[:, :3, 3]),
+                              on(rotmat_to_quat(P[:, :3, :3])))
+            self._at = (int(timestamp_us), moved)
+        return self._at[1]
+
+    def cameras(self, views: Sequence[View], timestamp_us: Optional[int] = None,
+                options: Optional[RenderOptions] = None, numpy: bool = False) -> List[CameraFrame]:
+        """The views (camera, T_world_camera, log camera name or None for its appearance affine) at one time, as
+        `render_camera` renders them: torch tensors on the device (numpy arrays on the host path, or with
+        ``numpy``)."""
+        views = [(c, check_pose(T, f"views[{i}] T_world_camera"), n) for i, (c, T, n) in enumerate(views)]
+        if self.backend == "numba":
+            return [render_camera(self.scene, c, T, "numba", timestamp_us, options, n) for c, T, n in views]
+        options = resolve_options(options)
+        s = self.surfels_at(timestamp_us)
+        if self.backend == "gsplat":
+            from .render.gsplat_backend import render_batch
+            frames = render_batch(s, [c for c, _, _ in views], [T for _, T, _ in views], options)
+        else:
+            frames = [BACKENDS[self.backend].render(s, c, T, options) for c, T, _ in views]
+        frames = [self._composed(f, c, T, n) for f, (c, T, n) in zip(frames, views)]
+        return [frame_to_numpy(f) for f in frames] if numpy else frames
+
+    def camera(self, camera, T_world_camera, timestamp_us: Optional[int] = None, sensor: Optional[str] = None,
+               options: Optional[RenderOptions] = None, numpy: bool = False) -> CameraFrame:
+        """One view (see `cameras`)."""
+        return self.cameras([(camera, T_world_camera, sensor)], timestamp_us, options, numpy)[0]
+
+    def lidar(self, spec, T_world_lidar, timestamp_us: Optional[int] = None, hit_alpha: float = 0.5,
+              rolling: bool = True):
+        """`gsim.render_lidar` of the scene: the CUDA kernel on the GPU paths, numba on the host (numpy out)."""
+        from gsim.lidar import render_lidar  # the LiDAR layer, loaded on first use (core sits below it)
+        return render_lidar(self.scene, spec, T_world_lidar, self.lidar_backend, timestamp_us, hit_alpha, rolling)
+
+    def _composed(self, frame: CameraFrame, camera, T: np.ndarray, sensor: Optional[str]) -> CameraFrame:
+        """`render_camera`'s sky and appearance affine, on the device."""
+        from dataclasses import replace
+
+        from .appearance import compose
+        affine = self._affine.get(sensor) if sensor is not None else None
+        if self._sky is None and affine is None:
+            return frame
+        dirs = None
+        if self._sky is not None:
+            import torch
+            if camera not in self._rays:
+                from .appearance import camera_ray_directions
+                self._rays[camera] = torch.as_tensor(camera_ray_directions(camera, np.eye(4)), device=self.device)
+            dirs = self._rays[camera] @ torch.as_tensor(T[:3, :3].T, dtype=torch.float32, device=self.device)
+        return replace(frame, rgb=compose(frame.rgb, frame.alpha, self._sky, dirs, affine).clamp(0, 1))
