@@ -1,8 +1,11 @@
 """Camera rendering benchmark: the demo street (ground, two facades, objects) along a drive.
 
 Usage: python bench/bench_camera.py [--surfels 100000] [--width 640 --height 360]
-       [--frames 20] [--backends numba,torch] [--torch-frames 3]
-Prints per-backend median frame time and frames/s, and the numba/torch speed-up.
+       [--frames 20] [--backends numba,torch] [--torch-frames 3] [--resident]
+Prints per-backend median frame time and frames/s, and the numba/torch speed-up. Through the numpy API
+(`gsim.render_camera`: surfels uploaded, outputs downloaded per frame) and, with --resident, through a
+`gsim.resident.Renderer` (the scene on the backend's device once; rgb, alpha and depth left there; the GPU
+synchronised before each frame's clock stops), also with the three cameras of a rig in one call.
 """
 from __future__ import annotations
 
@@ -28,6 +31,31 @@ def time_backend(surfels, camera, poses, backend: str) -> list:
     return times
 
 
+def time_resident(surfels, camera, poses, backend: str, cameras: int = 1) -> list:
+    """Frame times through a resident renderer: ``cameras`` views per call (a rig: the pose and two turned 50
+    degrees either side), outputs left on the device."""
+    from gsim.resident import Renderer
+    r = Renderer(gsim.Scene(background=surfels), backend)
+    sync = (lambda: __import__("torch").cuda.synchronize()) if backend == "gsplat" else (lambda: None)
+
+    def rig(T):
+        out = []
+        for yaw in np.radians([0.0, -50.0, 50.0][:cameras]):  # about the camera's own y axis (down)
+            Y = np.eye(4)
+            Y[[0, 0, 2, 2], [0, 2, 0, 2]] = np.cos(yaw), np.sin(yaw), -np.sin(yaw), np.cos(yaw)
+            out.append((camera, T @ Y, None))
+        return out
+    r.cameras(rig(poses[0]))
+    sync()
+    times = []
+    for T in poses:
+        t0 = time.perf_counter()
+        r.cameras(rig(T))
+        sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--surfels", type=int, default=100_000)
@@ -36,6 +64,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--frames", type=int, default=20)
     ap.add_argument("--torch-frames", type=int, default=3, help="frames for the (slow) torch reference")
     ap.add_argument("--backends", default="numba,torch")
+    ap.add_argument("--resident", action="store_true", help="also through a resident Renderer (1 and 3 cameras)")
     args = ap.parse_args(argv)
     surfels = street_surfels(args.surfels)
     camera = demo_camera(args.width, args.height)
@@ -54,6 +83,11 @@ def main(argv=None) -> dict:
         result["backends"][b] = {"frames": n, "median_ms": round(med * 1e3, 2), "fps": round(1 / med, 2)}
         print(f"{b:7s} {len(surfels)} surfels {args.width}x{args.height}: median {med * 1e3:.1f} ms "
               f"({1 / med:.1f} frames/s) over {n} frames", flush=True)
+        for k in ((1, 3) if args.resident and b != "numba" else ()):  # (numba's resident path is this one)
+            med = statistics.median(time_resident(surfels, camera, poses[idx], b, k))
+            result["backends"][b][f"resident_{k}cam_median_ms"] = round(med * 1e3, 2)
+            print(f"{b:7s} resident, {k} camera(s) a call: median {med * 1e3:.2f} ms a call "
+                  f"({k / med:.1f} images/s)", flush=True)
     r = result["backends"]
     if "median_ms" in r.get("numba", {}) and "median_ms" in r.get("torch", {}):
         result["numba_speedup_over_torch"] = round(r["torch"]["median_ms"] / r["numba"]["median_ms"], 1)

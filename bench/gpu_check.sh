@@ -34,7 +34,7 @@ el backends
 python3 -c "import gsim; print(gsim.backend_report())"
 el "camera benchmark"
 timeout 120 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --height 1080 --frames 50 \
-  --backends gsplat 2>&1 | tail -2
+  --backends gsplat --resident 2>&1 | tail -4
 el "LiDAR: the CUDA kernel against numba on the demo street (1M surfels)"
 python3 -c "import numba.cuda as c; print('numba.cuda', c.__file__, c.is_available())"
 timeout 150 python3 bench/bench_lidar_cuda.py --surfels 1000000 --sweeps 5 --out "$OUT/lidar_cuda_street.json" \
