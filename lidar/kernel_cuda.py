@@ -16,8 +16,9 @@ gsplat's tile-intersection scheme on the LiDAR's angle grid:
    depth order, ties by index, as the CPU's depth keys and counting sort give them;
 4. one thread per ray (rays in cell order, so a warp reads one list) composites its cell's surfels front to
    back until its transmittance runs out, culling by the caps as the CPU does.
-The grid and each ray's cell come from `ray_grid` (numpy, on the host: the directions' seam search). Outputs
-are float32 device tensors (the CPU kernel accumulates in float32 too).
+The grid and each ray's cell are computed on the device too (`bundle_grid` on tensors: only the seam search's
+SEAM_BINS occupancy and the grid's seven numbers come to the host, with the pair count that sizes the sort).
+Outputs are float32 device tensors (the CPU kernel accumulates in float32 too).
 """
 from __future__ import annotations
 
@@ -154,12 +155,12 @@ class Tracer:
         return self.torch.as_tensor(np.ascontiguousarray(x), dtype=dtype, device=self.device)
 
     def bundle(self, world_from_group: np.ndarray, margin: np.ndarray, o_ref: np.ndarray, R_ref: np.ndarray,
-               dirs_host: np.ndarray, rays: np.ndarray, divergence: float, hit_alpha: float) -> None:
-        """Trace rays ``rays`` (indices) of this trace from the reference (o_ref, R_ref); dirs_host: the rays'
-        world directions on the host (the grid's seam search)."""
+               rays: np.ndarray, divergence: float, hit_alpha: float) -> None:
+        """Trace rays ``rays`` (indices) of this trace from the reference (o_ref, R_ref)."""
         torch = self.torch
         s = self.surfels
-        grid, cell = bundle_grid(dirs_host, rays, R_ref)
+        rays = self.tensor(rays)
+        grid, cell = bundle_grid(self.dirs, rays, self.tensor(R_ref))
         n, n_az, n_cells = len(s["rec"]), int(grid[2]), int(grid[2] * grid[5])
         rect = torch.zeros((n, 4), dtype=torch.int64, device=self.device)
         depth = torch.zeros(n, dtype=torch.float32, device=self.device)
@@ -177,10 +178,10 @@ class Tracer:
         keys, perm = torch.sort(keys, stable=True)
         lst = values[perm]
         cell_start = torch.searchsorted(keys >> 32, torch.arange(n_cells + 1, device=self.device))
-        by_cell = np.argsort(cell, kind="stable")
+        cell, by_cell = torch.sort(cell, stable=True)
         o = self.out
         _composite[_blocks(len(rays)), THREADS](
-            a(cell_start), a(lst), a(self.tensor(cell[by_cell])), a(self.tensor(rays[by_cell])), a(s["rec"]), a(cap),
+            a(cell_start), a(lst), a(cell), a(rays[by_cell]), a(s["rec"]), a(cap),
             a(s["features"]), a(s["group"]), a(self.gfw), a(self.tensor(o_ref)), a(self.origins), a(self.dirs),
             a(self.column), f32(1.0 / divergence ** 2), f32(hit_alpha), a(o["alpha"]), a(o["range_sum"]),
             a(o["median"]), a(o["normal"]), a(o["features"]), a(o["candidates"]))

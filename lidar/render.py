@@ -319,7 +319,7 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: 
             render_bundle(groups.rec, groups.scales, groups.features, groups.group, ref, group_from_world, margin,
                           origins, dirs, column, o_ref, R_ref, BEAM_DIVERGENCE_RAD, hit_alpha, out, rays)
         elif backend == "cuda":
-            tracer.bundle(ref, margin, o_ref, R_ref, dirs, rays, BEAM_DIVERGENCE_RAD, hit_alpha)
+            tracer.bundle(ref, margin, o_ref, R_ref, rays, BEAM_DIVERGENCE_RAD, hit_alpha)
         else:
             _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, hit_alpha, out, rays)
     if backend == "cuda":
