@@ -50,23 +50,30 @@ N_REC = 13  # per surfel: centre (3), e_u / s_u (3), e_v / s_v (3), unit normal 
 
 @njit(parallel=True, cache=True)
 def surfel_records(means, quats, scales, opac, rec):
-    """Per surfel (in its own frame): centre, inverse-scaled tangent axes, normal, opacity (float64 maths)."""
+    """`surfel_record` of every surfel."""
     for i in prange(means.shape[0]):
-        qw, qx, qy, qz = float(quats[i, 0]), float(quats[i, 1]), float(quats[i, 2]), float(quats[i, 3])
-        qn = math.sqrt(qw * qw + qx * qx + qy * qy + qz * qz)
-        qw, qx, qy, qz = qw / qn, qx / qn, qy / qn, qz / qn
-        s0, s1 = 1.0 / float(scales[i, 0]), 1.0 / float(scales[i, 1])
-        rec[i, 0], rec[i, 1], rec[i, 2] = means[i, 0], means[i, 1], means[i, 2]
-        rec[i, 3] = (1 - 2 * (qy * qy + qz * qz)) * s0
-        rec[i, 4] = 2 * (qx * qy + qw * qz) * s0
-        rec[i, 5] = 2 * (qx * qz - qw * qy) * s0
-        rec[i, 6] = 2 * (qx * qy - qw * qz) * s1
-        rec[i, 7] = (1 - 2 * (qx * qx + qz * qz)) * s1
-        rec[i, 8] = 2 * (qy * qz + qw * qx) * s1
-        rec[i, 9] = 2 * (qx * qz + qw * qy)
-        rec[i, 10] = 2 * (qy * qz - qw * qx)
-        rec[i, 11] = 1 - 2 * (qx * qx + qy * qy)
-        rec[i, 12] = opac[i]
+        surfel_record(i, means, quats, scales, opac, rec)
+
+
+@njit(cache=True, inline="always")
+def surfel_record(i, means, quats, scales, opac, rec):
+    """Surfel i's record (in its own frame): centre, inverse-scaled tangent axes, normal, opacity (float64
+    maths). One thread's work: the CPU loop's and the CUDA kernel's (lidar.kernel_cuda)."""
+    qw, qx, qy, qz = float(quats[i, 0]), float(quats[i, 1]), float(quats[i, 2]), float(quats[i, 3])
+    qn = math.sqrt(qw * qw + qx * qx + qy * qy + qz * qz)
+    qw, qx, qy, qz = qw / qn, qx / qn, qy / qn, qz / qn
+    s0, s1 = 1.0 / float(scales[i, 0]), 1.0 / float(scales[i, 1])
+    rec[i, 0], rec[i, 1], rec[i, 2] = means[i, 0], means[i, 1], means[i, 2]
+    rec[i, 3] = (1 - 2 * (qy * qy + qz * qz)) * s0
+    rec[i, 4] = 2 * (qx * qy + qw * qz) * s0
+    rec[i, 5] = 2 * (qx * qz - qw * qy) * s0
+    rec[i, 6] = 2 * (qx * qy - qw * qz) * s1
+    rec[i, 7] = (1 - 2 * (qx * qx + qz * qz)) * s1
+    rec[i, 8] = 2 * (qy * qz + qw * qx) * s1
+    rec[i, 9] = 2 * (qx * qz + qw * qy)
+    rec[i, 10] = 2 * (qy * qz - qw * qx)
+    rec[i, 11] = 1 - 2 * (qx * qx + qy * qy)
+    rec[i, 12] = opac[i]
 
 
 @njit(parallel=True, cache=True)

@@ -32,7 +32,8 @@ from numba import cuda
 
 from gsim.render.numba_tiles import ONE
 
-from .kernel import ZERO, actor_hit, alpha_range, bundle_grid, composite_step, f32, surfel_cap, surfel_geometry
+from .kernel import (N_REC, ZERO, actor_hit, alpha_range, bundle_grid, composite_step, f32, surfel_cap,
+                     surfel_geometry, surfel_record)
 
 THREADS = 128
 
@@ -62,8 +63,16 @@ def unavailable_reason() -> Optional[str]:
 
 
 # the simulator cannot pass its arrays to compiled functions: it runs their Python source instead
-_cap_of, _geometry, _actor = ((f.py_func for f in (surfel_cap, surfel_geometry, actor_hit)) if simulated()
-                              else (surfel_cap, surfel_geometry, actor_hit))
+_record, _cap_of, _geometry, _actor = (
+    (f.py_func for f in (surfel_record, surfel_cap, surfel_geometry, actor_hit)) if simulated()
+    else (surfel_record, surfel_cap, surfel_geometry, actor_hit))
+
+
+@cuda.jit
+def _records(means, quats, scales, opac, rec):
+    i = cuda.grid(1)
+    if i < means.shape[0]:
+        _record(i, means, quats, scales, opac, rec)
 
 
 @cuda.jit
@@ -199,12 +208,34 @@ def _array(t):
 
 
 def device_surfels(groups, device) -> dict:
-    """The surfels of a SurfelGroups on ``device`` (records, scales, features, group ids), uploaded once and kept
-    in the groups' cache."""
+    """The surfels of a SurfelGroups on ``device`` (records, scales, features, group ids): those of `device_groups`
+    as they are, numpy ones uploaded once and kept in the groups' cache."""
     import torch
+    if torch.is_tensor(groups.rec):
+        return {"rec": groups.rec, "scales": groups.scales, "features": groups.features, "group": groups.group}
     key = f"device:{device}"
     if key not in groups.cache:
-        t = lambda x, dt: torch.as_tensor(np.ascontiguousarray(x), dtype=dt, device=device)
+        t = lambda x, dt: torch.as_tensor(np.ascontiguousarray(x), dtype=dt, device=device)  # noqa: E731
         groups.cache[key] = {"rec": t(groups.rec, torch.float32), "scales": t(groups.scales, torch.float32),
                              "features": t(groups.features, torch.float32), "group": t(groups.group, torch.int64)}
     return groups.cache[key]
+
+
+def device_groups(means, quats, scales, opacities, features, group, tracks):
+    """`SurfelGroups.build` on the device from torch tensors there (a trainer's activated parameters): records,
+    scales, features and group ids stay there, for the cuda backend (the groups' radii, G numbers, come to the
+    host; quats are not kept: the numba strip kernel's discs are not made from them)."""
+    import torch
+
+    from .render import SurfelGroups
+    dev, n = means.device, len(means)
+    f64 = lambda x: x.detach().to(torch.float64).contiguous()  # noqa: E731  (as build: float64 maths)
+    rec = torch.empty((n, N_REC), dtype=torch.float32, device=dev)
+    _records[_blocks(n), THREADS](_array(f64(means)), _array(f64(quats)), _array(f64(scales)),
+                                  _array(f64(opacities)), _array(rec))
+    group = group.to(torch.int64)
+    act = group > 0
+    reach = (f64(means).norm(dim=1) + 3.5 * f64(scales).max(1).values)[act]
+    radius = torch.zeros(1 + len(tracks), dtype=torch.float64, device=dev).scatter_reduce(0, group[act], reach, "amax")
+    feats = features.detach().float() if features is not None else torch.zeros((n, 0), device=dev)
+    return SurfelGroups(rec, None, scales.detach().float(), feats, group, tuple(tracks), radius.cpu().numpy())

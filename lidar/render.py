@@ -82,7 +82,8 @@ def _layout(spec) -> _Layout:
 class SurfelGroups:
     """Surfels each in its group's frame, ready for the kernel: group 0 the world, group g >= 1 an actor
     (box frame) with its track. rec (N, kernel.N_REC) float32, quats (N,4), scales (N,2), features (N,F) float32,
-    group (N,) int64, radius (G,) m: how far the group's surfels reach from its origin."""
+    group (N,) int64, radius (G,) m: how far the group's surfels reach from its origin. numpy arrays (`build`),
+    or tensors on a GPU for the cuda backend alone (lidar.kernel_cuda.device_groups: no quats)."""
 
     rec: np.ndarray
     quats: np.ndarray
@@ -204,7 +205,7 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
                          f"'velodyne-hdl64e')) or RayTableSpec, got {type(spec).__name__}")
     if not 0 < hit_alpha < 1:
         raise InputError(f"render_lidar: hit_alpha must lie in (0, 1), got {hit_alpha}")
-    name = _backend(backend)
+    name = pick_lidar_backend(backend)
     groups = _groups(scene_or_surfels)
     if groups.tracks and timestamp_us is None:
         raise InputError("render_lidar: this scene has actors; give timestamp_us (integer microseconds)")
@@ -248,7 +249,7 @@ def _returns(out: dict, dirs: np.ndarray, hit_alpha: float, min_range_m: float, 
     return hit & (drop < 0.5), intensity, drop
 
 
-def _backend(backend: str) -> str:
+def pick_lidar_backend(backend: str) -> str:
     """The kernel to trace with: "auto" takes the CUDA kernel on a GPU (never the simulator's), else numba."""
     if backend not in ("auto", "numba", "cuda", "torch"):
         raise InputError(f"render_lidar: backend must be 'auto', 'numba', 'cuda' or 'torch', got {backend!r}")
@@ -273,7 +274,7 @@ def render_rays(scene_or_surfels, T_world_lidar: np.ndarray, times_us: np.ndarra
     "intensity": (R,) or None, "drop_probability": (R,) or None} (see `render_lidar`)."""
     groups = _groups(scene_or_surfels)
     head = _head(scene_or_surfels, head, groups)
-    out, order, _, world = trace_rays(groups, T_world_lidar, times_us, dirs, hit_alpha, _backend(backend))
+    out, order, _, world = trace_rays(groups, T_world_lidar, times_us, dirs, hit_alpha, pick_lidar_backend(backend))
     hit, intensity, drop = _returns(out, world, hit_alpha, min_range_m, max_range_m, head)
     back = np.argsort(order)
     pick = lambda x: None if x is None else x[back].astype(np.float32)

@@ -1,6 +1,6 @@
-"""Differentiable LiDAR rays of the trainable scene: the numba kernel finds each ray's contributing surfels,
-the torch twin (gsim.lidar.reference) recomposites them with gradients, the LiDAR head decodes intensity
-and ray drop. Used by `gsim reconstruct` for its LiDAR losses."""
+"""Differentiable LiDAR rays of the trainable scene: the ray kernel (numba, or CUDA where the model is on a GPU)
+finds each ray's contributing surfels, the torch twin (gsim.lidar.reference) recomposites them with gradients,
+the LiDAR head decodes intensity and ray drop. Used by `gsim reconstruct` for its LiDAR losses."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 
 from gsim.lidar.heads import head_inputs, mlp
 from gsim.lidar.reference import composite
-from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, trace_rays
+from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, pick_lidar_backend, trace_rays
 from gsim.scene import corrected_poses
 
 from .lidar_rays import SweepRays
@@ -21,15 +21,20 @@ HIT_ALPHA = 0.5
 def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
     """Torch outputs per ray (in ``rays`` order): alpha, expected range, and the head's logits (R,2)."""
     p, dev = model.params, model.device
-    host = lambda t: t.cpu().numpy()  # noqa: E731  (the ray search is the numba kernel, on the CPU)
+    # the ray search: the CUDA kernel where the model is on a GPU that runs it (the surfels stay there), else numba
+    backend = "cuda" if torch.device(dev).type == "cuda" and pick_lidar_backend("auto") == "cuda" else "numba"
     with torch.no_grad():
-        groups = SurfelGroups.build(host(p["means"]), host(torch.nn.functional.normalize(p["quats"], dim=-1)),
-                                    host(p["log_scales"].exp()), host(torch.sigmoid(p["logit_opacities"])), None,
-                                    host(model.owner + 1), model.track_poses())
+        args = (p["means"], torch.nn.functional.normalize(p["quats"], dim=-1), p["log_scales"].exp(),
+                torch.sigmoid(p["logit_opacities"]), None, model.owner + 1, model.track_poses())
+        if backend == "cuda":
+            from gsim.lidar.kernel_cuda import device_groups
+            groups = device_groups(*args)
+        else:
+            host = lambda t: t.cpu().numpy()  # noqa: E731
+            groups = SurfelGroups.build(*(host(x) for x in args[:4]), None, host(args[5]), args[6])
     # the sweeps move with the views' refined poses (not learnt from the rays)
     poses = corrected_poses(model.pose_corrections(), rays.poses(log), rays.times_us)
-    out, order, poses, dirs = trace_rays(groups, poses, rays.times_us, rays.dirs, HIT_ALPHA, "numba",
-                                         CANDIDATES)
+    out, order, poses, dirs = trace_rays(groups, poses, rays.times_us, rays.dirs, HIT_ALPHA, backend, CANDIDATES)
     # recomposite with gradients, activating only the surfels some ray takes (a street has far more)
     found = out["candidates"] >= 0
     used, local = np.unique(out["candidates"][found], return_inverse=True)

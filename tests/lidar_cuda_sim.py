@@ -60,6 +60,18 @@ def main():
     for key, tol in (("alpha", 1e-5), ("median", 1e-4), ("range_sum", 1e-3), ("normal", 1e-5), ("features", 1e-5)):
         assert np.abs(x[key] - y[key]).max() < tol, (key, np.abs(x[key] - y[key]).max())
     assert np.array_equal(x["candidates"], y["candidates"])
+    # groups built on the device from tensors (a trainer's parameters) trace as the numpy ones do
+    import torch
+    from gsim.lidar.kernel_cuda import device_groups
+    from gsim.scene import body_surfels
+    host = _groups(scene)
+    parts = [scene.background] + [body_surfels(a.surfels, a.shadow_surfels) for a in scene.actors]
+    cat = lambda k: torch.as_tensor(np.concatenate([getattr(p, k) for p in parts]))  # noqa: E731
+    dev = device_groups(cat("means"), cat("quats"), cat("scales"), cat("opacities"), cat("features"),
+                        torch.as_tensor(host.group), host.tracks)
+    assert np.abs(dev.rec.numpy() - host.rec).max() < 1e-6 and np.allclose(dev.radius, host.radius)
+    z = trace(dev, sensor, times, dirs, column, 0.5, "cuda", candidates=6)
+    assert all(np.array_equal(y[k], z[k]) for k in ("alpha", "median", "features", "candidates"))
     print("cuda kernel (simulator) matches numba")
 
 

@@ -24,10 +24,10 @@ def test_cuda_kernel_matches_numba_in_the_simulator():
 
 def test_backend_choice_without_a_gpu():
     from gsim.lidar.kernel_cuda import simulated, unavailable_reason
-    from gsim.lidar.render import _backend
+    from gsim.lidar.render import pick_lidar_backend
     if simulated() or unavailable_reason() is None:
         pytest.skip("this machine runs the CUDA kernel")
-    assert _backend("auto") == "numba"
+    assert pick_lidar_backend("auto") == "numba"
     with pytest.raises(Unavailable, match="backend 'cuda' is not available: CUDA is not available"):
         render_lidar(street_surfels(100), LidarSpec.preset("velodyne-vlp16"), np.eye(4), backend="cuda")
 
