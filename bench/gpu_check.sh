@@ -58,6 +58,10 @@ if [ -n "$LOG" ]; then
     el "LiDAR: the CUDA kernel against numba on the reconstruction, from the log's LiDAR poses"
     timeout 60 python3 bench/bench_lidar_cuda.py --scene $RECON/recon/scene --log "$LOG" --specs velodyne-hdl64e \
       --sweeps 5 --out "$OUT/lidar_cuda_log.json" 2>&1 | grep -v '^{' | tail -3
+    # no SUMO: the libraries libsumo loads are 230 MB (111 files), more than a device call carries
+    el "the closed loop's sensor step on the reconstruction (three cameras, HDL-64E)"
+    timeout 60 python3 bench/bench_loop_sensors.py $RECON/recon/scene "$LOG" --steps 40 \
+      --out "$OUT/loop_sensors.json" 2>&1 | grep -v '^{' | tail -2
   fi
   if [ -d $RECON/recon/scene ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 120 ]; then
     el "a scenario rendered on the reconstruction with gsplat, then numba (issue 12)"

@@ -1,0 +1,94 @@
+"""The closed loop's sensor step without SUMO: three cameras and a rolling LiDAR along a log's ego path, the log's
+actors replayed on their tracks, through the resident renderer (what `gsim closed-loop` renders each step).
+
+Usage: python bench/bench_loop_sensors.py SCENE LOG [--steps 40] [--hz 10] [--spec velodyne-hdl64e]
+       [--backend auto] [--out FILE.json]
+The cameras: the log's first camera at its mounting and turned 50 degrees either side (a rig of three); the
+LiDAR: the preset at the log's first LiDAR mounting (above the vehicle's origin without one), each sweep
+rolling from the previous step's pose to this one. Per step, as bridges.loop does it: the cameras in one call
+(numpy uint8 out), then the sweep. Prints the median step time and steps/s (and the cameras' and the LiDAR's
+medians); SUMO, the agent, the dynamics, the metrics and the recording are left out (a few ms of a CPU step): on a
+GPU machine SUMO's libraries are larger than what a device call carries, so this is the loop's rate there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gsim.io import to_uint8  # noqa: E402
+from gsim.lidar import LidarSpec  # noqa: E402
+from gsim.resident import Renderer  # noqa: E402
+from gsim.scene import load_scene  # noqa: E402
+from gsim.scenes.log import load_log  # noqa: E402
+
+
+def turned(T_vehicle_camera: np.ndarray, yaw_deg: float) -> np.ndarray:
+    """The camera turned about its own y axis (down in OpenCV): positive to the right."""
+    a = np.radians(yaw_deg)
+    Y = np.eye(4)
+    Y[[0, 0, 2, 2], [0, 2, 0, 2]] = np.cos(a), np.sin(a), -np.sin(a), np.cos(a)
+    return T_vehicle_camera @ Y
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scene")
+    ap.add_argument("log")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--hz", type=float, default=10.0)
+    ap.add_argument("--spec", default="velodyne-hdl64e")
+    ap.add_argument("--backend", default="auto", help="camera backend of the resident renderer")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    scene, log = load_scene(a.scene), load_log(a.log)
+    cam = next(iter(log.cameras.values()))
+    rig = [(cam.camera, turned(cam.T_vehicle_camera, yaw), name) for yaw, name in
+           ((0.0, cam.name), (-50.0, None), (50.0, None))]
+    T_vl = next(iter(log.lidars.values())).T_vehicle_lidar if log.lidars else np.diag([1.0, 1, 1, 1])
+    if not log.lidars:
+        T_vl[2, 3] = 1.8
+    spec = LidarSpec.preset(a.spec)
+    r = Renderer(scene, a.backend)
+    dt = int(round(1e6 / a.hz))
+    t0 = int(log.ego_timestamps_us[0])
+    times = t0 + dt * np.arange(1, a.steps + 2)
+    times = times[times <= log.ego_timestamps_us[-1]]
+    steps, cams, sweeps = [], [], []
+    for k, t in enumerate(times):
+        T_prev, T = log.T_world_vehicle(int(t) - dt), log.T_world_vehicle(int(t))
+        s0 = time.perf_counter()
+        r.update(scene)  # (the loop hands the renderer each step's scene: here the same one)
+        frames = r.cameras([(c, T @ T_vc, n) for c, T_vc, n in rig], int(t), numpy=True)
+        images = [to_uint8(f.rgb) for f in frames]
+        s1 = time.perf_counter()
+        sweep = r.lidar(spec, (np.array([t - dt, t]), np.stack([T_prev @ T_vl, T @ T_vl])), int(t) - dt)
+        s2 = time.perf_counter()
+        if k:  # the first step: JIT, uploads
+            steps.append(s2 - s0)
+            cams.append(s1 - s0)
+            sweeps.append(s2 - s1)
+    med = statistics.median(steps)
+    result = {"scene": a.scene, "backend": r.backend, "lidar_backend": r.lidar_backend, "steps": len(steps),
+              "cameras": [f"{c.width}x{c.height}" for c, _, _ in rig], "lidar": a.spec,
+              "median_step_ms": 1e3 * med, "steps_per_s": 1 / med, "median_cameras_ms": 1e3 * statistics.median(cams),
+              "median_lidar_ms": 1e3 * statistics.median(sweeps), "last_sweep_points": int(len(sweep.points)),
+              "image_mean": float(np.mean(images[0]))}
+    print(f"{r.backend} + {r.lidar_backend} LiDAR: median step {result['median_step_ms']:.1f} ms "
+          f"({result['steps_per_s']:.2f} steps/s; cameras {result['median_cameras_ms']:.1f} ms, LiDAR "
+          f"{result['median_lidar_ms']:.1f} ms) over {len(steps)} steps")
+    print(json.dumps(result))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
