@@ -204,7 +204,11 @@ class Tracer:
 def _array(t):
     """A torch tensor as the kernels take it: a CUDA array view on the GPU, the tensor's numpy view in the
     simulator (writes land in the tensor)."""
-    return t.numpy() if t.device.type == "cpu" else cuda.as_cuda_array(t.detach())
+    if t.device.type == "cpu":
+        return t.numpy()
+    if t.numel() == 0:  # (no features, no candidates) an empty numba array: no null device pointer to resolve
+        return cuda.device_array(tuple(t.shape), np.dtype(str(t.dtype).removeprefix("torch.")))
+    return cuda.as_cuda_array(t.detach())
 
 
 def device_surfels(groups, device) -> dict:
