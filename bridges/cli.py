@@ -1,5 +1,5 @@
-"""The bridges layer's commands: ``gsim closed-loop`` and ``gsim serve``. SUMO, gymnasium and gRPC (the sumo
-and serve extras) load inside the commands."""
+"""The bridges layer's commands: ``gsim closed-loop``, ``gsim serve`` and ``gsim view``. SUMO, gymnasium, gRPC and
+viser (the sumo, serve and viewer extras) load inside the commands."""
 from __future__ import annotations
 
 import argparse
@@ -104,6 +104,12 @@ def cmd_serve(a) -> int:
     return 0
 
 
+def cmd_view(a) -> int:
+    from .viewer import Viewer, open_target, serve_forever
+    serve_forever(Viewer(open_target(a.path, a.log), a.host, a.port, a.backend))
+    return 0
+
+
 def register(sub) -> None:
     cl = sub.add_parser("closed-loop", formatter_class=argparse.RawDescriptionHelpFormatter,
                         help="drive an agent through a scenario with SUMO traffic, with metrics, video, log and MCAP",
@@ -143,3 +149,12 @@ def register(sub) -> None:
     sv.add_argument("--sessions-dir", default="out/sessions", help="where closed-loop sessions are recorded")
     sv.add_argument("--backend", default="auto", choices=camera_backends(), help="the camera backend")
     sv.set_defaults(fn=cmd_serve)
+
+    vw = sub.add_parser("view", help="look at a scene in the browser (viser): gsim's own renders at the browser "
+                                     "camera, time, actors, log cameras, LiDAR")
+    vw.add_argument("path", help="a scene, reconstruction (gsim reconstruct / gsim demo) or scenario-output directory")
+    vw.add_argument("--log", default=None, help="the log to show beside it (default: the reconstruction's own)")
+    vw.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    vw.add_argument("--port", type=int_at_least(0), default=8080, help="0: any free port (printed)")
+    vw.add_argument("--backend", default="auto", choices=camera_backends(), help="the camera backend")
+    vw.set_defaults(fn=cmd_view)

@@ -101,9 +101,27 @@ def _folder_id(arg: str, p: Path) -> str:
                                                             f"rename the folder)")
 
 
+def scene_and_log_dirs(p: Path) -> Tuple[Path, Path]:
+    """A scene or reconstruction directory's scene folder and its log's (which may not exist): a scene folder's
+    log is the one its training record (train.json beside it) names, else a `log` folder beside it; a
+    reconstruction directory (`gsim demo`'s) holds recon/scene and log."""
+    import json
+    if (p / "scene.json").is_file():
+        record = p.parent / "train.json"
+        try:
+            return p, Path(json.loads(record.read_text())["log"]) if record.is_file() else p.parent / "log"
+        except (OSError, ValueError, KeyError, TypeError) as e:  # (unreadable, not JSON, no "log" path)
+            raise InputError(f"{record}: expected a training record (JSON) with the log's path in 'log' "
+                             f"({type(e).__name__}: {e})") from None
+    scene_dir = p / "recon" / "scene"
+    if not (scene_dir / "scene.json").is_file():
+        raise InputError(f"{p}: no scene.json, nor recon/scene/scene.json (a reconstruction directory as "
+                         f"`gsim demo` or `gsim reconstruct` writes)")
+    return scene_dir, p / "log"
+
+
 def load_served(arg: str, progress: bool = False) -> Served:
     """One `gsim serve` argument as a served scene (see the module docstring); clear errors naming it."""
-    import json
     from gsim.editing.outputs import mounted_rig
     from gsim.editing.scenario import Sensors
     from gsim.scene import load_scene
@@ -122,18 +140,7 @@ def load_served(arg: str, progress: bool = False) -> Served:
     if not p.is_dir():
         raise InputError(f"{arg}: not a scene or reconstruction directory, a scenario file (.yaml) or a "
                          f"shipped scenario ({', '.join(SHIPPED)})")
-    if (p / "scene.json").is_file():
-        scene_dir, record = p, p.parent / "train.json"
-        try:
-            log_dir = Path(json.loads(record.read_text())["log"]) if record.is_file() else p.parent / "log"
-        except (OSError, ValueError, KeyError, TypeError) as e:  # (unreadable, not JSON, no "log" path)
-            raise InputError(f"{record}: expected a training record (JSON) with the log's path in 'log' "
-                             f"({type(e).__name__}: {e})") from None
-    else:
-        scene_dir, log_dir = p / "recon" / "scene", p / "log"
-        if not (scene_dir / "scene.json").is_file():
-            raise InputError(f"{arg}: no scene.json, nor recon/scene/scene.json (a reconstruction "
-                             f"directory as `gsim demo` or `gsim reconstruct` writes)")
+    scene_dir, log_dir = scene_and_log_dirs(p)
     sid = _folder_id(arg, p)
     scene = load_scene(scene_dir)
     if not (log_dir / "log.json").is_file():  # a scene without its log: explicit cameras and LiDAR specs only

@@ -20,10 +20,10 @@ def gsim_cli(*args, check=True):
 
 COMMANDS = ("render", "info", "street", "import-ply", "export-ply", "render-lidar", "demo", "synth", "convert",
             "export-nerfstudio", "validate", "reconstruct", "eval", "trajectory", "truth", "scenario", "library",
-            "diffusion", "expand", "closed-loop", "serve")
+            "diffusion", "expand", "closed-loop", "serve", "view")
 # what the command line must not load to list its commands: the kernels and every optional extra
 HEAVY = ("torch", "numba", "gsplat", "diffusers", "transformers", "grpc", "sumolib", "libsumo", "traci", "gymnasium",
-         "mcap", "trimesh", "pydantic", "yaml", "kiss_icp")
+         "mcap", "trimesh", "pydantic", "yaml", "kiss_icp", "viser")
 
 
 def test_help_lists_subcommands_without_loading_heavy_modules():

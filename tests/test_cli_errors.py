@@ -264,6 +264,15 @@ WALK = {
         "corrupt_checkpoint": None,  # serves scenes, not checkpoints
         "missing_extra": ("serve {scene}", "grpc"),
     },
+    ("view",): {
+        "dir_for_file": ("view {scene} --log {afile} --port 0", "{afile}"),
+        "file_for_dir": ("view {afile} --port 0", "{afile}"),
+        "missing": ("view {missing} --port 0", "{missing}"),
+        "unreadable": ("view {scene} --log {log} --port 0", "{log}/log.json"),
+        "full_disk": None,  # writes nothing
+        "corrupt_checkpoint": None,  # shows scenes, not checkpoints
+        "missing_extra": ("view {scene} --log {log} --port 0", "viser"),
+    },
 }
 
 

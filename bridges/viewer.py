@@ -1,0 +1,327 @@
+"""`gsim view`: a scene in the browser (viser), drawn by gsim's own renderer at the browser camera's pose.
+
+What you see is what the sensors see: the main view is a `gsim.resident.Renderer` image (numba on a CPU, gsplat
+where CUDA works) at the browser camera's pose and vertical field of view, sent as viser's background image with
+its depth (gsim's camera-z depth), so that viser's own overlays (log camera frusta, the ego path, actor boxes,
+LiDAR points) are occluded by the scene. While the camera moves the view is rendered at PREVIEW_WIDTH pixels
+across; once it has rested SETTLE_S it is rendered again at FULL_WIDTH.
+
+Time: a slider (and play) over the log's time range, or the actors' tracks' without a log; the actors move on
+their tracks, the frusta show the nearest frame's images. LiDAR: the log's first LiDAR with a beam model, rendered
+by gsim at the current time (coloured by intensity, else range). Log cameras: snap the view to one, shifted
+sideways by the lane-shift slider.
+Opens a scene directory, a reconstruction directory (`gsim reconstruct`/`gsim demo`: its log comes from the
+training record) or a scenario output (scenario.json with scene/ and log/); ``log`` overrides the log.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from gsim.cameras import PinholeCamera
+from gsim.errors import InputError
+
+PREVIEW_WIDTH = 320
+FULL_WIDTH = 640
+SETTLE_S = 0.25  # a camera that has not moved for this long gets the full resolution
+PLAY_RATE = 1.0  # log seconds per second while playing
+
+
+@dataclass(frozen=True, eq=False)
+class Target:
+    """What a view opens: a scene, its log (or None) and a name."""
+
+    name: str
+    scene: object
+    log: object = None
+
+
+def open_target(path: str, log: Optional[str] = None) -> Target:
+    """A scene, reconstruction or scenario-output directory (see the module docstring); InputError names what is
+    wrong."""
+    from gsim.scene import load_scene
+    from gsim.scenes.log import load_log
+
+    from .server import scene_and_log_dirs
+    p = Path(path)
+    if not p.is_dir():
+        what = "not a directory" if p.exists() else "no such directory"
+        raise InputError(f"{path}: {what} (expected a scene, a reconstruction or a scenario output)")
+    if (p / "scenario.json").is_file():
+        scene_dir, log_dir = p / "scene", p / "log"
+    else:
+        scene_dir, log_dir = scene_and_log_dirs(p)
+    if log is not None:
+        log_dir = Path(log)
+        if not (log_dir / "log.json").is_file():
+            raise InputError(f"--log {log}: not a gsim log directory (no log.json)")
+    # (the viewer's own module loads viser: a missing extra shows before any file is read)
+    import viser  # noqa: F401
+    scene = load_scene(scene_dir)
+    return Target(p.resolve().name, scene, load_log(log_dir) if (log_dir / "log.json").is_file() else None)
+
+
+def browser_camera(width: int, height: int, fov_y: float) -> PinholeCamera:
+    """The pinhole camera of a browser view ``width`` x ``height`` with vertical field of view ``fov_y`` (radians)."""
+    f = 0.5 * height / np.tan(0.5 * fov_y)
+    return PinholeCamera(width, height, f, f, 0.5 * width, 0.5 * height)
+
+
+def pose_of(wxyz, position) -> np.ndarray:
+    """T_world_camera (OpenCV axes, as viser's camera and gsim's both use) from a quaternion and a position."""
+    from gsim.transforms import quat_to_rotmat
+    T = np.eye(4)
+    T[:3, :3] = quat_to_rotmat(np.asarray(wxyz, np.float64)[None])[0]
+    T[:3, 3] = position
+    return T
+
+
+class Viewer:
+    """The viser server, its controls and one render thread per browser. ``port`` 0: a free one."""
+
+    def __init__(self, target: Target, host: str = "127.0.0.1", port: int = 8080, backend: str = "auto"):
+        import viser
+
+        from gsim.resident import Renderer
+        self.target, self.scene, self.log = target, target.scene, target.log
+        self.renderer = Renderer(self.scene, backend)
+        self.render_lock = threading.Lock()  # one render at a time: numba's threads are the machine's cores
+        self.times = self._time_range()
+        _check_port(host, port)  # (viser would take the next free port without a word)
+        self.server = viser.ViserServer(host=host, port=port, verbose=False)
+        if port and self.server.get_port() != port:
+            self.server.stop()
+            raise InputError(f"--port {port}: {host}:{port} was taken meanwhile; choose another port (0: any free one)")
+        self.server.scene.set_up_direction("+z")
+        self._clients = {}  # client id -> {"dirty": Event, "full": the key of the view last sent at full size}
+        self.url = f"http://{host}:{self.server.get_port()}"
+        self.renders = 0  # views sent to browsers (tests and the benchmark count them)
+        self._gui()
+        self._draw_overlays()
+        self.server.on_client_connect(self._connect)
+
+    # ------------------------------------------------------------------ time and controls
+    def _time_range(self) -> Optional[tuple]:
+        if self.log is not None and len(self.log.frames):
+            return int(self.log.frames[0].timestamp_us), int(self.log.frames[-1].timestamp_us)
+        tracks = [a.track_timestamps_us for a in self.scene.actors if len(a.track_timestamps_us) > 1]
+        if tracks:
+            return int(min(t[0] for t in tracks)), int(max(t[-1] for t in tracks))
+        return None
+
+    @property
+    def time_us(self) -> Optional[int]:
+        if self.times is None:
+            return 0 if self.scene.actors else None
+        return int(self.times[0] + round(self.time_slider.value * 1e6))
+
+    def _gui(self) -> None:
+        gui = self.server.gui
+        gui.add_markdown(f"**{self.target.name}**: {len(self.scene.background.means):,} surfels, "
+                         f"{len(self.scene.actors)} actors; rendered by gsim ({self.renderer.backend})")
+        self.time_slider = self.play = None
+        if self.times is not None:
+            span = (self.times[1] - self.times[0]) * 1e-6
+            self.time_slider = gui.add_slider("time (s)", 0.0, max(span, 1e-3), 0.01, 0.0)
+            self.play = gui.add_checkbox("play", False)
+            self.time_slider.on_update(lambda _: self._time_changed())
+            threading.Thread(target=self._player, daemon=True, name="gsim-view-play").start()
+        self.overlays = gui.add_checkbox("overlays (frusta, path, boxes, points)", True)
+        self.overlays.on_update(lambda _: self.server.scene.set_global_visibility(self.overlays.value))
+        self.lidar_box = None
+        if self._lidar() is not None:
+            self.lidar_box = gui.add_checkbox("LiDAR sweep (gsim)", False)
+            self.lidar_box.on_update(lambda _: self._draw_lidar())
+        if self.log is not None and self.log.cameras:
+            self.camera_pick = gui.add_dropdown("log camera", tuple(self.log.cameras))
+            self.shift = gui.add_slider("lane shift (m)", -4.0, 4.0, 0.1, 0.0)
+            gui.add_button("view from it").on_click(lambda ev: self.snap(ev.client))
+
+    def _player(self) -> None:
+        span = self.time_slider.max
+        while True:
+            time.sleep(0.1)
+            if self.play.value:
+                self.time_slider.value = (self.time_slider.value + 0.1 * PLAY_RATE) % span
+
+    def _time_changed(self) -> None:
+        self._draw_actors()
+        self._draw_frusta()
+        if self.lidar_box is not None and self.lidar_box.value:
+            self._draw_lidar()
+        for c in self.server.get_clients().values():
+            self._dirty(c)
+
+    # ------------------------------------------------------------------ overlays
+    def _draw_overlays(self) -> None:
+        if self.log is not None:
+            path = self.log.ego_poses[:, :3, 3]
+            if len(path) > 1:
+                self.server.scene.add_line_segments("/ego_path", np.stack([path[:-1], path[1:]], 1).astype(np.float32),
+                                                    colors=(255, 200, 0), thickness=3.0,
+                                                    thickness_units="screen")
+        self._draw_actors()
+        self._draw_frusta()
+
+    def _draw_actors(self) -> None:
+        from gsim.transforms import rotmat_to_quat
+        t = self.time_us
+        for a in self.scene.actors:
+            T = a.pose_at(t if t is not None else 0)
+            q = rotmat_to_quat(T[:3, :3][None])[0]
+            self.server.scene.add_box(f"/actors/{a.id}", color=(60, 160, 255), dimensions=tuple(a.size),
+                                      wxyz=q, position=T[:3, 3], wireframe=True)
+            self.server.scene.add_label(f"/actors/{a.id}/label", f"{a.id} ({a.category})",
+                                        position=(0.0, 0.0, 0.5 * a.size[2] + 0.3))
+
+    def _frame(self):
+        """The log frame nearest the current time."""
+        t = self.time_us or 0
+        return min(self.log.frames, key=lambda f: abs(f.timestamp_us - t))
+
+    def _draw_frusta(self) -> None:
+        from gsim.transforms import rotmat_to_quat
+        if self.log is None or not self.log.frames:
+            return
+        frame = self._frame()
+        for name, obs in frame.cameras.items():
+            cam = self.log.cameras[name].camera
+            T = self.log.T_world_camera(obs)
+            image = self.log.image(obs)
+            step = max(1, image.shape[1] // 160)  # a thumbnail
+            self.server.scene.add_camera_frustum(
+                f"/log_cameras/{name}", fov=2 * np.arctan(0.5 * cam.height / cam.fy), aspect=cam.width / cam.height,
+                scale=0.6, wxyz=rotmat_to_quat(T[:3, :3][None])[0], position=T[:3, 3],
+                image=(np.clip(image[::step, ::step], 0, 1) * 255).astype(np.uint8), color=(255, 120, 0))
+
+    def _lidar(self):
+        """(name, LidarSpec) of the log's first LiDAR with a beam model, or None."""
+        if self.log is None:
+            return None
+        from gsim.editing.outputs import lidar_spec
+        for name in self.log.lidars:
+            spec = lidar_spec(self.log, name)
+            if spec is not None:
+                return name, spec
+        return None
+
+    def _draw_lidar(self) -> None:
+        if not self.lidar_box.value:
+            self.server.scene.add_point_cloud("/lidar/gsim", np.zeros((0, 3), np.float32), np.zeros((0, 3)))
+            return
+        name, spec = self._lidar()
+        t = self.time_us
+        T = self.scene.log_pose(self.log.T_world_vehicle(t) @ self.log.lidars[name].T_vehicle_lidar, t)
+        with self.render_lock:
+            f = self.renderer.lidar(spec, T, t, rolling=False)
+        pts = f.points @ T[:3, :3].T + T[:3, 3]
+        v = f.intensity if f.intensity is not None else np.clip(f.ranges / 60.0, 0, 1)
+        colors = np.stack([v, 0.4 + 0.6 * v, 1.0 - v], 1)
+        self.server.scene.add_point_cloud("/lidar/gsim", pts.astype(np.float32), (colors * 255).astype(np.uint8),
+                                          point_size=0.05)
+
+    # ------------------------------------------------------------------ the view
+    def snap(self, client, name: Optional[str] = None) -> None:
+        """Put ``client``'s view at a log camera (the dropdown's, or ``name``) at the current time, shifted by the
+        lane-shift slider along the camera's x axis."""
+        name = name or self.camera_pick.value
+        frame = self._frame()
+        obs = frame.cameras.get(name)
+        if obs is None:
+            return
+        cam = self.log.cameras[name].camera
+        T = self.scene.log_pose(self.log.T_world_camera(obs), obs.timestamp_us)
+        T[:3, 3] += T[:3, 0] * float(self.shift.value)
+        self.look(client, T, 2 * np.arctan(0.5 * cam.height / cam.fy))
+
+    @staticmethod
+    def look(client, T_world_camera: np.ndarray, fov_y: float) -> None:
+        """Set a browser's camera (viser's API): pose (OpenCV axes) and vertical field of view."""
+        from gsim.transforms import rotmat_to_quat
+        with client.atomic():
+            client.camera.fov = float(fov_y)
+            client.camera.wxyz = rotmat_to_quat(T_world_camera[:3, :3][None])[0]
+            client.camera.position = T_world_camera[:3, 3]
+
+    def render_view(self, T_world_camera: np.ndarray, fov_y: float, aspect: float, width: int):
+        """(rgb uint8 (H,W,3), depth (H,W) m) of the scene at the current time, as a browser view of that pose,
+        vertical field of view and aspect sees it."""
+        from gsim.io import to_uint8
+        height = max(1, int(round(width / aspect)))
+        with self.render_lock:
+            f = self.renderer.camera(browser_camera(width, height, fov_y), T_world_camera, self.time_us, numpy=True)
+        depth = np.where(f.alpha > 0.5, f.depth, 0.0).astype(np.float32)  # 0: nothing there, overlays show
+        return to_uint8(f.rgb), depth
+
+    def _connect(self, client) -> None:
+        self._clients[client.client_id] = {"dirty": threading.Event(), "full": None}
+        client.camera.on_update(lambda _: self._dirty(client))
+        threading.Thread(target=self._serve_client, args=(client,), daemon=True,
+                         name=f"gsim-view-{client.client_id}").start()
+
+    def _dirty(self, client) -> None:
+        state = self._clients.get(client.client_id)
+        if state is not None:
+            state["full"] = None
+            state["dirty"].set()
+
+    def _serve_client(self, client) -> None:
+        """Render this browser's view whenever its camera or the time changes: a preview at once, the full
+        resolution once the camera rests."""
+        state = self._clients[client.client_id]
+        ev = state["dirty"]
+        ev.set()
+        while client.client_id in self.server.get_clients():
+            if not ev.wait(0.1) and state["full"] is not None:
+                continue
+            ev.clear()
+            try:
+                cam = client.camera
+                still = time.time() - cam.update_timestamp >= SETTLE_S
+                T, fov, aspect = pose_of(cam.wxyz, cam.position), cam.fov, cam.aspect
+            except (AssertionError, AttributeError):  # no camera state from this browser yet
+                time.sleep(0.05)
+                ev.set()
+                continue
+            key = (T.tobytes(), fov, aspect, self.time_us)
+            if still and state["full"] == key:
+                continue
+            rgb, depth = self.render_view(T, fov, aspect, FULL_WIDTH if still else PREVIEW_WIDTH)
+            client.scene.set_background_image(rgb, format="jpeg", jpeg_quality=90, depth=depth)
+            self.renders += 1
+            if still:
+                state["full"] = key
+            else:
+                threading.Timer(SETTLE_S, ev.set).start()  # then the full resolution, if it has rested
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def _check_port(host: str, port: int) -> None:
+    """InputError when ``host:port`` cannot be bound (in use, or not this machine's address)."""
+    import socket
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise InputError(f"--port {port}: cannot serve on {host}:{port} ({e.strerror or e}); choose another "
+                             f"port (0: any free one)") from None
+
+
+def serve_forever(viewer: Viewer) -> None:
+    print(f"gsim view: {viewer.url} (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        viewer.stop()

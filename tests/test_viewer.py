@@ -1,0 +1,146 @@
+"""`gsim view` (bridges.viewer): opening what it shows, clear errors, and the page in a real headless Chromium:
+not blank, the view from a log camera equals gsim's own render at that camera, the time slider moves an actor."""
+import shutil
+import socket
+import time
+
+import numpy as np
+import pytest
+
+import gsim
+from gsim.errors import InputError
+from support import plane, pose, random_scene
+
+pytest.importorskip("viser")
+
+
+@pytest.fixture(scope="module")
+def street(tmp_path_factory):
+    """A tiny synthetic log (its cameras' principal points centred) and a scene beside it: a ground plane and a
+    colourful actor driving 6 m along the ego's lane over the log's time."""
+    from gsim.scenes.log import load_log
+    from gsim.scenes.synth import SynthOptions, synthesize
+    root = tmp_path_factory.mktemp("view")
+    synthesize(root / "log", seed=0, options=SynthOptions(n_frames=6, width=96, height=60, supersample=1,
+                                                          lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
+               progress=False)
+    log = load_log(root / "log")
+    t0, t1 = int(log.frames[0].timestamp_us), int(log.frames[-1].timestamp_us)
+    car = gsim.Actor(id="blob", category="car", size=(2.0, 2.0, 2.0),
+                     surfels=random_scene(300, 3, spread=(0.6, 0.6, 0.5), z=0.0),
+                     track_timestamps_us=np.array([t0, t1]),
+                     track_poses=np.stack([pose(9.0, -1.75, 0.0, 1.0), pose(15.0, -1.75, 0.0, 1.0)]))
+    gsim.Scene(background=plane(extent=40.0, spacing=0.5), actors=(car,)).save(root / "scene")
+    return root
+
+
+def test_open_target_and_bad_input(street, tmp_path):
+    from gsim.bridges.viewer import Viewer, open_target
+    t = open_target(str(street / "scene"))  # the log beside the scene folder
+    assert t.log is not None and len(t.scene.actors) == 1
+    assert open_target(str(street / "scene"), log=str(street / "log")).log.name == t.log.name
+    with pytest.raises(InputError, match="no such directory"):
+        open_target(str(tmp_path / "nope"))
+    with pytest.raises(InputError, match="no scene.json"):
+        open_target(str(tmp_path))
+    with pytest.raises(InputError, match="--log .*not a gsim log"):
+        open_target(str(street / "scene"), log=str(tmp_path))
+    with socket.socket() as s:  # a port in use: refused by name (viser would quietly take the next one)
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(InputError, match=f"--port {s.getsockname()[1]}: cannot serve"):
+            Viewer(t, port=s.getsockname()[1])
+
+
+def test_cli_refuses_a_wrong_directory_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "gsim.cli", "view", str(tmp_path / "nope")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "no such directory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def chromium():
+    """A headless Chromium driven by selenium (Debian's chromium and chromium-driver), or a skip."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if browser is None or driver is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    o = Options()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--use-gl=swiftshader",
+                "--enable-unsafe-swiftshader", "--hide-scrollbars"):
+        o.add_argument(arg)
+    o.binary_location = browser
+    d = webdriver.Chrome(service=Service(driver), options=o)
+    d.set_window_size(800, 600)
+    return d
+
+
+def settle(viewer, before: int, timeout: float = 60.0) -> None:
+    """Wait until the viewer has sent a full-resolution view after ``before`` renders, and the browser drew it."""
+    end = time.time() + timeout
+    while time.time() < end:
+        states = list(viewer._clients.values())
+        if viewer.renders > before and states and all(s["full"] is not None for s in states):
+            time.sleep(1.0)
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no full-resolution view within {timeout} s ({viewer.renders} renders)")
+
+
+def screenshot(d) -> np.ndarray:
+    import io
+
+    from PIL import Image
+    return np.asarray(Image.open(io.BytesIO(d.get_screenshot_as_png())).convert("RGB"), np.float64) / 255.0
+
+
+def test_the_page_shows_what_the_sensors_see(street):
+    from gsim.bridges.viewer import Viewer, open_target
+    from gsim.images import psnr
+    target = open_target(str(street / "scene"))
+    v = Viewer(target, port=0, backend="numba")
+    d = chromium()
+    try:
+        d.get(v.url)
+        settle(v, 0)
+        first = screenshot(d)
+        assert first.std() > 0.05  # (a) not blank
+        client = next(iter(v.server.get_clients().values()))
+        v.overlays.value = False  # the scene alone (viser's own drawings hidden)
+        n = v.renders
+        v.snap(client, "front")
+        settle(v, n)
+        shot = screenshot(d)
+        # (b) an independent render at the log camera's own pose and intrinsics (its field of view and centred
+        # principal point), at the canvas's scale
+        cam = target.log.cameras["front"].camera
+        assert abs(cam.cx - cam.width / 2) < 1e-6 and abs(cam.cy - cam.height / 2) < 1e-6
+        obs = v._frame().cameras["front"]
+        H, W = client.camera.image_height, client.camera.image_width
+        k = H / cam.height  # canvas pixels per camera pixel (the same vertical field of view)
+        scaled = gsim.PinholeCamera(round(cam.width * k), H, cam.fx * k, cam.fy * k, cam.cx * k, cam.cy * k)
+        off = (W - scaled.width) // 2
+
+        def render(T):
+            return gsim.render_camera(target.scene, scaled, T, backend="numba", timestamp_us=v.time_us).rgb
+        # below viser's notice of software WebGL, left of the control panel: the actor and the ground
+        ys, xs = np.mgrid[int(0.45 * H):int(0.95 * H), max(off, int(0.08 * W)):int(0.55 * W)]
+        got = shot[ys, xs]
+        T = target.log.T_world_camera(obs)
+        want = render(T)[ys, xs - off]
+        assert psnr(got, want) >= 25.0, psnr(got, want)
+        aside = T.copy()  # and it is this view: one 0.3 m aside matches far worse
+        aside[:3, 3] += T[:3, 0] * 0.3
+        assert psnr(got, want) > psnr(got, render(aside)[ys, xs - off]) + 5.0
+        # (c) the time slider moves the actor: the view changes where it drives
+        n = v.renders
+        v.time_slider.value = v.time_slider.max
+        settle(v, n)
+        later = screenshot(d)
+        assert np.abs(later - shot).mean(-1).max() > 0.3 and np.mean(np.abs(later - shot).mean(-1) > 0.1) > 0.002
+    finally:
+        d.quit()
+        v.stop()
