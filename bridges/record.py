@@ -1,6 +1,8 @@
 """Recorded closed-loop runs: everything a run directory holds, written step by step so that a run that
 fails keeps every completed step.
 
+    DIR/run.json           what ran: the scenario (resolved, as a scenario file holds it) and the seed, so that
+                           the run can be shown again on its scene (`gsim view DIR`)
     DIR/steps.jsonl        one JSON line per step: ego state, controls, actors' boxes, the step's metrics
     DIR/metrics.json       the run's metrics (`gsim.bridges.metrics`), with completed / error
     DIR/metrics.md         the same as a table
@@ -22,6 +24,7 @@ from gsim.io import write_bytes, write_json, write_video
 
 from .metrics import Box
 
+RUN_SCHEMA_VERSION = 1
 BEV_PX_PER_M = 3.0
 BEV_AHEAD_M, BEV_BEHIND_M = 50.0, 15.0
 EGO_RGBA, ACTOR_RGBA, SUMO_RGBA = (0.2, 0.5, 1.0, 0.6), (1.0, 0.5, 0.1, 0.5), (0.9, 0.2, 0.6, 0.5)
@@ -72,6 +75,8 @@ class RunRecorder:
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.loop = loop
+        write_json(self.out / "run.json", {"schema_version": RUN_SCHEMA_VERSION, "seed": int(loop.seed),
+                                           "scenario": loop.scenario.model_dump(mode="json")})
         self.steps_file = (self.out / "steps.jsonl").open("w")
         self.frames: List[np.ndarray] = [] if video else None
         self.tracks: Dict[str, list] = {}

@@ -8,10 +8,14 @@ across; once it has rested SETTLE_S it is rendered again at FULL_WIDTH.
 
 Time: a slider (and play) over the log's time range, or the actors' tracks' without a log; the actors move on
 their tracks, the frusta show the nearest frame's images. LiDAR: the log's first LiDAR with a beam model, rendered
-by gsim at the current time (coloured by intensity, else range). Log cameras: snap the view to one, shifted
-sideways by the lane-shift slider.
+by gsim at the current time (coloured by intensity, else range) beside the log's own sweep (grey), and gsim's
+range image in a panel. Log cameras: snap the view to one, shifted sideways by the lane-shift slider; a panel shows
+gsim's render of it beside the recorded image.
 Opens a scene directory, a reconstruction directory (`gsim reconstruct`/`gsim demo`: its log comes from the
-training record) or a scenario output (scenario.json with scene/ and log/); ``log`` overrides the log.
+training record), a scenario output (scenario.json with scene/ and log/; ``log`` overrides the log) or a
+closed-loop run (the run's own log, its ego and every actor's box per step, speed and time to collision over
+time, the first collision marked; its scene rebuilt from the scenario its run.json records, the log's actors where
+the run drove them).
 """
 from __future__ import annotations
 
@@ -34,11 +38,13 @@ PLAY_RATE = 1.0  # log seconds per second while playing
 
 @dataclass(frozen=True, eq=False)
 class Target:
-    """What a view opens: a scene, its log (or None) and a name."""
+    """What a view opens: a scene (None: a run recorded without its scenario, shown by its images), its log (or
+    None), a name and, for a closed-loop run, its steps (steps.jsonl's records)."""
 
     name: str
     scene: object
     log: object = None
+    steps: tuple = ()
 
 
 def open_target(path: str, log: Optional[str] = None) -> Target:
@@ -52,6 +58,8 @@ def open_target(path: str, log: Optional[str] = None) -> Target:
     if not p.is_dir():
         what = "not a directory" if p.exists() else "no such directory"
         raise InputError(f"{path}: {what} (expected a scene, a reconstruction or a scenario output)")
+    if (p / "steps.jsonl").is_file():
+        return _open_run(p)
     if (p / "scenario.json").is_file():
         scene_dir, log_dir = p / "scene", p / "log"
     else:
@@ -64,6 +72,40 @@ def open_target(path: str, log: Optional[str] = None) -> Target:
     import viser  # noqa: F401
     scene = load_scene(scene_dir)
     return Target(p.resolve().name, scene, load_log(log_dir) if (log_dir / "log.json").is_file() else None)
+
+
+def _open_run(p: Path) -> Target:
+    """A closed-loop run directory: its log (the rendered sensors, the ego, every actor's track), its steps, and the
+    scene it ran on, rebuilt from the scenario run.json records, with the log's actors where the run drove them."""
+    import json
+    from dataclasses import replace
+
+    from gsim.scenes.log import load_log
+    steps = []
+    for line in (p / "steps.jsonl").read_text().splitlines():
+        try:
+            steps.append(json.loads(line))
+        except ValueError:  # a run cut off mid-line keeps the steps before it
+            break
+    log = load_log(p / "log") if (p / "log" / "log.json").is_file() else None
+    record, scene = p / "run.json", None
+    if record.is_file():  # (older runs did not record it: their images are shown)
+        from pydantic import ValidationError
+
+        from gsim.editing.world import apply
+
+        from .scenario import LoopScenario
+        try:
+            sc = LoopScenario.model_validate(json.loads(record.read_text())["scenario"])
+        except (OSError, ValueError, KeyError, TypeError, ValidationError) as e:
+            raise InputError(f"{record}: expected the run's record with its scenario in 'scenario' "
+                             f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        scene = apply(sc, progress=False, ego_overlaps=True).scene
+        tracks = {a.id: a for a in log.actors} if log is not None else {}
+        scene = replace(scene, actors=tuple(
+            replace(a, track_timestamps_us=tracks[a.id].timestamps_us, track_poses=tracks[a.id].poses)
+            if a.id in tracks else a for a in scene.actors))
+    return Target(p.resolve().name, scene, log, tuple(steps))
 
 
 def browser_camera(width: int, height: int, fov_y: float) -> PinholeCamera:
@@ -88,9 +130,10 @@ class Viewer:
         import viser
 
         from gsim.resident import Renderer
-        self.target, self.scene, self.log = target, target.scene, target.log
-        self.renderer = Renderer(self.scene, backend)
+        self.target, self.scene, self.log, self.steps = target, target.scene, target.log, target.steps
+        self.renderer = None if self.scene is None else Renderer(self.scene, backend)
         self.render_lock = threading.Lock()  # one render at a time: numba's threads are the machine's cores
+        self._stopped = threading.Event()
         self.times = self._time_range()
         _check_port(host, port)  # (viser would take the next free port without a word)
         self.server = viser.ViserServer(host=host, port=port, verbose=False)
@@ -109,6 +152,8 @@ class Viewer:
     def _time_range(self) -> Optional[tuple]:
         if self.log is not None and len(self.log.frames):
             return int(self.log.frames[0].timestamp_us), int(self.log.frames[-1].timestamp_us)
+        if self.scene is None:
+            return None
         tracks = [a.track_timestamps_us for a in self.scene.actors if len(a.track_timestamps_us) > 1]
         if tracks:
             return int(min(t[0] for t in tracks)), int(max(t[-1] for t in tracks))
@@ -117,13 +162,17 @@ class Viewer:
     @property
     def time_us(self) -> Optional[int]:
         if self.times is None:
-            return 0 if self.scene.actors else None
+            return 0 if self.scene is not None and self.scene.actors else None
         return int(self.times[0] + round(self.time_slider.value * 1e6))
 
     def _gui(self) -> None:
         gui = self.server.gui
-        gui.add_markdown(f"**{self.target.name}**: {len(self.scene.background.means):,} surfels, "
-                         f"{len(self.scene.actors)} actors; rendered by gsim ({self.renderer.backend})")
+        if self.scene is None:
+            gui.add_markdown(f"**{self.target.name}**: a run recorded without its scenario (run.json): its own images "
+                             f"and boxes only")
+        else:
+            gui.add_markdown(f"**{self.target.name}**: {len(self.scene.background.means):,} surfels, "
+                             f"{len(self.scene.actors)} actors; rendered by gsim ({self.renderer.backend})")
         self.time_slider = self.play = None
         if self.times is not None:
             span = (self.times[1] - self.times[0]) * 1e-6
@@ -133,25 +182,32 @@ class Viewer:
             threading.Thread(target=self._player, daemon=True, name="gsim-view-play").start()
         self.overlays = gui.add_checkbox("overlays (frusta, path, boxes, points)", True)
         self.overlays.on_update(lambda _: self.server.scene.set_global_visibility(self.overlays.value))
-        self.lidar_box = None
-        if self._lidar() is not None:
-            self.lidar_box = gui.add_checkbox("LiDAR sweep (gsim)", False)
+        if self.steps:
+            self._metrics_plot()
+        self.lidar_box = self.range_panel = None
+        if self.scene is not None and self._lidar() is not None:
+            self.lidar_box = gui.add_checkbox("LiDAR sweep (gsim; the log's in grey)", False)
             self.lidar_box.on_update(lambda _: self._draw_lidar())
-        if self.log is not None and self.log.cameras:
+            self.range_panel = gui.add_image(np.zeros((8, 64, 3), np.uint8), label="LiDAR range image (gsim)")
+        self.side_by_side = None
+        if self.scene is not None and self.log is not None and self.log.cameras:
             self.camera_pick = gui.add_dropdown("log camera", tuple(self.log.cameras))
             self.shift = gui.add_slider("lane shift (m)", -4.0, 4.0, 0.1, 0.0)
             gui.add_button("view from it").on_click(lambda ev: self.snap(ev.client))
+            self.side_by_side = gui.add_image(np.zeros((8, 16, 3), np.uint8), label="gsim | recorded")
+            self.camera_pick.on_update(lambda _: self._draw_side_by_side())
+            self.shift.on_update(lambda _: self._draw_side_by_side())
 
     def _player(self) -> None:
         span = self.time_slider.max
-        while True:
-            time.sleep(0.1)
+        while not self._stopped.wait(0.1):
             if self.play.value:
                 self.time_slider.value = (self.time_slider.value + 0.1 * PLAY_RATE) % span
 
     def _time_changed(self) -> None:
         self._draw_actors()
         self._draw_frusta()
+        self._draw_side_by_side()
         if self.lidar_box is not None and self.lidar_box.value:
             self._draw_lidar()
         for c in self.server.get_clients().values():
@@ -167,10 +223,51 @@ class Viewer:
                                                     thickness_units="screen")
         self._draw_actors()
         self._draw_frusta()
+        self._draw_side_by_side()
+
+    def _metrics_plot(self) -> None:
+        """A closed-loop run's speed and time to collision over its steps, and its first collision marked."""
+        from viser import uplot
+        m = [(r["t_us"], r["metrics"]) for r in self.steps if r.get("metrics")]
+        if not m:
+            return
+        t0 = self.times[0] if self.times is not None else m[0][0]
+        x = np.array([(t - t0) * 1e-6 for t, _ in m])
+        speed = np.array([r["speed_mps"] for _, r in m], float)
+        ttc = np.array([min(r["ttc_s"] if r["ttc_s"] is not None else 10.0, 10.0) for _, r in m], float)
+        self.server.gui.add_uplot((x, speed, ttc), (uplot.Series(label="t (s)"),
+                                                    uplot.Series(label="speed (m/s)", stroke="#3b82f6"),
+                                                    uplot.Series(label="TTC (s, <= 10)", stroke="#f97316")),
+                                  title="run metrics", aspect=2.0)
+        hit = next((r for r in self.steps if (r.get("metrics") or {}).get("collision")), None)
+        if hit is not None:
+            b = hit["ego_box"]
+            self.server.scene.add_box("/collision", color=(255, 30, 30), dimensions=tuple(b["size"]),
+                                      position=tuple(b["xyz"]), wxyz=(np.cos(b["yaw"] / 2), 0.0, 0.0,
+                                                                      np.sin(b["yaw"] / 2)))
+            self.server.scene.add_label("/collision/label", f"collision at {(hit['t_us'] - t0) * 1e-6:.1f} s with "
+                                        f"{', '.join(hit['metrics']['collision_with'])}", position=(0.0, 0.0, 2.0))
+            self.server.gui.add_markdown(f"**collision** at {(hit['t_us'] - t0) * 1e-6:.1f} s with "
+                                         f"{', '.join(hit['metrics']['collision_with'])}")
 
     def _draw_actors(self) -> None:
         from gsim.transforms import rotmat_to_quat
         t = self.time_us
+        if self.steps:  # a run: the ego and every actor (SUMO's too) where the step recorded them
+            step = min(self.steps, key=lambda r: abs(r["t_us"] - (t or 0)))
+            drawn = {}
+            for b, color in [(step["ego_box"], (255, 220, 0))] + [(a, (60, 160, 255)) for a in step["actors"]]:
+                node = f"/actors/{'ego' if b is step['ego_box'] else b['id']}"
+                drawn[node] = self.server.scene.add_box(
+                    node, color=color, dimensions=tuple(b["size"]), position=tuple(b["xyz"]),
+                    wxyz=(np.cos(b["yaw"] / 2), 0.0, 0.0, np.sin(b["yaw"] / 2)), wireframe=True)
+                self.server.scene.add_label(f"{node}/label", f"{b['id']} ({b['category']})",
+                                            position=(0.0, 0.0, 0.5 * b["size"][2] + 0.3))
+            for node, handle in getattr(self, "_boxes", {}).items():
+                if node not in drawn:  # a vehicle that has left the run
+                    handle.remove()
+            self._boxes = drawn
+            return
         for a in self.scene.actors:
             T = a.pose_at(t if t is not None else 0)
             q = rotmat_to_quat(T[:3, :3][None])[0]
@@ -199,6 +296,31 @@ class Viewer:
                 scale=0.6, wxyz=rotmat_to_quat(T[:3, :3][None])[0], position=T[:3, 3],
                 image=(np.clip(image[::step, ::step], 0, 1) * 255).astype(np.uint8), color=(255, 120, 0))
 
+    def _log_camera_pose(self, name: str):
+        """(the log camera's observation nearest the current time, its pose as the scene places it, moved by the
+        lane-shift slider along the camera's x axis), or None where that frame has no image of it."""
+        obs = self._frame().cameras.get(name)
+        if obs is None:
+            return None
+        T = self.scene.log_pose(self.log.T_world_camera(obs), obs.timestamp_us)
+        T[:3, 3] += T[:3, 0] * float(self.shift.value)
+        return obs, T
+
+    def _draw_side_by_side(self) -> None:
+        """The selected log camera at the current frame: gsim's render at its pose (and lane shift) beside the
+        recorded image."""
+        from gsim.io import to_uint8
+        if self.side_by_side is None:
+            return
+        name = self.camera_pick.value
+        got = self._log_camera_pose(name)
+        if got is None:
+            return
+        obs, T = got
+        with self.render_lock:
+            f = self.renderer.camera(self.log.cameras[name].camera, T, obs.timestamp_us, name, numpy=True)
+        self.side_by_side.image = np.concatenate([to_uint8(f.rgb), to_uint8(self.log.image(obs))], 1)
+
     def _lidar(self):
         """(name, LidarSpec) of the log's first LiDAR with a beam model, or None."""
         if self.log is None:
@@ -211,33 +333,42 @@ class Viewer:
         return None
 
     def _draw_lidar(self) -> None:
+        """gsim's sweep at the current time from the log's LiDAR pose (coloured by intensity, else range) and the
+        log's own sweep of the nearest frame (grey), with gsim's range image in the panel."""
+        empty = np.zeros((0, 3), np.float32)
         if not self.lidar_box.value:
-            self.server.scene.add_point_cloud("/lidar/gsim", np.zeros((0, 3), np.float32), np.zeros((0, 3)))
+            for node in ("/lidar/gsim", "/lidar/log"):
+                self.server.scene.add_point_cloud(node, empty, np.zeros((0, 3), np.uint8))
             return
         name, spec = self._lidar()
         t = self.time_us
         T = self.scene.log_pose(self.log.T_world_vehicle(t) @ self.log.lidars[name].T_vehicle_lidar, t)
         with self.render_lock:
             f = self.renderer.lidar(spec, T, t, rolling=False)
-        pts = f.points @ T[:3, :3].T + T[:3, 3]
         v = f.intensity if f.intensity is not None else np.clip(f.ranges / 60.0, 0, 1)
         colors = np.stack([v, 0.4 + 0.6 * v, 1.0 - v], 1)
-        self.server.scene.add_point_cloud("/lidar/gsim", pts.astype(np.float32), (colors * 255).astype(np.uint8),
-                                          point_size=0.05)
+        self.server.scene.add_point_cloud("/lidar/gsim", (f.points @ T[:3, :3].T + T[:3, 3]).astype(np.float32),
+                                          (colors * 255).astype(np.uint8), point_size=0.05)
+        obs = self._frame().lidars.get(name)
+        if obs is not None:
+            pts = self.log.sweep(obs)[:, :3].astype(np.float64)
+            Tl = self.scene.log_pose(self.log.T_world_lidar(obs), obs.timestamp_us)
+            self.server.scene.add_point_cloud("/lidar/log", (pts @ Tl[:3, :3].T + Tl[:3, 3]).astype(np.float32),
+                                              (150, 150, 150), point_size=0.04)
+        rng = np.clip(f.range_image / max(spec.max_range_m, 1e-6), 0, 1)
+        img = np.stack([rng, 1 - np.abs(2 * rng - 1), 1 - rng], -1) * (f.range_image > 0)[..., None]
+        self.range_panel.image = (np.repeat(img, max(1, 256 // img.shape[0] // 4), 0) * 255).astype(np.uint8)
 
     # ------------------------------------------------------------------ the view
     def snap(self, client, name: Optional[str] = None) -> None:
         """Put ``client``'s view at a log camera (the dropdown's, or ``name``) at the current time, shifted by the
         lane-shift slider along the camera's x axis."""
         name = name or self.camera_pick.value
-        frame = self._frame()
-        obs = frame.cameras.get(name)
-        if obs is None:
+        got = self._log_camera_pose(name)
+        if got is None:
             return
         cam = self.log.cameras[name].camera
-        T = self.scene.log_pose(self.log.T_world_camera(obs), obs.timestamp_us)
-        T[:3, 3] += T[:3, 0] * float(self.shift.value)
-        self.look(client, T, 2 * np.arctan(0.5 * cam.height / cam.fy))
+        self.look(client, got[1], 2 * np.arctan(0.5 * cam.height / cam.fy))
 
     @staticmethod
     def look(client, T_world_camera: np.ndarray, fov_y: float) -> None:
@@ -259,6 +390,8 @@ class Viewer:
         return to_uint8(f.rgb), depth
 
     def _connect(self, client) -> None:
+        if self.renderer is None:  # nothing to render: the recorded images and boxes are the view
+            return
         self._clients[client.client_id] = {"dirty": threading.Event(), "full": None}
         client.camera.on_update(lambda _: self._dirty(client))
         threading.Thread(target=self._serve_client, args=(client,), daemon=True,
@@ -300,6 +433,7 @@ class Viewer:
                 threading.Timer(SETTLE_S, ev.set).start()  # then the full resolution, if it has rested
 
     def stop(self) -> None:
+        self._stopped.set()
         self.server.stop()
 
 

@@ -144,3 +144,38 @@ def test_the_page_shows_what_the_sensors_see(street):
     finally:
         d.quit()
         v.stop()
+
+
+def test_a_closed_loop_run_replays(loop_street, tmp_path):
+    """A run records its scenario (run.json); the viewer rebuilds its scene, draws the ego and the actors per step
+    and plots its metrics; an older run without run.json opens with its images alone."""
+    import json
+    from gsim.bridges.runner import run
+    from gsim.bridges.viewer import Viewer, open_target
+    from support import ACROSS, scenario
+    pytest.importorskip("libsumo")
+    out = tmp_path / "run"
+    run(scenario(loop_street, "view", ACROSS), "replay", out, progress=False, max_steps=6)
+    record = json.loads((out / "run.json").read_text())
+    assert record["seed"] == 0 and record["scenario"]["name"] == "view"
+    t = open_target(str(out))
+    assert t.scene is not None and t.log is not None and len(t.steps) == 7  # the start and six steps
+    assert {a.id for a in t.scene.actors} >= {"across"}
+    v = Viewer(t, port=0, backend="numba")
+    try:
+        assert v.times is not None and v.renderer is not None and {"/actors/ego", "/actors/across"} <= set(v._boxes)
+        rgb, depth = v.render_view(t.log.T_world_camera(t.log.frames[-1].cameras["front"]), 1.0, 1.6, 160)
+        assert rgb.shape == (100, 160, 3) and (depth > 0).mean() > 0.3
+    finally:
+        v.stop()
+    (out / "run.json").unlink()  # as runs before it was recorded
+    old = open_target(str(out))
+    assert old.scene is None and len(old.steps) == 7
+    v = Viewer(old, port=0)
+    try:
+        assert v.renderer is None and "/actors/ego" in v._boxes
+    finally:
+        v.stop()
+    (out / "run.json").write_text('{"scenario": {"name": 3}}')
+    with pytest.raises(InputError, match="run.json: expected the run's record"):
+        open_target(str(out))
