@@ -45,6 +45,8 @@ class Target:
     scene: object
     log: object = None
     steps: tuple = ()
+    inserted: frozenset = frozenset()  # a scenario output's inserted actors (ids)
+    removed: tuple = ()  # and its removed ones: ActorTrack of the source log where it has them, else ids
 
 
 def open_target(path: str, log: Optional[str] = None) -> Target:
@@ -60,8 +62,10 @@ def open_target(path: str, log: Optional[str] = None) -> Target:
         raise InputError(f"{path}: {what} (expected a scene, a reconstruction or a scenario output)")
     if (p / "steps.jsonl").is_file():
         return _open_run(p)
+    edits = {}
     if (p / "scenario.json").is_file():
         scene_dir, log_dir = p / "scene", p / "log"
+        edits = _edits(p / "scenario.json")
     else:
         scene_dir, log_dir = scene_and_log_dirs(p)
     if log is not None:
@@ -71,7 +75,25 @@ def open_target(path: str, log: Optional[str] = None) -> Target:
     # (the viewer's own module loads viser: a missing extra shows before any file is read)
     import viser  # noqa: F401
     scene = load_scene(scene_dir)
-    return Target(p.resolve().name, scene, load_log(log_dir) if (log_dir / "log.json").is_file() else None)
+    return Target(p.resolve().name, scene, load_log(log_dir) if (log_dir / "log.json").is_file() else None, **edits)
+
+
+def _edits(path: Path) -> dict:
+    """A scenario output's inserted actor ids and removed actors (their source log's tracks where it has them)."""
+    import json
+
+    from gsim.scenes.log import load_log
+    try:
+        d = json.loads(path.read_text())
+        edits = [e for e in d.get("edits", []) if isinstance(e, dict)]
+    except (OSError, ValueError, AttributeError) as e:
+        raise InputError(f"{path}: expected the scenario the output was rendered from ({type(e).__name__}: {e})") \
+            from None
+    inserted = frozenset(str(e["id"]) for e in edits if e.get("kind") == "insert" and "id" in e)
+    removed_ids = [str(e["actor"]) for e in edits if e.get("kind") == "remove" and "actor" in e]
+    source = Path(str(d.get("log", "")))
+    tracks = {a.id: a for a in load_log(source).actors} if (source / "log.json").is_file() else {}
+    return {"inserted": inserted, "removed": tuple(tracks.get(i, i) for i in removed_ids)}
 
 
 def _open_run(p: Path) -> Target:
@@ -184,6 +206,10 @@ class Viewer:
         self.overlays.on_update(lambda _: self.server.scene.set_global_visibility(self.overlays.value))
         if self.steps:
             self._metrics_plot()
+        if self.target.inserted or self.target.removed:
+            gone = [r if isinstance(r, str) else r.id for r in self.target.removed]
+            gui.add_markdown(f"inserted (green): {', '.join(sorted(self.target.inserted)) or 'none'}; removed "
+                             f"(red, where the source log tracks them): {', '.join(gone) or 'none'}")
         self.lidar_box = self.range_panel = None
         if self.scene is not None and self._lidar() is not None:
             self.lidar_box = gui.add_checkbox("LiDAR sweep (gsim; the log's in grey)", False)
@@ -268,13 +294,15 @@ class Viewer:
                     handle.remove()
             self._boxes = drawn
             return
-        for a in self.scene.actors:
-            T = a.pose_at(t if t is not None else 0)
-            q = rotmat_to_quat(T[:3, :3][None])[0]
-            self.server.scene.add_box(f"/actors/{a.id}", color=(60, 160, 255), dimensions=tuple(a.size),
-                                      wxyz=q, position=T[:3, 3], wireframe=True)
-            self.server.scene.add_label(f"/actors/{a.id}/label", f"{a.id} ({a.category})",
-                                        position=(0.0, 0.0, 0.5 * a.size[2] + 0.3))
+        boxes = [(a.id, a.category, a.size, a.pose_at(t if t is not None else 0),
+                  (60, 220, 90) if a.id in self.target.inserted else (60, 160, 255)) for a in self.scene.actors]
+        boxes += [(r.id, f"{r.category}, removed", r.size, r.pose_at(t if t is not None else 0), (230, 40, 40))
+                  for r in self.target.removed if not isinstance(r, str)]
+        for aid, category, size, T, color in boxes:
+            self.server.scene.add_box(f"/actors/{aid}", color=color, dimensions=tuple(size),
+                                      wxyz=rotmat_to_quat(T[:3, :3][None])[0], position=T[:3, 3], wireframe=True)
+            self.server.scene.add_label(f"/actors/{aid}/label", f"{aid} ({category})",
+                                        position=(0.0, 0.0, 0.5 * size[2] + 0.3))
 
     def _frame(self):
         """The log frame nearest the current time."""

@@ -179,3 +179,24 @@ def test_a_closed_loop_run_replays(loop_street, tmp_path):
     (out / "run.json").write_text('{"scenario": {"name": 3}}')
     with pytest.raises(InputError, match="run.json: expected the run's record"):
         open_target(str(out))
+
+
+def test_a_scenario_output_marks_its_edits(edit_street, tmp_path):
+    from gsim.bridges.viewer import Viewer, open_target
+    from gsim.editing.outputs import render_world
+    from gsim.editing.scenario import parse_scenario
+    from gsim.editing.world import apply
+    from support import scenario_dict
+    root, _ = edit_street
+    sc = parse_scenario(scenario_dict(root, output=str(tmp_path / "out")))
+    out = render_world(apply(sc), sc, progress=False)
+    t = open_target(str(out))
+    assert t.inserted == {"ahead"} and t.removed == ("parked_a",)  # (the source log does not track it)
+    v = Viewer(t, port=0, backend="numba")
+    try:
+        assert v.side_by_side is not None and v.times is not None
+    finally:
+        v.stop()
+    (out / "scenario.json").write_text("[1,")
+    with pytest.raises(InputError, match="scenario.json: expected the scenario"):
+        open_target(str(out))
