@@ -152,7 +152,8 @@ def register(sub) -> None:
 
     vw = sub.add_parser("view", help="look at a scene in the browser (viser): gsim's own renders at the browser "
                                      "camera, time, actors, log cameras, LiDAR")
-    vw.add_argument("path", help="a scene, reconstruction (gsim reconstruct / gsim demo) or scenario-output directory")
+    vw.add_argument("path", help="a scene, reconstruction (gsim reconstruct / gsim demo), scenario-output or "
+                                 "closed-loop run directory")
     vw.add_argument("--log", default=None, help="the log to show beside it (default: the reconstruction's own)")
     vw.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     vw.add_argument("--port", type=int_at_least(0), default=8080, help="0: any free port (printed)")

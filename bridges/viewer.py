@@ -50,8 +50,8 @@ class Target:
 
 
 def open_target(path: str, log: Optional[str] = None) -> Target:
-    """A scene, reconstruction or scenario-output directory (see the module docstring); InputError names what is
-    wrong."""
+    """A scene, reconstruction, scenario-output or closed-loop run directory (see the module docstring); InputError
+    names what is wrong."""
     from gsim.scene import load_scene
     from gsim.scenes.log import load_log
 
@@ -59,7 +59,8 @@ def open_target(path: str, log: Optional[str] = None) -> Target:
     p = Path(path)
     if not p.is_dir():
         what = "not a directory" if p.exists() else "no such directory"
-        raise InputError(f"{path}: {what} (expected a scene, a reconstruction or a scenario output)")
+        raise InputError(f"{path}: {what} (expected a scene, a reconstruction, a scenario output or a closed-loop "
+                         f"run)")
     if (p / "steps.jsonl").is_file():
         return _open_run(p)
     edits = {}
