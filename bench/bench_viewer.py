@@ -4,9 +4,9 @@ once it stops.
 Usage: python bench/bench_viewer.py SCENE_OR_DIR [--seconds 6] [--rate 30] [--backend auto]
 A headless Chromium (Debian's chromium and chromium-driver, driven by selenium) opens the viewer at 800x600; the
 camera is moved through viser's API along a 2 m/s path at --rate updates per second for --seconds; the viewer's
-renders sent in that time give updates/s (previews at bridges.viewer.PREVIEW_WIDTH pixels across); then the camera
-stops and the time from its last move until the full-resolution view (FULL_WIDTH) has been sent is measured, five
-times (it includes SETTLE_S, the rest the viewer waits for). The browser shares the machine's cores (software WebGL
+renders sent in that time give updates/s (previews, whose width the viewer adapts, and the width they settled at);
+then the camera stops and the time from its last move until the full-resolution view (FULL_WIDTH) has been sent is
+measured, five times (it includes SETTLE_S, the rest the viewer waits for). The browser shares the machine's cores (software WebGL
 without a GPU). Prints one JSON line, with the median render times at both widths without the browser.
 """
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main(argv=None) -> dict:
             client.camera.position = T0[:3, 3] + T0[:3, 2] * 2.0 * (time.time() - t0)
             time.sleep(1.0 / a.rate)
         moving = (v.renders - n0) / (time.time() - t0)
+        preview = v._clients[client.client_id]["preview"]
         settle = []
         state = v._clients[client.client_id]
         for k in range(5):
@@ -68,7 +69,7 @@ def main(argv=None) -> dict:
                 times.append(time.perf_counter() - t1)
             alone[f"render_ms_{w}"] = round(1e3 * statistics.median(times), 1)
         result = {"path": a.path, "backend": v.renderer.backend, **alone, "canvas": [client.camera.image_width,
-                  client.camera.image_height], "preview_width": PREVIEW_WIDTH, "full_width": FULL_WIDTH,
+                  client.camera.image_height], "preview_width_settled": preview, "full_width": FULL_WIDTH,
                   "updates_per_s_moving": round(moving, 2),
                   "median_s_to_full_resolution": round(statistics.median(settle), 3)}
         print(json.dumps(result))

@@ -3,8 +3,10 @@
 What you see is what the sensors see: the main view is a `gsim.resident.Renderer` image (numba on a CPU, gsplat
 where CUDA works) at the browser camera's pose and vertical field of view, sent as viser's background image with
 its depth (gsim's camera-z depth), so that viser's own overlays (log camera frusta, the ego path, actor boxes,
-LiDAR points) are occluded by the scene. While the camera moves the view is rendered at PREVIEW_WIDTH pixels
-across; once it has rested SETTLE_S it is rendered again at FULL_WIDTH.
+LiDAR points) are occluded by the scene. While the camera moves the view is rendered as a preview whose width
+adapts (between MIN_PREVIEW_WIDTH and PREVIEW_WIDTH pixels) so that previews keep up with PREVIEW_HZ, as
+nerfstudio's viewer lowers its resolution while moving; once the camera has rested SETTLE_S the view is rendered
+again at FULL_WIDTH.
 
 Time: a slider (and play) over the log's time range, or the actors' tracks' without a log; the actors move on
 their tracks, the frusta show the nearest frame's images. LiDAR: the log's first LiDAR with a beam model, rendered
@@ -31,6 +33,8 @@ from gsim.cameras import PinholeCamera
 from gsim.errors import InputError
 
 PREVIEW_WIDTH = 320
+MIN_PREVIEW_WIDTH = 128
+PREVIEW_HZ = 10.0  # the preview rate aimed at: a slower preview makes the next one narrower
 FULL_WIDTH = 640
 SETTLE_S = 0.25  # a camera that has not moved for this long gets the full resolution
 PLAY_RATE = 1.0  # log seconds per second while playing
@@ -164,7 +168,8 @@ class Viewer:
             self.server.stop()
             raise InputError(f"--port {port}: {host}:{port} was taken meanwhile; choose another port (0: any free one)")
         self.server.scene.set_up_direction("+z")
-        self._clients = {}  # client id -> {"dirty": Event, "full": the key of the view last sent at full size}
+        # client id -> {"dirty": Event, "full": the key of the view last sent at full size, "preview": its width}
+        self._clients = {}
         self.url = f"http://{host}:{self.server.get_port()}"
         self.renders = 0  # views sent to browsers (tests and the benchmark count them)
         self._gui()
@@ -421,7 +426,7 @@ class Viewer:
     def _connect(self, client) -> None:
         if self.renderer is None:  # nothing to render: the recorded images and boxes are the view
             return
-        self._clients[client.client_id] = {"dirty": threading.Event(), "full": None}
+        self._clients[client.client_id] = {"dirty": threading.Event(), "full": None, "preview": PREVIEW_WIDTH}
         client.camera.on_update(lambda _: self._dirty(client))
         threading.Thread(target=self._serve_client, args=(client,), daemon=True,
                          name=f"gsim-view-{client.client_id}").start()
@@ -453,9 +458,14 @@ class Viewer:
             key = (T.tobytes(), fov, aspect, self.time_us)
             if still and state["full"] == key:
                 continue
-            rgb, depth = self.render_view(T, fov, aspect, FULL_WIDTH if still else PREVIEW_WIDTH)
+            t0 = time.perf_counter()
+            rgb, depth = self.render_view(T, fov, aspect, FULL_WIDTH if still else state["preview"])
             client.scene.set_background_image(rgb, format="jpeg", jpeg_quality=90, depth=depth)
             self.renders += 1
+            if not still:  # the next preview's width: (time ~ fixed + width^2) nudged towards PREVIEW_HZ
+                took, goal = time.perf_counter() - t0, 1.0 / PREVIEW_HZ
+                scale = 0.85 if took > goal else (1.1 if took < 0.7 * goal else 1.0)
+                state["preview"] = int(min(PREVIEW_WIDTH, max(MIN_PREVIEW_WIDTH, state["preview"] * scale)))
             if still:
                 state["full"] = key
             else:
