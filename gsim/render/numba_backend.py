@@ -398,6 +398,10 @@ def _workspace(n: int) -> list:
     return [a[:n] for a in w]
 
 
+_preprocess_serial = njit(cache=True)(_preprocess.py_func)  # (prange runs as range)
+SERIAL_BELOW = 8192  # surfels: a part smaller than this is preprocessed on one thread
+
+
 def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions):
     """The records (M, REC) float32 (from float64 maths) of the M surfels that meet a tile, in depth order
     (this thread's scratch memory: valid until its next bin_surfels; copy them to keep them), the tiles'
@@ -418,9 +422,11 @@ def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: Rend
         T = T_world_camera if T_world_part is None else np.linalg.inv(T_world_part) @ T_world_camera
         R_cw, t_cw, cen = world_to_camera(T)
         sl = slice(o, o + n)
-        _preprocess(c(s.means), c(s.quats), c(s.scales), c(s.opacities), c(s.colors, np.float32), R_cw, t_cw, cen,
-                    float(camera.fx), float(camera.fy), float(options.near), float(options.far),
-                    tab.tile_col_u[None], tab.tile_row_v[None], rec_all[sl], depth[sl], rect_all[sl], closed)
+        # a small part (an actor) alone: waking numba's threads for it costs more than its work
+        (_preprocess if n >= SERIAL_BELOW else _preprocess_serial)(
+            c(s.means), c(s.quats), c(s.scales), c(s.opacities), c(s.colors, np.float32), R_cw, t_cw, cen,
+            float(camera.fx), float(camera.fy), float(options.near), float(options.far),
+            tab.tile_col_u[None], tab.tile_row_v[None], rec_all[sl], depth[sl], rect_all[sl], closed)
         o += n
     keys = depth_keys(depth, rect_all)
     keys.sort()  # numpy's (vectorized) sort
