@@ -200,3 +200,25 @@ def test_a_scenario_output_marks_its_edits(edit_street, tmp_path):
     (out / "scenario.json").write_text("[1,")
     with pytest.raises(InputError, match="scenario.json: expected the scenario"):
         open_target(str(out))
+
+
+def test_a_scene_without_a_log_opens_alone(tmp_path):
+    """No frusta, no path: the time slider runs over the actors' tracks; without tracks there is none."""
+    from gsim.bridges.viewer import Viewer, open_target
+    car = gsim.Actor(id="c", category="car", size=(2.0, 2.0, 2.0), surfels=random_scene(50, 1, z=0.0),
+                     track_timestamps_us=np.array([0, 2_000_000]), track_poses=np.stack([pose(5, 0), pose(9, 0)]))
+    gsim.Scene(background=plane(extent=10.0, spacing=1.0), actors=(car,)).save(tmp_path / "moving")
+    gsim.Scene(background=plane(extent=10.0, spacing=1.0)).save(tmp_path / "still")
+    for name, span in (("moving", 2.0), ("still", None)):
+        t = open_target(str(tmp_path / name))
+        assert t.log is None
+        v = Viewer(t, port=0, backend="numba")
+        try:
+            assert (v.time_slider is None) == (span is None) and v.side_by_side is None
+            if span is not None:
+                assert abs(v.time_slider.max - span) < 1e-9
+            rgb, depth = v.render_view(pose(-5, 0, 0, 1.5) @ np.array([[0, 0, 1, 0], [-1, 0, 0, 0], [0, -1, 0, 0],
+                                                                        [0, 0, 0, 1.0]]), 1.0, 1.5, 96)
+            assert rgb.shape == (64, 96, 3) and (depth > 0).any()
+        finally:
+            v.stop()
