@@ -37,7 +37,7 @@ timeout 120 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --heigh
   --backends gsplat --resident 2>&1 | tail -4
 el "LiDAR: the CUDA kernel against numba on the demo street (1M surfels)"
 python3 -c "import numba.cuda as c; print('numba.cuda', c.__file__, c.is_available())"
-timeout 150 python3 bench/bench_lidar_cuda.py --surfels 1000000 --sweeps 5 --out "$OUT/lidar_cuda_street.json" \
+timeout 180 python3 bench/bench_lidar_cuda.py --surfels 1000000 --sweeps 4 --out "$OUT/lidar_cuda_street.json" \
   2>&1 | grep -v '^{' | tail -4
 if [ -n "$LOG" ]; then
   el "cuda preset on $LOG (the CUDA tests run beside it)"
