@@ -3,9 +3,11 @@ process: RenderCamera latency at 640x360 (raw and PNG), RenderLidar for a 64-bea
 throughput with 1, 2, 4 and 8 concurrent clients, and a remote closed-loop session's step rate.
 
     .venv/bin/python bench/bench_serve.py [--out out/bench/serve] [--repeats 15] [--steps 20]
+        [--scene out/demo] [--backend auto] [--workers 1] [--no-sessions]
 
-Needs the demo street at out/demo (`./quickstart.sh demo`). Writes OUT/bench.json and prints the tables
-(medians). The server and this process share the machine's cores: run nothing else meanwhile.
+Needs the demo street at out/demo (`./quickstart.sh demo`) or another --scene (then its log's first camera and
+LiDAR); the session needs SUMO (--no-sessions leaves it out, as on a GPU machine). Writes OUT/bench.json and prints
+the tables (medians). The server and this process share the machine's cores: run nothing else meanwhile.
 """
 from __future__ import annotations
 
@@ -71,36 +73,46 @@ def main() -> int:
     ap.add_argument("--out", default="out/bench/serve")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--scene", default="out/demo", help="the scene or reconstruction directory served (its log's "
+                                                        "first camera and LiDAR are used)")
+    ap.add_argument("--backend", default="auto", help="the server's camera backend")
+    ap.add_argument("--workers", type=int, default=1, help="the server's render workers (>1: gsplat)")
+    ap.add_argument("--no-sessions", action="store_true", help="leave out the closed-loop session (it needs SUMO)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    scene = gsim.load_scene("out/demo/recon/scene")
-    res = {}
-    with ServerProcess(["out/demo", "stopped-car", "--sessions-dir", str(out / "sessions")]) as srv, \
-            SensorClient(srv.address) as c:
-        d = c.describe_scene("demo")
-        front, T_vc = d.cameras["front"]
-        cam = gsim.PinholeCamera(640, 360, 2 * front.fx, 2 * front.fy, 320.0, 180.0)  # the front camera at 640x360
-        spec, T_vl = d.lidars["top"]
+    from gsim.bridges.server import scene_and_log_dirs
+    scene = gsim.load_scene(scene_and_log_dirs(Path(a.scene))[0])
+    sid = Path(a.scene).resolve().name  # the served id: the folder's name
+    res = {"scene": a.scene, "backend": a.backend, "workers": a.workers}
+    served = [a.scene] + ([] if a.no_sessions else ["stopped-car"])
+    with ServerProcess(served + ["--sessions-dir", str(out / "sessions"), "--backend", a.backend, "--workers",
+                                 str(a.workers)]) as srv, SensorClient(srv.address) as c:
+        d = c.describe_scene(sid)
+        front, T_vc = next(iter(d.cameras.values()))
+        cam = gsim.PinholeCamera(640, 360, 2 * front.fx, 2 * front.fy, 320.0, 180.0)  # the first camera at 640x360
+        spec, T_vl = next(iter(d.lidars.values()))
         hdl = gsim.LidarSpec.preset("velodyne-hdl64e")
         t = d.start_us + 1_000_000
         T = d.ego_pose(t) @ T_vc
         TL = d.ego_pose(t) @ T_vl
-        local = lambda: gsim.render_camera(scene, cam, T, timestamp_us=t)  # noqa: E731
+        local = lambda: gsim.render_camera(scene, cam, T, timestamp_us=t, backend=a.backend)  # noqa: E731
         res["camera"] = {"size": f"{cam.width}x{cam.height}", "in_process_ms": _median_ms(local, a.repeats),
-                         "remote_raw_ms": _median_ms(lambda: c.render_camera("demo", cam, T, timestamp_us=t), a.repeats),
-                         "remote_png_ms": _median_ms(lambda: c.render_camera("demo", cam, T, timestamp_us=t,
+                         "remote_raw_ms": _median_ms(lambda: c.render_camera(sid, cam, T, timestamp_us=t), a.repeats),
+                         "remote_png_ms": _median_ms(lambda: c.render_camera(sid, cam, T, timestamp_us=t,
                                                                              encoding="png"), a.repeats),
                          "remote_rgb_only_raw_ms": _median_ms(lambda: c.render_camera(
-                             "demo", cam, T, timestamp_us=t, depth=False, alpha=False), a.repeats),
+                             sid, cam, T, timestamp_us=t, depth=False, alpha=False), a.repeats),
                          "in_process_again_ms": _median_ms(local, a.repeats)}  # (the order's effect)
         n = max(3, a.repeats // 3)
         res["lidar"] = {"spec": hdl.name, "rays": hdl.lasers * hdl.columns,
                         "in_process_ms": _median_ms(lambda: gsim.render_lidar(scene, hdl, TL, timestamp_us=t), n),
-                        "remote_ms": _median_ms(lambda: c.render_lidar("demo", hdl, TL, timestamp_us=t), n)}
+                        "remote_ms": _median_ms(lambda: c.render_lidar(sid, hdl, TL, timestamp_us=t), n)}
         res["throughput"] = [_throughput(srv.address, k, max(4, 24 // k),
-                                         lambda cl: cl.render_camera("demo", cam, T, timestamp_us=t, depth=False,
+                                         lambda cl: cl.render_camera(sid, cam, T, timestamp_us=t, depth=False,
                                                                      alpha=False)) for k in (1, 2, 4, 8)]
+        if a.no_sessions:
+            return _report(res, out)
         agent = load_agent("lidar-aeb")
         with c.session("stopped-car", agent_name="lidar-aeb", max_steps=a.steps) as s:
             agent.reset(s.info)
@@ -114,6 +126,10 @@ def main() -> int:
     local = run("stopped-car", "lidar-aeb", out / "in_process", progress=False, max_steps=a.steps)
     res["session_in_process"] = {"steps": local["steps"], "step_ms": local["timing_ms"]["step"],
                                  "steps_per_s": 1e3 / local["timing_ms"]["step"]}
+    return _report(res, out)
+
+
+def _report(res: dict, out: Path) -> int:
     (out / "bench.json").write_text(json.dumps(res, indent=1))
     cam_r, li = res["camera"], res["lidar"]
     print(f"| RenderCamera {cam_r['size']} | in process {cam_r['in_process_ms']:.1f} / "
@@ -125,6 +141,8 @@ def main() -> int:
     for r in res["throughput"]:
         print(f"| {r['clients']} clients | {r['calls_per_s']:.2f} calls/s | {r['ok']}/{r['calls']} ok, "
               f"{r['resource_exhausted']} RESOURCE_EXHAUSTED, failed {r['failed']} |")
+    if "session_remote" not in res:
+        return 0
     print(f"| closed-loop step | remote {res['session_remote']['step_ms']:.0f} ms "
           f"({res['session_remote']['steps_per_s']:.2f} steps/s) | in process {res['session_in_process']['step_ms']:.0f} "
           f"ms ({res['session_in_process']['steps_per_s']:.2f} steps/s) |")
