@@ -222,3 +222,25 @@ def test_a_scene_without_a_log_opens_alone(tmp_path):
             assert rgb.shape == (64, 96, 3) and (depth > 0).any()
         finally:
             v.stop()
+
+
+def test_lidar_and_the_side_by_side_panel(street):
+    """gsim's sweep and the log's beside it, gsim's range image, and the log camera rendered beside its image."""
+    from gsim.bridges.viewer import Viewer, open_target
+    t = open_target(str(street / "scene"))
+    v = Viewer(t, port=0, backend="numba")
+    try:
+        assert v.lidar_box is not None and v.side_by_side is not None
+        v.lidar_box.value = True
+        v._draw_lidar()
+        panel = v.range_panel.image
+        assert panel.ndim == 3 and panel.shape[1] == v._lidar()[1].columns and panel.max() > 0
+        side = v.side_by_side.image
+        cam = t.log.cameras[v.camera_pick.value].camera
+        assert side.shape == (cam.height, 2 * cam.width, 3)
+        v.shift.value = 2.0
+        v._draw_side_by_side()
+        assert np.abs(v.side_by_side.image[:, :cam.width].astype(int) - side[:, :cam.width]).mean() > 1.0
+        assert np.array_equal(v.side_by_side.image[:, cam.width:], side[:, cam.width:])  # the recording stays
+    finally:
+        v.stop()
