@@ -38,13 +38,10 @@ def time_resident(surfels, camera, poses, backend: str, cameras: int = 1) -> lis
     r = Renderer(gsim.Scene(background=surfels), backend)
     sync = (lambda: __import__("torch").cuda.synchronize()) if backend == "gsplat" else (lambda: None)
 
+    from bench_loop_sensors import turned  # (the loop benchmark's rig: the same three cameras)
+
     def rig(T):
-        out = []
-        for yaw in np.radians([0.0, -50.0, 50.0][:cameras]):  # about the camera's own y axis (down)
-            Y = np.eye(4)
-            Y[[0, 0, 2, 2], [0, 2, 0, 2]] = np.cos(yaw), np.sin(yaw), -np.sin(yaw), np.cos(yaw)
-            out.append((camera, T @ Y, None))
-        return out
+        return [(camera, turned(T, yaw), None) for yaw in (0.0, -50.0, 50.0)[:cameras]]
     r.cameras(rig(poses[0]))
     sync()
     times = []

@@ -81,7 +81,7 @@ def main() -> int:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    from gsim.bridges.server import scene_and_log_dirs
+    from gsim.scenes.log import scene_and_log_dirs
     scene = gsim.load_scene(scene_and_log_dirs(Path(a.scene))[0])
     sid = Path(a.scene).resolve().name  # the served id: the folder's name
     res = {"scene": a.scene, "backend": a.backend, "workers": a.workers}

@@ -101,31 +101,12 @@ def _folder_id(arg: str, p: Path) -> str:
                                                             f"rename the folder)")
 
 
-def scene_and_log_dirs(p: Path) -> Tuple[Path, Path]:
-    """A scene or reconstruction directory's scene folder and its log's (which may not exist): a scene folder's
-    log is the one its training record (train.json beside it) names, else a `log` folder beside it; a
-    reconstruction directory (`gsim demo`'s) holds recon/scene and log."""
-    import json
-    if (p / "scene.json").is_file():
-        record = p.parent / "train.json"
-        try:
-            return p, Path(json.loads(record.read_text())["log"]) if record.is_file() else p.parent / "log"
-        except (OSError, ValueError, KeyError, TypeError) as e:  # (unreadable, not JSON, no "log" path)
-            raise InputError(f"{record}: expected a training record (JSON) with the log's path in 'log' "
-                             f"({type(e).__name__}: {e})") from None
-    scene_dir = p / "recon" / "scene"
-    if not (scene_dir / "scene.json").is_file():
-        raise InputError(f"{p}: no scene.json, nor recon/scene/scene.json (a reconstruction directory as "
-                         f"`gsim demo` or `gsim reconstruct` writes)")
-    return scene_dir, p / "log"
-
-
 def load_served(arg: str, progress: bool = False) -> Served:
     """One `gsim serve` argument as a served scene (see the module docstring); clear errors naming it."""
     from gsim.editing.outputs import mounted_rig
     from gsim.editing.scenario import Sensors
     from gsim.scene import load_scene
-    from gsim.scenes.log import load_log
+    from gsim.scenes.log import load_log, scene_and_log_dirs
     from .scenario import SHIPPED, LoopScenario, ensure_demo, load_loop_scenario, load_scenario
     p = Path(arg)
     if str(arg) in SHIPPED or p.suffix in (".yaml", ".yml"):

@@ -21,9 +21,10 @@ the run drove them).
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -31,6 +32,10 @@ import numpy as np
 
 from gsim.cameras import PinholeCamera
 from gsim.errors import InputError
+from gsim.io import to_uint8
+from gsim.scene import load_scene
+from gsim.scenes.log import load_log, scene_and_log_dirs
+from gsim.transforms import quat_to_rotmat, rotmat_to_quat
 
 PREVIEW_WIDTH = 320
 MIN_PREVIEW_WIDTH = 128
@@ -56,10 +61,6 @@ class Target:
 def open_target(path: str, log: Optional[str] = None) -> Target:
     """A scene, reconstruction, scenario-output or closed-loop run directory (see the module docstring); InputError
     names what is wrong."""
-    from gsim.scene import load_scene
-    from gsim.scenes.log import load_log
-
-    from .server import scene_and_log_dirs
     p = Path(path)
     if not p.is_dir():
         what = "not a directory" if p.exists() else "no such directory"
@@ -85,9 +86,6 @@ def open_target(path: str, log: Optional[str] = None) -> Target:
 
 def _edits(path: Path) -> dict:
     """A scenario output's inserted actor ids and removed actors (their source log's tracks where it has them)."""
-    import json
-
-    from gsim.scenes.log import load_log
     try:
         d = json.loads(path.read_text())
         edits = [e for e in d.get("edits", []) if isinstance(e, dict)]
@@ -104,10 +102,6 @@ def _edits(path: Path) -> dict:
 def _open_run(p: Path) -> Target:
     """A closed-loop run directory: its log (the rendered sensors, the ego, every actor's track), its steps, and the
     scene it ran on, rebuilt from the scenario run.json records, with the log's actors where the run drove them."""
-    import json
-    from dataclasses import replace
-
-    from gsim.scenes.log import load_log
     steps = []
     for line in (p / "steps.jsonl").read_text().splitlines():
         try:
@@ -141,9 +135,18 @@ def browser_camera(width: int, height: int, fov_y: float) -> PinholeCamera:
     return PinholeCamera(width, height, f, f, 0.5 * width, 0.5 * height)
 
 
+def fov_y(camera) -> float:
+    """A camera's vertical field of view (radians), as viser's frusta and browser cameras take it."""
+    return 2 * float(np.arctan(0.5 * camera.height / camera.fy))
+
+
+def _yaw_quat(yaw: float) -> tuple:
+    """wxyz of a turn by ``yaw`` about +z (an upright box's orientation)."""
+    return (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
+
+
 def pose_of(wxyz, position) -> np.ndarray:
     """T_world_camera (OpenCV axes, as viser's camera and gsim's both use) from a quaternion and a position."""
-    from gsim.transforms import quat_to_rotmat
     T = np.eye(4)
     T[:3, :3] = quat_to_rotmat(np.asarray(wxyz, np.float64)[None])[0]
     T[:3, 3] = position
@@ -170,6 +173,7 @@ class Viewer:
         self.server.scene.set_up_direction("+z")
         # client id -> {"dirty": Event, "full": the key of the view last sent at full size, "preview": its width}
         self._clients = {}
+        self._boxes = {}  # scene node -> the actor box drawn there
         self.url = f"http://{host}:{self.server.get_port()}"
         self.renders = 0  # views sent to browsers (tests and the benchmark count them)
         self._gui()
@@ -275,40 +279,42 @@ class Viewer:
         if hit is not None:
             b = hit["ego_box"]
             self.server.scene.add_box("/collision", color=(255, 30, 30), dimensions=tuple(b["size"]),
-                                      position=tuple(b["xyz"]), wxyz=(np.cos(b["yaw"] / 2), 0.0, 0.0,
-                                                                      np.sin(b["yaw"] / 2)))
+                                      position=tuple(b["xyz"]), wxyz=_yaw_quat(b["yaw"]))
             self.server.scene.add_label("/collision/label", f"collision at {(hit['t_us'] - t0) * 1e-6:.1f} s with "
                                         f"{', '.join(hit['metrics']['collision_with'])}", position=(0.0, 0.0, 2.0))
             self.server.gui.add_markdown(f"**collision** at {(hit['t_us'] - t0) * 1e-6:.1f} s with "
                                          f"{', '.join(hit['metrics']['collision_with'])}")
 
     def _draw_actors(self) -> None:
-        from gsim.transforms import rotmat_to_quat
-        t = self.time_us
-        if self.steps:  # a run: the ego and every actor (SUMO's too) where the step recorded them
-            step = min(self.steps, key=lambda r: abs(r["t_us"] - (t or 0)))
-            drawn = {}
+        """Boxes with ids and classes at the current time: a run's ego and every actor (SUMO's too) where its step
+        recorded them; else the scene's actors on their tracks (a scenario output's inserted ones green) and the
+        removed ones the source log tracks (red). Boxes no longer there (a vehicle that left a run) are removed."""
+        t = self.time_us or 0
+        boxes = []  # (id, label, size, position, wxyz, colour)
+        if self.steps:
+            step = min(self.steps, key=lambda r: abs(r["t_us"] - t))
             for b, color in [(step["ego_box"], (255, 220, 0))] + [(a, (60, 160, 255)) for a in step["actors"]]:
-                node = f"/actors/{'ego' if b is step['ego_box'] else b['id']}"
-                drawn[node] = self.server.scene.add_box(
-                    node, color=color, dimensions=tuple(b["size"]), position=tuple(b["xyz"]),
-                    wxyz=(np.cos(b["yaw"] / 2), 0.0, 0.0, np.sin(b["yaw"] / 2)), wireframe=True)
-                self.server.scene.add_label(f"{node}/label", f"{b['id']} ({b['category']})",
-                                            position=(0.0, 0.0, 0.5 * b["size"][2] + 0.3))
-            for node, handle in getattr(self, "_boxes", {}).items():
-                if node not in drawn:  # a vehicle that has left the run
-                    handle.remove()
-            self._boxes = drawn
-            return
-        boxes = [(a.id, a.category, a.size, a.pose_at(t if t is not None else 0),
-                  (60, 220, 90) if a.id in self.target.inserted else (60, 160, 255)) for a in self.scene.actors]
-        boxes += [(r.id, f"{r.category}, removed", r.size, r.pose_at(t if t is not None else 0), (230, 40, 40))
-                  for r in self.target.removed if not isinstance(r, str)]
-        for aid, category, size, T, color in boxes:
-            self.server.scene.add_box(f"/actors/{aid}", color=color, dimensions=tuple(size),
-                                      wxyz=rotmat_to_quat(T[:3, :3][None])[0], position=T[:3, 3], wireframe=True)
-            self.server.scene.add_label(f"/actors/{aid}/label", f"{aid} ({category})",
-                                        position=(0.0, 0.0, 0.5 * size[2] + 0.3))
+                boxes.append(("ego" if b is step["ego_box"] else b["id"], f"{b['id']} ({b['category']})", b["size"],
+                              b["xyz"], _yaw_quat(b["yaw"]), color))
+        else:
+            placed = [(a, (60, 220, 90) if a.id in self.target.inserted else (60, 160, 255), a.category)
+                      for a in self.scene.actors]
+            placed += [(r, (230, 40, 40), f"{r.category}, removed") for r in self.target.removed
+                       if not isinstance(r, str)]
+            for a, color, category in placed:
+                T = a.pose_at(t)
+                boxes.append((a.id, f"{a.id} ({category})", a.size, T[:3, 3], rotmat_to_quat(T[:3, :3][None])[0],
+                              color))
+        drawn = {}
+        for aid, label, size, position, wxyz, color in boxes:
+            node = f"/actors/{aid}"
+            drawn[node] = self.server.scene.add_box(node, color=color, dimensions=tuple(size), wxyz=wxyz,
+                                                    position=tuple(position), wireframe=True)
+            self.server.scene.add_label(f"{node}/label", label, position=(0.0, 0.0, 0.5 * size[2] + 0.3))
+        for node, handle in self._boxes.items():
+            if node not in drawn:
+                handle.remove()
+        self._boxes = drawn
 
     def _frame(self):
         """The log frame nearest the current time."""
@@ -316,7 +322,6 @@ class Viewer:
         return min(self.log.frames, key=lambda f: abs(f.timestamp_us - t))
 
     def _draw_frusta(self) -> None:
-        from gsim.transforms import rotmat_to_quat
         if self.log is None or not self.log.frames:
             return
         frame = self._frame()
@@ -326,9 +331,9 @@ class Viewer:
             image = self.log.image(obs)
             step = max(1, image.shape[1] // 160)  # a thumbnail
             self.server.scene.add_camera_frustum(
-                f"/log_cameras/{name}", fov=2 * np.arctan(0.5 * cam.height / cam.fy), aspect=cam.width / cam.height,
-                scale=0.6, wxyz=rotmat_to_quat(T[:3, :3][None])[0], position=T[:3, 3],
-                image=(np.clip(image[::step, ::step], 0, 1) * 255).astype(np.uint8), color=(255, 120, 0))
+                f"/log_cameras/{name}", fov=fov_y(cam), aspect=cam.width / cam.height, scale=0.6,
+                wxyz=rotmat_to_quat(T[:3, :3][None])[0], position=T[:3, 3], image=to_uint8(image[::step, ::step]),
+                color=(255, 120, 0))
 
     def _log_camera_pose(self, name: str):
         """(the log camera's observation nearest the current time, its pose as the scene places it, moved by the
@@ -343,7 +348,6 @@ class Viewer:
     def _draw_side_by_side(self) -> None:
         """The selected log camera at the current frame: gsim's render at its pose (and lane shift) beside the
         recorded image."""
-        from gsim.io import to_uint8
         if self.side_by_side is None:
             return
         name = self.camera_pick.value
@@ -402,12 +406,11 @@ class Viewer:
         if got is None:
             return
         cam = self.log.cameras[name].camera
-        self.look(client, got[1], 2 * np.arctan(0.5 * cam.height / cam.fy))
+        self.look(client, got[1], fov_y(cam))
 
     @staticmethod
     def look(client, T_world_camera: np.ndarray, fov_y: float) -> None:
         """Set a browser's camera (viser's API): pose (OpenCV axes) and vertical field of view."""
-        from gsim.transforms import rotmat_to_quat
         with client.atomic():
             client.camera.fov = float(fov_y)
             client.camera.wxyz = rotmat_to_quat(T_world_camera[:3, :3][None])[0]
@@ -416,7 +419,6 @@ class Viewer:
     def render_view(self, T_world_camera: np.ndarray, fov_y: float, aspect: float, width: int):
         """(rgb uint8 (H,W,3), depth (H,W) m) of the scene at the current time, as a browser view of that pose,
         vertical field of view and aspect sees it."""
-        from gsim.io import to_uint8
         height = max(1, int(round(width / aspect)))
         with self.render_lock:
             f = self.renderer.camera(browser_camera(width, height, fov_y), T_world_camera, self.time_us, numpy=True)

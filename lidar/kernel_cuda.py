@@ -168,15 +168,15 @@ class Tracer:
         """Trace rays ``rays`` (indices) of this trace from the reference (o_ref, R_ref)."""
         torch = self.torch
         s = self.surfels
-        rays = self.tensor(rays)
-        grid, cell = bundle_grid(self.dirs, rays, self.tensor(R_ref))
+        rays, o_ref, R_ref = self.tensor(rays), self.tensor(o_ref), self.tensor(R_ref)
+        grid, cell = bundle_grid(self.dirs, rays, R_ref)
         n, n_az, n_cells = len(s["rec"]), int(grid[2]), int(grid[2] * grid[5])
         rect = torch.zeros((n, 4), dtype=torch.int64, device=self.device)
         depth = torch.zeros(n, dtype=torch.float32, device=self.device)
         cap = torch.zeros((n, 7), dtype=torch.float32, device=self.device)
         a = _array
         _caps[_blocks(n), THREADS](a(s["rec"]), a(s["scales"]), a(s["group"]), a(self.tensor(world_from_group)),
-                                  a(self.tensor(o_ref)), a(self.tensor(R_ref)), a(self.tensor(margin)),
+                                  a(o_ref), a(R_ref), a(self.tensor(margin)),
                                   math.tan(divergence), a(self.tensor(grid)), a(rect), a(depth), a(cap))
         area = (rect[:, 1] - rect[:, 0]) * (rect[:, 3] - rect[:, 2])
         end = torch.cumsum(area, 0)
@@ -191,7 +191,7 @@ class Tracer:
         o = self.out
         _composite[_blocks(len(rays)), THREADS](
             a(cell_start), a(lst), a(cell), a(rays[by_cell]), a(s["rec"]), a(cap),
-            a(s["features"]), a(s["group"]), a(self.gfw), a(self.tensor(o_ref)), a(self.origins), a(self.dirs),
+            a(s["features"]), a(s["group"]), a(self.gfw), a(o_ref), a(self.origins), a(self.dirs),
             a(self.column), f32(1.0 / divergence ** 2), f32(hit_alpha), a(o["alpha"]), a(o["range_sum"]),
             a(o["median"]), a(o["normal"]), a(o["features"]), a(o["candidates"]))
 

@@ -306,10 +306,11 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: 
     dirs = np.ascontiguousarray(dirs, np.float64)
     by_column = np.argsort(column, kind="stable")
     bounds = np.searchsorted(column[by_column], np.arange(C + 1))
-    out = _outputs(R, groups.features.shape[1], candidates)
-    if backend == "cuda":
+    if backend == "cuda":  # its outputs live on the device until `result`
         from .kernel_cuda import Tracer
         tracer = Tracer(groups, group_from_world, origins, dirs, column, candidates)
+    else:
+        out = _outputs(R, groups.features.shape[1], candidates)
     for cols in _bundles(sensor[:, :3, 3], world_from_group[1:], R):
         rays = by_column[bounds[cols[0]]:bounds[cols[-1] + 1]]
         if len(rays) == 0:

@@ -26,6 +26,7 @@ timestamp composed with its extrinsic. Paths are relative and stay inside the lo
 """
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from dataclasses import dataclass, field
@@ -455,3 +456,21 @@ class LogWriter:
 
     def add_frame(self, timestamp_us: int, cameras: Dict[str, dict], lidars: Dict[str, dict]) -> None:
         self.frames.append({"timestamp_us": int(timestamp_us), "cameras": cameras, "lidars": lidars})
+
+
+def scene_and_log_dirs(p: Path) -> Tuple[Path, Path]:
+    """A scene or reconstruction directory's scene folder and its log's (which may not exist): a scene folder's
+    log is the one its training record (train.json beside it) names, else a `log` folder beside it; a
+    reconstruction directory (`gsim demo`'s) holds recon/scene and log."""
+    if (p / "scene.json").is_file():
+        record = p.parent / "train.json"
+        try:
+            return p, Path(json.loads(record.read_text())["log"]) if record.is_file() else p.parent / "log"
+        except (OSError, ValueError, KeyError, TypeError) as e:  # (unreadable, not JSON, no "log" path)
+            raise InputError(f"{record}: expected a training record (JSON) with the log's path in 'log' "
+                             f"({type(e).__name__}: {e})") from None
+    scene_dir = p / "recon" / "scene"
+    if not (scene_dir / "scene.json").is_file():
+        raise InputError(f"{p}: no scene.json, nor recon/scene/scene.json (a reconstruction directory as "
+                         f"`gsim demo` or `gsim reconstruct` writes)")
+    return scene_dir, p / "log"
