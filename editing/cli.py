@@ -8,9 +8,7 @@ from pathlib import Path
 
 from gsim.cli_args import camera_backends, int_at_least, positive
 from gsim.errors import NotFound
-
-# gsim.editing.library.CATEGORIES, repeated so that the parser needs no pydantic (a test keeps them equal)
-CATEGORIES = ("car", "truck", "bus", "pedestrian", "cyclist", "motorcycle", "cone", "barrier", "sign", "other")
+from gsim.scenes.log import ACTOR_CATEGORIES as CATEGORIES
 
 
 def _library(a):

@@ -25,10 +25,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from gsim.errors import InputError, NotFound, SceneFormatError, check_name
 from gsim.io import atomic_directory, child_path
 from gsim.scene import load_array, load_surfels, save_surfels
+from gsim.scenes.log import ACTOR_CATEGORIES
 from gsim.surfels import Surfels
 
 SCHEMA_VERSION = 1
-CATEGORIES = ("car", "truck", "bus", "pedestrian", "cyclist", "motorcycle", "cone", "barrier", "sign", "other")
+CATEGORIES = ACTOR_CATEGORIES  # the log's vocabulary
 MANIFEST = "asset.json"
 THUMBNAIL = "thumbnail.png"
 

@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from gsim.boxes import corners, edge_points
 from gsim.errors import InputError, check_name
 from gsim.io import atomic_directory, child_path, to_uint8, write_png, write_video
 from gsim.render import render_camera
@@ -53,23 +54,10 @@ def lidar_spec(log, name: str):
     return LidarSpec(f"{log.name}:{name}", tuple(b.elevations_deg), res, 10.0, b.min_range_m, b.max_range_m)
 
 
-def _corners(T_world_box: np.ndarray, size) -> np.ndarray:
-    l, w, h = size
-    c = np.array([[sx * l / 2, sy * w / 2, sz * h / 2] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)])
-    return c @ T_world_box[:3, :3].T + T_world_box[:3, 3]
-
-
-def _edges(T_world_box: np.ndarray, size, n: int = 32) -> np.ndarray:
-    """(12 n, 3) points along a box's 12 edges: corners 4 ix + 2 iy + iz of `_corners` joined where one bit differs."""
-    c = _corners(T_world_box, size)
-    t = np.linspace(0.0, 1.0, n)[:, None]
-    return np.concatenate([c[i] + t * (c[i | b] - c[i]) for b in (4, 2, 1) for i in range(8) if not i & b])
-
-
 def _truncation(camera, points_camera: np.ndarray) -> float:
-    """KITTI's truncation of a box whose edge samples are ``points_camera`` (`_edges`, camera frame): the share
-    of their projected 2D bound (through the camera's own model) outside the image. Samples the model cannot
-    project (behind the camera, past a fisheye's field or a distortion's fold) count as outside."""
+    """KITTI's truncation of a box whose edge samples are ``points_camera`` (`gsim.boxes.edge_points`, camera
+    frame): the share of their projected 2D bound (through the camera's own model) outside the image. Samples the
+    model cannot project (behind the camera, past a fisheye's field or a distortion's fold) count as outside."""
     uv, ok = camera.project(points_camera)
     if not ok.any():
         return 1.0
@@ -89,7 +77,7 @@ def instances(scene, camera, T_world_camera, timestamp_us: int, depth: np.ndarra
     R, t = T_world_camera[:3, :3], T_world_camera[:3, 3]
     for k, a in enumerate(scene.actors):
         P = a.pose_at(timestamp_us)
-        pc = (_corners(P, a.size) - t) @ R
+        pc = (corners(P, a.size) - t) @ R
         if pc[:, 2].max() <= 0.1:
             continue  # behind the camera
         f = render_camera(a.body.numpy().transformed(P), camera, T_world_camera, backend=backend)
@@ -253,7 +241,7 @@ def _labels(root: Path, cam: str, i: int, t: int, scene, camera, T, mask, full, 
             continue
         visible = float(vis.sum() / own.sum())
         P = a.pose_at(t)
-        trunc = _truncation(camera, (_edges(P, a.size) - T[:3, 3]) @ T[:3, :3])
+        trunc = _truncation(camera, (edge_points(P, a.size) - T[:3, 3]) @ T[:3, :3])
         objs.append({"instance": k + 1, "id": a.id, "category": a.category, "box2d": modal,
                      "box2d_amodal": _box(own), "visible_fraction": round(visible, 4), "truncated": round(trunc, 4)})
         lines.append(_kitti_line(a, P, T, modal, visible, trunc))

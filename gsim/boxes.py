@@ -16,6 +16,22 @@ def footprint(pose: np.ndarray, size) -> np.ndarray:
     return c @ pose[:2, :2].T + pose[:2, 3]
 
 
+def corners(pose: np.ndarray, size) -> np.ndarray:
+    """(8,3) world corners of a box; corner 4 ix + 2 iy + iz is at (+-l/2, +-w/2, +-h/2), minus where the bit is 0."""
+    l, w, h = size
+    c = np.array([[sx * l / 2, sy * w / 2, sz * h / 2] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)])
+    return c @ pose[:3, :3].T + pose[:3, 3]
+
+
+def edge_points(pose: np.ndarray, size, n: int = 32) -> np.ndarray:
+    """(12 n, 3) world points along a box's 12 edges (n per edge, ends included): corners joined where one bit
+    of their `corners` index differs. Projected through a camera model they draw the box's wireframe, curved
+    where the lens is."""
+    c = corners(pose, size)
+    t = np.linspace(0.0, 1.0, n)[:, None]
+    return np.concatenate([c[i] + t * (c[i | b] - c[i]) for b in (4, 2, 1) for i in range(8) if not i & b])
+
+
 def _clip(poly: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The part of a convex polygon left of the directed line a -> b (Sutherland-Hodgman, one edge)."""
     side = lambda p: (b[0] - a[0]) * (p[1] - a[1]) - (b[1] - a[1]) * (p[0] - a[0])

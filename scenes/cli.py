@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gsim.cli_args import camera_backends, distances, finite_float, int_at_least
+from gsim.errors import InputError
 
 
 def cmd_demo(a) -> int:
@@ -20,17 +21,22 @@ def cmd_synth(a) -> int:
 
 
 def cmd_convert(a) -> int:
-    if a.format == "kitti-raw":
-        from .kitti_raw import convert_kitti_raw
-        outs = [convert_kitti_raw(a.src, a.out)]
-    elif a.format == "dgp":
-        from .dgp import convert_dgp
-        outs = convert_dgp(a.src, a.out)
-    else:
-        from .nerfstudio import import_nerfstudio
-        outs = [import_nerfstudio(a.src, a.out)]
-    for o in outs:
+    outs = a.convert(a)
+    for o in outs if isinstance(outs, list) else [outs]:
         print(f"wrote log {o}")
+    return 0
+
+
+def cmd_overlay(a) -> int:
+    from .log import load_log
+    from .overlay import write_overlay
+    log = load_log(a.log)
+    camera = a.camera or min(log.cameras, default=None)
+    if camera is None:
+        raise InputError(f"{a.log}: the log has no cameras to draw on")
+    out = write_overlay(log, a.frame, camera, Path(a.out), lidars=a.lidar, boxes=not a.no_boxes)
+    print(f"wrote {out}: frame {a.frame} of camera {camera} with {'its' if a.lidar is None else 'the'} LiDAR points"
+          f"{'' if a.no_boxes else ' and actor boxes'}")
     return 0
 
 
@@ -107,6 +113,38 @@ def cmd_truth(a) -> int:
     return 0
 
 
+def _convert_kitti_raw(a):
+    from .kitti_raw import convert_kitti_raw
+    return convert_kitti_raw(a.src, a.out, drive=a.drive)
+
+
+def _convert_dgp(a):
+    from .dgp import convert_dgp
+    return convert_dgp(a.src, a.out)
+
+
+def _convert_nerfstudio(a):
+    from .nerfstudio import import_nerfstudio
+    return import_nerfstudio(a.src, a.out)
+
+
+def _register_formats(formats) -> None:
+    """One subcommand per dataset format, each with its own arguments; the converter loads inside the command."""
+    kr = formats.add_parser("kitti-raw", help="KITTI raw: a date folder (calib_*.txt) with one or more drives")
+    kr.add_argument("src", help="the date folder with calib_*.txt")
+    kr.add_argument("out")
+    kr.add_argument("--drive", default=None, help="the drive folder's name when the date folder has several")
+    kr.set_defaults(fn=cmd_convert, convert=_convert_kitti_raw)
+    dg = formats.add_parser("dgp", help="TRI's DGP (DDAD): a scene folder or the dataset JSON (every scene)")
+    dg.add_argument("src", help="a scene folder or a scene_dataset*.json")
+    dg.add_argument("out")
+    dg.set_defaults(fn=cmd_convert, convert=_convert_dgp)
+    ns = formats.add_parser("nerfstudio", help="a nerfstudio capture (transforms.json): cameras only")
+    ns.add_argument("src", help="transforms.json")
+    ns.add_argument("out")
+    ns.set_defaults(fn=cmd_convert, convert=_convert_nerfstudio)
+
+
 def register(sub) -> None:
     backends = camera_backends()
     dm = sub.add_parser("demo", help="the main job: synthesize the default street log, reconstruct it on CPU, "
@@ -128,12 +166,19 @@ def register(sub) -> None:
                     help="leave these cars out (ids as in the log's tracks, e.g. parked_03): ground truth for edits")
     sy.set_defaults(fn=cmd_synth)
 
-    cv = sub.add_parser("convert", help="convert a dataset into a gsim driving log")
-    cv.add_argument("format", choices=["kitti-raw", "dgp", "nerfstudio"])
-    cv.add_argument("src", help="kitti-raw: the date folder with calib_*.txt; dgp: a scene folder or dataset JSON; "
-                                "nerfstudio: transforms.json")
-    cv.add_argument("out")
-    cv.set_defaults(fn=cmd_convert)
+    cv = sub.add_parser("convert", help="convert a dataset into a gsim driving log (one subcommand per format)")
+    formats = cv.add_subparsers(dest="format", metavar="FORMAT", required=True)
+    _register_formats(formats)
+
+    ov = sub.add_parser("overlay", help="draw a log's LiDAR points and actor boxes on one of its images (PNG): "
+                                        "the check that a converted log's calibration, poses and tracks are right")
+    ov.add_argument("log")
+    ov.add_argument("out", help="the PNG to write")
+    ov.add_argument("--frame", type=int_at_least(0), default=0)
+    ov.add_argument("--camera", default=None, help="the log's camera (default: the first by name)")
+    ov.add_argument("--lidar", nargs="+", default=None, help="the LiDARs whose points to draw (default: all)")
+    ov.add_argument("--no-boxes", action="store_true")
+    ov.set_defaults(fn=cmd_overlay)
 
     en = sub.add_parser("export-nerfstudio", help="write a log's cameras as a nerfstudio transforms.json")
     en.add_argument("log")

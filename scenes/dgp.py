@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from gsim.errors import InputError
-from gsim.scenes._convert_util import (OPENCV_PIXEL_CENTRE_SHIFT, camera_from_params, check_image, make_pose,
+from gsim.scenes.convert_util import (OPENCV_PIXEL_CENTRE_SHIFT, camera_from_params, check_image, make_pose,
                                        mean_pose, pose_difference, timestamp_us)
 from gsim.scenes.log import ActorTrack, LogFormatError, LogWriter
 from gsim.transforms import invert, quat_to_rotmat

@@ -30,7 +30,7 @@ import numpy as np
 
 from gsim.cameras import PinholeCamera
 from gsim.errors import InputError, MissingExtra
-from gsim.scenes._convert_util import (OPENCV_PIXEL_CENTRE_SHIFT, check_image, make_pose, nearest_rotation,
+from gsim.scenes.convert_util import (OPENCV_PIXEL_CENTRE_SHIFT, check_image, make_pose, nearest_rotation,
                                        timestamp_us)
 from gsim.lidar import LidarSpec
 from gsim.scenes.log import ActorTrack, LidarBeams, LogFormatError, LogWriter

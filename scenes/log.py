@@ -1,23 +1,32 @@
 """The canonical gsim driving log: a directory with a JSON manifest and sensor files.
 
-    log.json                      manifest (format "gsim-log", schema_version 1)
+    log.json                      manifest (format "gsim-log", schema_version 2; version 1 logs load too)
     cameras/<name>/<n>.png|jpg    images (RGB, 8 bit)
     depth/<name>/<n>.npy          optional ground-truth depth, float32 (H,W) camera z in metres, 0 = none
     lidars/<name>/<n>.npy         sweeps, float32 (N,4) x,y,z,intensity in the sensor frame, or (N,5)
-                                  with a per-point time offset in microseconds from the sweep's timestamp
+                                  with a per-point time offset in microseconds from the sweep's timestamp;
+                                  intensity in [0, 1] (converters scale the dataset's own range, and say so)
+    lidars/<name>/<n>_second.npy  optional second (weaker, farther) returns of the same sweep, same layout
 
 Manifest fields::
 
-    {"format": "gsim-log", "schema_version": 1, "name": str, "source": str, "notes": [str],
-     "sensors": {"cameras": {NAME: {<camera model dict>, "T_vehicle_camera": 4x4}},
+    {"format": "gsim-log", "schema_version": 2, "name": str, "source": str, "notes": [str],
+     "sensors": {"cameras": {NAME: {<camera model dict>, "T_vehicle_camera": 4x4, "readout_us": int (2, optional)}},
                  "lidars": {NAME: {"T_vehicle_lidar": 4x4, "beams": null | {"elevations_deg": [...],
                            "azimuth_resolution_deg": f, "min_range_m": f, "max_range_m": f}}}},
      "ego_poses": [{"timestamp_us": int, "T_world_vehicle": 4x4}, ...],
      "frames": [{"timestamp_us": int,
                  "cameras": {NAME: {"timestamp_us": int, "image": path, "depth": path (optional)}},
-                 "lidars": {NAME: {"timestamp_us": int, "points": path}}}, ...],
-     "actors": [{"id": str, "category": str, "size": [l, w, h],
+                 "lidars": {NAME: {"timestamp_us": int, "points": path, "second_returns": path (2, optional)}}},
+                ...],
+     "actors": [{"id": str, "category": str, "size": [l, w, h], "metadata": {str: str|number|bool} (2, optional),
                  "track": [{"timestamp_us": int, "T_world_actor": 4x4}, ...]}]}
+
+Fields marked (2) are new in schema version 2. ``readout_us``: a rolling shutter whose rows are exposed from
+the image's ``timestamp_us`` (row 0, the top) to ``timestamp_us + readout_us`` (the last row), as
+`gsim.render_camera` takes it; 0 or absent is a global shutter. ``metadata``: what the dataset said of an actor
+that gsim does not use (its own id and class, attributes). ``category``: one of `ACTOR_CATEGORIES` where the
+converter can map the dataset's class (its own class kept in ``metadata["class"]``).
 
 Frames: vehicle x forward, y left, z up; cameras OpenCV; world z up; T_dst_src; times in
 integer microseconds. Sensor poses come from the ego pose interpolated at the sensor's
@@ -41,12 +50,15 @@ from gsim.io import atomic_directory, read_manifest, write_json
 from gsim.transforms import check_pose, interpolate_pose
 
 FORMAT = "gsim-log"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 has no readout_us, second_returns or actor metadata
 MANIFEST = "log.json"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 # zlib level of the PNGs a writer encodes: 1 takes a third of the time of PIL's default 6 for about a quarter more
 # bytes (a 320x200 render: 4.9 against 14.4 ms), and simulators write a log every step (the closed loop, scenarios)
 PNG_LEVEL = 1
+# the actor classes gsim's parts know (the asset library, the loop's traffic, the scenario outputs' labels)
+ACTOR_CATEGORIES = ("car", "truck", "bus", "pedestrian", "cyclist", "motorcycle", "cone", "barrier", "sign", "other")
 
 
 class LogFormatError(InputError):
@@ -72,6 +84,7 @@ class CameraSensor:
     name: str
     camera: Camera
     T_vehicle_camera: np.ndarray
+    readout_us: int = 0  # rolling shutter: the last row is exposed this long after the first (0: global shutter)
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +107,7 @@ class LidarObs:
     sensor: str
     timestamp_us: int
     points: str
+    second_returns: Optional[str] = None  # a sweep of the same layout holding each beam's second return
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,7 @@ class ActorTrack:
     size: Tuple[float, float, float]
     timestamps_us: np.ndarray  # (T,) int64 strictly increasing
     poses: np.ndarray  # (T,4,4) T_world_actor
+    metadata: Dict[str, object] = field(default_factory=dict)  # the dataset's own id, class, attributes
 
     def pose_at(self, timestamp_us: int) -> np.ndarray:
         return interpolate_pose(self.timestamps_us, self.poses, int(timestamp_us))
@@ -159,6 +174,10 @@ class DrivingLog:
     def sweep(self, obs: LidarObs) -> np.ndarray:
         """(N,4) or (N,5) float32: x, y, z (sensor frame, m), intensity[, time offset us]."""
         return read_sweep(self.root / obs.points)
+
+    def second_returns(self, obs: LidarObs) -> Optional[np.ndarray]:
+        """The sweep's second returns (same layout as `sweep`), or None where the log has none."""
+        return None if obs.second_returns is None else read_sweep(self.root / obs.second_returns)
 
 
 def read_image(path: Path, camera: Camera) -> np.ndarray:
@@ -271,7 +290,7 @@ def load_log(path) -> DrivingLog:
     mpath = root / MANIFEST
     if not mpath.exists():
         raise LogFormatError(f"{root}: not a gsim log directory (no {MANIFEST})")
-    m = read_manifest(mpath, "log manifest", (SCHEMA_VERSION,), LogFormatError)
+    m = read_manifest(mpath, "log manifest", READABLE_VERSIONS, LogFormatError)
     r = _Reader(mpath)
     if m.get("format") != FORMAT:
         r.fail("format", f"must be {FORMAT!r}")
@@ -283,11 +302,14 @@ def load_log(path) -> DrivingLog:
         if not isinstance(d, dict):
             r.fail(where, "expected an object")
         T = r.pose(d, "T_vehicle_camera", where)
+        readout = d.get("readout_us", 0)
+        if not isinstance(readout, int) or isinstance(readout, bool) or not 0 <= readout <= 1_000_000:
+            r.fail(f"{where}.readout_us", f"expected an integer 0..1000000 (microseconds), got {readout!r}")
         try:
-            cam = camera_from_dict({k: v for k, v in d.items() if k != "T_vehicle_camera"}, where)
+            cam = camera_from_dict({k: v for k, v in d.items() if k not in ("T_vehicle_camera", "readout_us")}, where)
         except ValueError as e:
             raise LogFormatError(f"{mpath}: {e}") from None
-        cameras[name] = CameraSensor(name, cam, T)
+        cameras[name] = CameraSensor(name, cam, T, readout)
     lidars: Dict[str, LidarSensor] = {}
     for name, d in r.get(sensors, "lidars", "sensors", dict).items():
         where = f"sensors.lidars.{name}"
@@ -321,7 +343,9 @@ def load_log(path) -> DrivingLog:
             w = f"{where}.lidars.{name}"
             if name not in lidars:
                 r.fail(w, f"unknown lidar (sensors.lidars has {sorted(lidars)})")
-            lids[name] = LidarObs(name, r.timestamp(o, w), r.path(root, r.get(o, "points", w), f"{w}.points"))
+            second = o.get("second_returns")
+            lids[name] = LidarObs(name, r.timestamp(o, w), r.path(root, r.get(o, "points", w), f"{w}.points"),
+                                  None if second is None else r.path(root, second, f"{w}.second_returns"))
         frames.append(Frame(i, t, cams, lids))
     if not frames:
         r.fail("frames", "must be a non-empty list")
@@ -341,8 +365,12 @@ def load_log(path) -> DrivingLog:
         ts = [r.timestamp(p, f"{where}.track[{k}]") for k, p in enumerate(track)]
         r.increasing(ts, f"{where}.track")
         poses = np.stack([r.pose(p, "T_world_actor", f"{where}.track[{k}]") for k, p in enumerate(track)])
+        meta = a.get("metadata", {})
+        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float, bool))
+                                                 for k, v in meta.items()):
+            r.fail(f"{where}.metadata", "expected an object of names to strings, numbers or booleans")
         actors.append(ActorTrack(aid, r.get(a, "category", where, str), tuple(float(s) for s in size),
-                                 np.asarray(ts, np.int64), poses))
+                                 np.asarray(ts, np.int64), poses, dict(meta)))
     if len({a.id for a in actors}) != len(actors):
         r.fail("actors", "actor ids must be unique")
     notes = m.get("notes", [])
@@ -364,6 +392,7 @@ def validate_log(path, progress: bool = False) -> DrivingLog:
             log.depth(o)
         else:
             log.sweep(o)
+            log.second_returns(o)
     return log
 
 
@@ -407,10 +436,12 @@ class LogWriter:
                 "notes": self.notes, "sensors": self.sensors, "ego_poses": self.ego, "frames": self.frames,
                 "actors": self.actors}
 
-    def add_camera(self, name: str, camera: Camera, T_vehicle_camera) -> None:
+    def add_camera(self, name: str, camera: Camera, T_vehicle_camera, readout_us: int = 0) -> None:
         check_name(name, "camera name")
         self.sensors["cameras"][name] = {**camera.to_dict(),
                                          "T_vehicle_camera": check_pose(T_vehicle_camera, f"camera {name}").tolist()}
+        if readout_us:
+            self.sensors["cameras"][name]["readout_us"] = int(readout_us)
 
     def add_lidar(self, name: str, T_vehicle_lidar, beams: Optional[LidarBeams] = None) -> None:
         check_name(name, "LiDAR name")
@@ -423,6 +454,7 @@ class LogWriter:
 
     def add_actor(self, track: ActorTrack) -> None:
         self.actors.append({"id": track.id, "category": track.category, "size": [float(s) for s in track.size],
+                            **({"metadata": dict(track.metadata)} if track.metadata else {}),
                             "track": [{"timestamp_us": int(t), "T_world_actor": T.tolist()}
                                       for t, T in zip(track.timestamps_us, track.poses)]})
 
@@ -448,11 +480,15 @@ class LogWriter:
             np.save(self._file(entry["depth"]), np.asarray(depth, np.float32))
         return entry
 
-    def sweep(self, sensor: str, index: int, timestamp_us: int, points: np.ndarray) -> dict:
-        """Store a (N,4|5) float32 sweep; returns the frame entry for ``add_frame``."""
-        rel = f"lidars/{sensor}/{index:06d}.npy"
-        np.save(self._file(rel), np.ascontiguousarray(points, np.float32))
-        return {"timestamp_us": int(timestamp_us), "points": rel}
+    def sweep(self, sensor: str, index: int, timestamp_us: int, points: np.ndarray,
+              second_returns: Optional[np.ndarray] = None) -> dict:
+        """Store a (N,4|5) float32 sweep (and its second returns); returns the frame entry for ``add_frame``."""
+        entry = {"timestamp_us": int(timestamp_us), "points": f"lidars/{sensor}/{index:06d}.npy"}
+        np.save(self._file(entry["points"]), np.ascontiguousarray(points, np.float32))
+        if second_returns is not None:
+            entry["second_returns"] = f"lidars/{sensor}/{index:06d}_second.npy"
+            np.save(self._file(entry["second_returns"]), np.ascontiguousarray(second_returns, np.float32))
+        return entry
 
     def add_frame(self, timestamp_us: int, cameras: Dict[str, dict], lidars: Dict[str, dict]) -> None:
         self.frames.append({"timestamp_us": int(timestamp_us), "cameras": cameras, "lidars": lidars})

@@ -27,7 +27,7 @@ import numpy as np
 from gsim.cameras import Camera
 from gsim.errors import InputError
 from gsim.io import atomic_directory, write_json
-from gsim.scenes._convert_util import camera_from_params, check_image
+from gsim.scenes.convert_util import camera_from_params, check_image
 from gsim.scenes.log import IMAGE_SUFFIXES, DrivingLog, LogFormatError, LogWriter, load_log
 from gsim.transforms import check_pose, invert
 

@@ -18,7 +18,7 @@ def gsim_cli(*args, check=True):
     return p
 
 
-COMMANDS = ("render", "info", "street", "import-ply", "export-ply", "render-lidar", "demo", "synth", "convert",
+COMMANDS = ("render", "info", "street", "import-ply", "export-ply", "render-lidar", "demo", "synth", "convert", "overlay",
             "export-nerfstudio", "validate", "reconstruct", "eval", "trajectory", "truth", "scenario", "library",
             "diffusion", "expand", "closed-loop", "serve", "view")
 # what the command line must not load to list its commands: the kernels and every optional extra
@@ -44,13 +44,6 @@ def test_each_layer_registers_its_own_commands():
     assert owners["expand"] == "gsim.diffusion.cli" and owners["serve"] == owners["closed-loop"] == "gsim.bridges.cli"
     a = build_parser().parse_args(["render", "s", "--trajectory", "t", "--out", "o", "--repair", "m"])
     assert a.repair == "m" and a.open_repairer.__module__ == "gsim.diffusion.cli"  # diffusion's option on core's command
-
-
-def test_the_parser_knows_the_asset_categories():
-    pytest.importorskip("pydantic")
-    from gsim.editing.cli import CATEGORIES
-    from gsim.editing.library import CATEGORIES as library_categories
-    assert CATEGORIES == library_categories
 
 
 @pytest.fixture(scope="module")

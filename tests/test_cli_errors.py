@@ -102,14 +102,41 @@ WALK = {
         "corrupt_checkpoint": None,
         "missing_extra": None,
     },
-    ("convert",): {
-        "dir_for_file": ("convert nerfstudio {adir} {out}", "{adir}"),
+    ("convert", "kitti-raw"): {
+        "dir_for_file": None,  # reads folders
         "file_for_dir": ("convert kitti-raw {afile} {out}", "{afile}"),
+        "missing": ("convert kitti-raw {missing} {out}", "{missing}"),
+        "unreadable": None,  # its calibration files are read whole (the nerfstudio case covers the path)
+        "full_disk": None,  # the nerfstudio case covers LogWriter's full disk
+        "corrupt_checkpoint": None,
+        "missing_extra": None,  # kitti-raw without poses needs kiss-icp: its MissingExtra is a GsimError
+    },
+    ("convert", "dgp"): {
+        "dir_for_file": None,  # takes a folder or a file
+        "file_for_dir": None,
         "missing": ("convert dgp {missing} {out}", "{missing}"),
+        "unreadable": None,
+        "full_disk": None,
+        "corrupt_checkpoint": None,
+        "missing_extra": None,
+    },
+    ("convert", "nerfstudio"): {
+        "dir_for_file": ("convert nerfstudio {adir} {out}", "{adir}"),
+        "file_for_dir": None,  # takes a file
+        "missing": ("convert nerfstudio {missing} {out}", "{missing}"),
         "unreadable": ("convert nerfstudio {nerfstudio} {out}", "{nerfstudio}"),
         "full_disk": ("convert nerfstudio {nerfstudio} {out}", "{tmp}"),
         "corrupt_checkpoint": None,
-        "missing_extra": None,  # kitti-raw without poses needs kiss-icp: its MissingExtra is a GsimError
+        "missing_extra": None,
+    },
+    ("overlay",): {
+        "dir_for_file": ("overlay {log} {adir}", "{adir}"),
+        "file_for_dir": ("overlay {afile} {out}", "{afile}"),
+        "missing": ("overlay {missing} {out}", "{missing}"),
+        "unreadable": ("overlay {log} {out}", "{log}/log.json"),
+        "full_disk": ("overlay {log} {out}", "{tmp}"),
+        "corrupt_checkpoint": None,
+        "missing_extra": None,
     },
     ("export-nerfstudio",): {
         "dir_for_file": None,  # its output is a folder

@@ -6,10 +6,8 @@ import itertools
 import json
 import math
 import re
-import shutil
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,66 +16,15 @@ from gsim.cameras import FisheyeCamera, OpenCVCamera, PinholeCamera
 from gsim.scenes.log import LogFormatError, LogWriter, load_log, validate_log
 from gsim.transforms import invert, look_at, quat_to_rotmat
 
-DATA = Path(__file__).parents[1].parent / "shared" / "data"
+from format_checks import DATA, edge_score, project, voxel_overlap, write_overlay
+
 KITTI = DATA / "kitti_raw" / "2011_09_26"
 DDAD = DATA / "ddad_dgp"
-OVERLAYS = Path("/tmp/gsim_overlays")
 CALIBS = ("calib_cam_to_cam.txt", "calib_velo_to_cam.txt", "calib_imu_to_velo.txt")
 needs_kitti = pytest.mark.skipif(not KITTI.is_dir(), reason=f"KITTI raw sample not found at {KITTI} "
                                  "(see ../shared/data/README.md)")
 needs_ddad = pytest.mark.skipif(not DDAD.is_dir(), reason=f"DDAD/DGP sample not found at {DDAD} "
                                 "(see ../shared/data/README.md)")
-
-
-# --------------------------------------------------------------------------- helpers
-
-def project(log, frame, camera: str, lidar: str):
-    """Sweep points projected through the log: (pixels, valid and inside the image, camera-frame points)."""
-    co, lo = frame.cameras[camera], frame.lidars[lidar]
-    cam = log.cameras[camera].camera
-    T = invert(log.T_world_camera(co)) @ log.T_world_lidar(lo)
-    pc = log.sweep(lo)[:, :3].astype(np.float64) @ T[:3, :3].T + T[:3, 3]
-    uv, ok = cam.project(pc)
-    inside = ok & (uv[:, 0] >= 0) & (uv[:, 0] < cam.width) & (uv[:, 1] >= 0) & (uv[:, 1] < cam.height)
-    return uv, inside, pc
-
-
-def write_overlay(rgb, uv, depth, name, tmp_path):
-    """Points coloured by depth (red near, blue far) over the image, into tmp_path and /tmp/gsim_overlays/."""
-    from PIL import Image
-    img = (np.asarray(rgb) * 255).astype(np.uint8)
-    t = np.clip((depth - 2.0) / 40.0, 0, 1)[:, None]
-    colour = (255 * np.hstack([1 - t, 1 - np.abs(2 * t - 1), t])).astype(np.uint8)
-    ij = np.floor(uv).astype(int)
-    for di, dj in itertools.product(range(2 if img.shape[1] < 1500 else 4), repeat=2):  # dots seen at any size
-        i, j = np.clip(ij[:, 1] + di, 0, img.shape[0] - 1), np.clip(ij[:, 0] + dj, 0, img.shape[1] - 1)
-        img[i, j] = colour
-    Image.fromarray(img).save(tmp_path / name, compress_level=1)
-    OVERLAYS.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(tmp_path / name, OVERLAYS / name)
-
-
-def edge_score(rgb, uv, pc, shift=(0.0, 0.0)):
-    """Mean image gradient under the projected depth discontinuities (range jumps > 1 m between
-    consecutive points of a scan line): large when LiDAR silhouettes sit on image edges."""
-    r = np.linalg.norm(pc, axis=1)
-    jump = np.r_[False, np.abs(np.diff(r)) > 1.0]
-    uv = uv + shift
-    h, w = rgb.shape[:2]
-    keep = jump & (pc[:, 2] > 1) & (uv[:, 0] >= 0) & (uv[:, 0] < w) & (uv[:, 1] >= 0) & (uv[:, 1] < h)
-    gy, gx = np.gradient(rgb.mean(2))
-    ij = np.floor(uv[keep]).astype(int)
-    return np.hypot(gx, gy)[ij[:, 1], ij[:, 0]].mean()
-
-
-def voxel_overlap(ref, pts, voxel=0.2):
-    """Fraction of ``pts`` within one voxel of a ``ref`` point (both (N,3) world, metres)."""
-    def key(q):
-        q = q + (1 << 20)
-        return (q[:, 0] << 42) | (q[:, 1] << 21) | q[:, 2]
-    r = np.floor(ref / voxel).astype(np.int64)
-    near = np.unique(np.concatenate([key(r + d) for d in itertools.product((-1, 0, 1), repeat=3)]))
-    return np.isin(key(np.floor(pts / voxel).astype(np.int64)), near).mean()
 
 
 def read_kitti_calib(path):

@@ -224,3 +224,63 @@ def test_non_finite_beam_numbers_are_refused(log_dir, field):
 def test_a_non_finite_actor_size_is_refused(log_dir):
     edit_manifest(log_dir, lambda m: m["actors"][0].update(size=[4.5, float("inf"), 1.5]))
     expect_error(log_dir, "actors[0].size")
+
+
+def test_schema_2_fields_round_trip_and_version_1_logs_still_load(tmp_path):
+    rng = np.random.default_rng(1)
+    first, second = rng.normal(size=(40, 5)).astype(np.float32), rng.normal(size=(7, 5)).astype(np.float32)
+    with LogWriter(tmp_path / "log", name="v2", source="test") as w:
+        w.add_camera("front", CAM, T_VC, readout_us=24_000)
+        w.add_lidar("top", np.eye(4), BEAMS)
+        w.add_ego_pose(0, ego(0))
+        w.add_frame(0, cameras={"front": w.image("front", 0, 0, rgb=np.zeros((6, 8, 3), np.uint8))},
+                    lidars={"top": w.sweep("top", 0, 0, first, second_returns=second)})
+        w.add_actor(ActorTrack("a", "car", (4, 2, 1.5), np.array([0]), ego(0)[None],
+                               {"class": "TYPE_VEHICLE", "source_id": "-x/y", "speed": 3.5}))
+    log = validate_log(tmp_path / "log")
+    assert log.cameras["front"].readout_us == 24_000
+    obs = log.frames[0].lidars["top"]
+    assert np.array_equal(log.sweep(obs), first) and np.array_equal(log.second_returns(obs), second)
+    assert log.actors[0].metadata == {"class": "TYPE_VEHICLE", "source_id": "-x/y", "speed": 3.5}
+    # a version 1 log (no new fields) loads with their defaults
+    old = write_log(tmp_path / "old")
+    edit_manifest(old, lambda m: m.update(schema_version=1))
+    log = validate_log(old)
+    assert log.cameras["front"].readout_us == 0 and log.actors[0].metadata == {}
+    assert log.second_returns(log.frames[0].lidars["top"]) is None
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("readout", -1, "sensors.cameras.front.readout_us"), ("readout", 1.5, "sensors.cameras.front.readout_us"),
+    ("metadata", {"k": [1]}, "actors[0].metadata"), ("metadata", "x", "actors[0].metadata"),
+    ("second", "../x.npy", "frames[0].lidars.top.second_returns"), ("second", "lidars/top/none.npy", "none.npy")])
+def test_bad_schema_2_fields_are_named(log_dir, field, value, fragment):
+    def edit(m):
+        if field == "readout":
+            m["sensors"]["cameras"]["front"]["readout_us"] = value
+        elif field == "metadata":
+            m["actors"][0]["metadata"] = value
+        else:
+            m["frames"][0]["lidars"]["top"]["second_returns"] = value
+    edit_manifest(log_dir, edit)
+    expect_error(log_dir, fragment)
+
+
+def test_dataset_ids_become_stable_actor_ids_and_boxes_become_tracks():
+    from gsim.scenes.convert_util import TrackBuilder, actor_id
+    assert actor_id("car_12") == "car_12"
+    a, b = actor_id("-Kz8/Vc"), actor_id("_Kz8_Vc")
+    assert a != b and a == actor_id("-Kz8/Vc") and a.startswith("Kz8_Vc_") and b == "_Kz8_Vc"
+    tb = TrackBuilder({"Car": "car"})
+    for t, length in ((200, 4.2), (0, 4.0), (100, 4.1)):
+        tb.add("-id", "Car", t, ego(t // 100), (length, 1.8, 1.5), "labels.txt: line 1", occluded=0)
+    tb.add("7", "Tram", 0, ego(0), (12, 2.5, 3), "labels.txt: line 4")
+    tracks = {tr.metadata.get("source_id", tr.id): tr for tr in tb.tracks()}
+    car, tram = tracks["-id"], tracks["7"]
+    assert list(car.timestamps_us) == [0, 100, 200] and car.size == (4.1, 1.8, 1.5) and car.category == "car"
+    assert np.array_equal(car.poses[2], ego(2)) and car.metadata == {"class": "Car", "source_id": "-id", "occluded": 0}
+    assert tram.category == "other" and tram.id == "7" and tram.metadata == {"class": "Tram"}
+    with pytest.raises(LogFormatError, match="labels.txt: line 9: object 7 has two boxes at 0 us"):
+        tb.add("7", "Tram", 0, ego(0), (12, 2.5, 3), "labels.txt: line 9")
+    with pytest.raises(LogFormatError, match="line 5: box size"):
+        tb.add("8", "Car", 0, ego(0), (0, 2, 1), "labels.txt: line 5")

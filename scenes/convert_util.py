@@ -3,16 +3,17 @@ timestamps and poses. Errors name the source file and the field."""
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
 from gsim.cameras import Camera, FisheyeCamera, OpenCVCamera, PinholeCamera
-from gsim.errors import InputError
-from gsim.scenes.log import LogFormatError
+from gsim.errors import NAME_RE, InputError
+from gsim.scenes.log import ACTOR_CATEGORIES, ActorTrack, LogFormatError
 
 # OpenCV (and so KITTI and DGP calibrations) puts pixel centres at integer coordinates; gsim puts
 # them at +0.5 (gsim/cameras.py), so a principal point moves by half a pixel on the way in.
@@ -99,3 +100,65 @@ def pose_difference(A: np.ndarray, B: np.ndarray) -> Tuple[float, float]:
     R = D[:3, :3]
     sin2 = np.linalg.norm([R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1]])  # 2 sin(angle)
     return float(np.linalg.norm(D[:3, 3])), math.degrees(math.atan2(sin2, np.trace(R) - 1))  # exact near 0
+
+
+def actor_id(source_id: str) -> str:
+    """A dataset's object id as a gsim actor id (a safe file name, `gsim.errors.NAME_PATTERN`): kept where it is
+    one; else its other characters become '_' and an 8-digit hash of the original is appended, so the id is stable
+    (the same in every log and segment) and two ids that differ only in such characters stay apart."""
+    source_id = str(source_id)
+    if NAME_RE.fullmatch(source_id):
+        return source_id
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", source_id).lstrip(".-")[:110] or "actor"
+    return f"{safe}_{hashlib.sha1(source_id.encode()).hexdigest()[:8]}"
+
+
+class TrackBuilder:
+    """Annotated boxes (one per object and time) collected into `ActorTrack`s.
+
+    ``add`` takes each box's dataset id, class and centre pose ``T_world_actor`` (x along the box's length, z up);
+    ``tracks()`` sorts each object's boxes by time, takes the median of its sizes (annotators' sizes jitter from
+    frame to frame; a rigid actor has one) and keeps the dataset's id and class in the track's metadata.
+    ``categories`` maps the dataset's classes to `ACTOR_CATEGORIES` (unknown classes become "other")."""
+
+    def __init__(self, categories: Dict[str, str]):
+        bad = sorted(set(categories.values()) - set(ACTOR_CATEGORIES))
+        if bad:
+            raise ValueError(f"TrackBuilder: {bad} are not gsim actor categories {ACTOR_CATEGORIES}")
+        self.categories = categories
+        self._boxes: Dict[str, dict] = {}
+
+    def add(self, source_id, source_class: str, timestamp_us: int, T_world_actor: np.ndarray, size, where: str,
+            **metadata) -> None:
+        """One box; ``where`` names the file and field it came from (in errors). Extra keyword arguments (numbers,
+        strings) join the track's metadata."""
+        size = tuple(float(x) for x in size)
+        if len(size) != 3 or not all(math.isfinite(x) and x > 0 for x in size):
+            raise LogFormatError(f"{where}: box size must be 3 finite lengths > 0 metres, got {size}")
+        T = np.asarray(T_world_actor, np.float64)
+        if T.shape != (4, 4) or not np.all(np.isfinite(T)):
+            raise LogFormatError(f"{where}: box pose must be a finite 4x4 transform")
+        b = self._boxes.setdefault(str(source_id), {"class": str(source_class), "boxes": {}, "meta": {}})
+        if int(timestamp_us) in b["boxes"]:
+            raise LogFormatError(f"{where}: object {source_id} has two boxes at {int(timestamp_us)} us")
+        b["boxes"][int(timestamp_us)] = (T, size)
+        b["meta"].update(metadata)
+
+    def tracks(self) -> List[ActorTrack]:
+        out, seen = [], {}
+        for sid in sorted(self._boxes):
+            b = self._boxes[sid]
+            aid = actor_id(sid)
+            if aid in seen:
+                raise LogFormatError(f"object ids {seen[aid]!r} and {sid!r} map to the same actor id {aid!r}")
+            seen[aid] = sid
+            ts = sorted(b["boxes"])
+            sizes = np.array([b["boxes"][t][1] for t in ts])
+            meta = {**b["meta"], "class": b["class"], **({"source_id": sid} if aid != sid else {})}
+            out.append(ActorTrack(aid, self.categories.get(b["class"], "other"), tuple(np.median(sizes, 0).tolist()),
+                                  np.asarray(ts, np.int64), np.stack([b["boxes"][t][0] for t in ts]), meta))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._boxes)
+
