@@ -6,8 +6,9 @@ A headless Chromium (Debian's chromium and chromium-driver, driven by selenium) 
 camera is moved through viser's API along a 2 m/s path at --rate updates per second for --seconds; the viewer's
 renders sent in that time give updates/s (previews, whose width the viewer adapts, and the width they settled at);
 then the camera stops and the time from its last move until the full-resolution view (FULL_WIDTH) has been sent is
-measured, five times (it includes SETTLE_S, the rest the viewer waits for). The browser shares the machine's cores (software WebGL
-without a GPU). Prints one JSON line, with the median render times at both widths without the browser.
+measured, five times (it includes SETTLE_S, the rest the viewer waits for). The browser shares the machine's cores
+(software WebGL without a GPU). Prints one JSON line, with the median render times without the browser (a preview,
+the same width with every surfel, the full width) and the preview's PSNR against drawing every surfel.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from gsim.bridges.viewer import FULL_WIDTH, PREVIEW_WIDTH, Viewer, open_target, pose_of  # noqa: E402
+from gsim.images import psnr  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -61,13 +63,17 @@ def main(argv=None) -> dict:
                 time.sleep(0.002)
             settle.append(time.time() - t1)
         alone = {}
-        for w in (PREVIEW_WIDTH, FULL_WIDTH):
+        for w, thin in ((PREVIEW_WIDTH, True), (PREVIEW_WIDTH, False), (FULL_WIDTH, False)):
             times = []
             for _ in range(5):
                 t1 = time.perf_counter()
-                v.render_view(T0, client.camera.fov, client.camera.aspect, w)
+                rgb, _ = v.render_view(T0, client.camera.fov, client.camera.aspect, w, thin)
                 times.append(time.perf_counter() - t1)
-            alone[f"render_ms_{w}"] = round(1e3 * statistics.median(times), 1)
+            alone[f"render_ms_{w}{'_preview' if thin else ''}"] = round(1e3 * statistics.median(times), 1)
+            if thin:
+                shown = rgb
+            elif w == PREVIEW_WIDTH:  # what the preview loses against drawing every surfel at its width
+                alone["preview_psnr_db"] = round(psnr(shown / 255.0, rgb / 255.0), 2)
         result = {"path": a.path, "backend": v.renderer.backend, **alone, "canvas": [client.camera.image_width,
                   client.camera.image_height], "preview_width_settled": preview, "full_width": FULL_WIDTH,
                   "updates_per_s_moving": round(moving, 2),

@@ -21,7 +21,7 @@ import json
 import re
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, NamedTuple, Optional
 
@@ -190,6 +190,19 @@ class Scene:
                 raise InputError(f"Scene.appearance[{name!r}]: expected a finite (3,4) affine, got shape {A.shape}")
             app[str(name)] = A
         object.__setattr__(self, "appearance", app)
+
+    def thinned(self, fraction: float, seed: int = 0) -> "Scene":
+        """A preview of the scene: `Surfels.thinned` of the background and of each actor's body and shadow (at
+        least LOD_MIN of a body, so that small actors stay whole); the rest as it is. A view of it costs about
+        ``fraction`` of the surfel work; `gsim view` draws it while the camera moves."""
+        actors = []
+        for a in self.actors:
+            s, ns = a.surfels.numpy(), a.shadow_surfels
+            body = s.subset(slice(0, len(s) - ns)).thinned(fraction, seed, at_least=LOD_MIN)
+            shadow = s.subset(slice(len(s) - ns, len(s))).thinned(fraction, seed) if ns else None
+            actors.append(replace(a, surfels=body if shadow is None else Surfels.concatenate([body, shadow]),
+                                  shadow_surfels=0 if shadow is None else len(shadow)))
+        return replace(self, background=self.background.thinned(fraction, seed), actors=tuple(actors))
 
     def log_pose(self, T_world_sensor: np.ndarray, timestamp_us) -> np.ndarray:
         """A pose (4,4) or poses (M,4,4) of the log's sensors at ``timestamp_us`` (scalar or (M,)) as this

@@ -194,6 +194,19 @@ class Surfels:
         """The surfels at ``idx`` (indices, a boolean mask or a slice), in that order."""
         return Surfels.derived(**{k: v[idx] for k, v in self._fields().items()})
 
+    def thinned(self, fraction: float, seed: int = 0, at_least: int = 1) -> "Surfels":
+        """A uniform random ``fraction`` of the surfels (at least ``at_least``), in their order, their tangent scales
+        grown by sqrt(N / n) so that the surface they draw stays covered: fewer, larger surfels, a cheaper and
+        blurrier image of the same scene. Same seed, same subset."""
+        n = len(self)
+        k = min(n, max(int(np.ceil(n * fraction)), at_least))
+        if k == n:
+            return self
+        keep = np.sort(np.random.default_rng(seed).permutation(n)[:k])
+        out = self.numpy().subset(keep)
+        return Surfels.derived(out.means, out.quats, out.scales * np.float32(np.sqrt(n / k)), out.opacities,
+                               out.colors, out.features)
+
     def numpy(self) -> "Surfels":
         """Detached numpy copy (no-op for numpy surfels)."""
         if not self.is_torch:

@@ -247,3 +247,27 @@ def test_transformed_surfels_turn_their_view_dependent_colour(degree):
     before = eval_sh(torch.from_numpy(s.colors), torch.from_numpy(d))
     after = eval_sh(torch.from_numpy(s.transformed(T).colors), torch.from_numpy(d @ T[:3, :3].T))
     assert torch.allclose(before, after, atol=1e-5)
+
+
+def test_a_thinned_scene_keeps_a_fraction_of_each_part_grown_to_cover_and_renders_close():
+    from support import PIN, plane
+    bg = plane(extent=3.0, spacing=0.1)  # 3600 surfels on the ground
+    body = plane(extent=1.0, spacing=0.1)  # 400 surfels: fewer than LOD_MIN are kept whole
+    shadow = plane(extent=2.0, spacing=0.2)
+    actor = gsim.Actor("a", "car", (2, 2, 1), gsim.Surfels.concatenate([body, shadow]), np.array([0]),
+                       np.eye(4)[None], shadow_surfels=len(shadow))
+    scene = gsim.Scene(bg, (actor,))
+    thin = scene.thinned(0.25, seed=3)
+    assert len(thin.background) == 900 and len(thin.actors[0].surfels) == 400 + len(shadow) // 4
+    assert thin.actors[0].shadow_surfels == len(shadow) // 4
+    np.testing.assert_allclose(thin.background.scales, np.sqrt(4) * bg.scales[:900], rtol=1e-6)
+    assert set(map(tuple, thin.background.means)) <= set(map(tuple, bg.means))  # a subset, not new surfels
+    assert scene.thinned(0.25, seed=3).background.means.tobytes() == thin.background.means.tobytes()
+    assert scene.thinned(1.0).background is bg
+    T = look_at([0, 0, 8], [0, 0, 0], up=(0, 1, 0))
+    full = gsim.render_camera(gsim.Scene(bg), PIN, T, backend="numba")
+    part = gsim.render_camera(gsim.Scene(thin.background), PIN, T, backend="numba")
+    a = part.alpha[16:48, 16:48]  # the grown surfels still cover the plane (a random subset leaves thin spots)
+    assert a.mean() > 0.97 and a.min() > 0.8
+    from gsim.images import psnr
+    assert psnr(full.rgb, part.rgb) > 25
