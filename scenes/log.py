@@ -497,7 +497,8 @@ class LogWriter:
 def scene_and_log_dirs(p: Path) -> Tuple[Path, Path]:
     """A scene or reconstruction directory's scene folder and its log's (which may not exist): a scene folder's
     log is the one its training record (train.json beside it) names, else a `log` folder beside it; a
-    reconstruction directory (`gsim demo`'s) holds recon/scene and log."""
+    reconstruction's output (`gsim reconstruct LOG OUT`: OUT/scene, OUT/train.json) is its scene folder's; a demo
+    directory (`gsim demo`'s) holds recon/scene and log."""
     if (p / "scene.json").is_file():
         record = p.parent / "train.json"
         try:
@@ -505,8 +506,10 @@ def scene_and_log_dirs(p: Path) -> Tuple[Path, Path]:
         except (OSError, ValueError, KeyError, TypeError) as e:  # (unreadable, not JSON, no "log" path)
             raise InputError(f"{record}: expected a training record (JSON) with the log's path in 'log' "
                              f"({type(e).__name__}: {e})") from None
+    if (p / "scene" / "scene.json").is_file():
+        return scene_and_log_dirs(p / "scene")
     scene_dir = p / "recon" / "scene"
     if not (scene_dir / "scene.json").is_file():
-        raise InputError(f"{p}: no scene.json, nor recon/scene/scene.json (a reconstruction directory as "
-                         f"`gsim demo` or `gsim reconstruct` writes)")
+        raise InputError(f"{p}: no scene.json, nor scene/scene.json or recon/scene/scene.json (a reconstruction "
+                         f"directory as `gsim reconstruct` or `gsim demo` writes)")
     return scene_dir, p / "log"

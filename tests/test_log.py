@@ -1,5 +1,6 @@
 """scenes/log.py: the canonical driving log, its validator and its atomic writer, on small hand-made logs."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -284,3 +285,22 @@ def test_dataset_ids_become_stable_actor_ids_and_boxes_become_tracks():
         tb.add("7", "Tram", 0, ego(0), (12, 2.5, 3), "labels.txt: line 9")
     with pytest.raises(LogFormatError, match="line 5: box size"):
         tb.add("8", "Car", 0, ego(0), (0, 2, 1), "labels.txt: line 5")
+
+
+def test_scene_and_log_dirs_of_a_scene_a_reconstruction_and_a_demo(tmp_path):
+    from gsim.errors import InputError
+    from gsim.scenes.log import scene_and_log_dirs
+    recon = tmp_path / "recon"
+    (recon / "scene").mkdir(parents=True)
+    (recon / "scene" / "scene.json").write_text("{}")
+    assert scene_and_log_dirs(recon / "scene") == (recon / "scene", recon / "log")  # no record: a log beside it
+    (recon / "train.json").write_text(json.dumps({"log": "/data/mylog"}))
+    assert scene_and_log_dirs(recon / "scene") == (recon / "scene", Path("/data/mylog"))
+    assert scene_and_log_dirs(recon) == (recon / "scene", Path("/data/mylog"))  # gsim reconstruct LOG OUT's OUT
+    demo = tmp_path / "demo"
+    (demo / "recon" / "scene").mkdir(parents=True)
+    (demo / "recon" / "scene" / "scene.json").write_text("{}")
+    assert scene_and_log_dirs(demo) == (demo / "recon" / "scene", demo / "log")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no scene.json"):
+        scene_and_log_dirs(tmp_path / "empty")
