@@ -5,9 +5,10 @@ where CUDA works) at the browser camera's pose and vertical field of view, sent 
 its depth (gsim's camera-z depth), so that viser's own overlays (log camera frusta, the ego path, actor boxes,
 LiDAR points) are occluded by the scene. While the camera moves the view is rendered as a preview whose width
 adapts (between MIN_PREVIEW_WIDTH and PREVIEW_WIDTH pixels) so that previews keep up with PREVIEW_HZ, as
-nerfstudio's viewer lowers its resolution while moving; on a CPU (numba) a preview also draws PREVIEW_FRACTION of
-the surfels, grown to cover (`Scene.thinned`: a view's cost is mostly per surfel, not per pixel). Once the camera
-has rested SETTLE_S the view is rendered again, whole, at FULL_WIDTH.
+nerfstudio's viewer lowers its resolution while moving; on a CPU (numba) a preview also draws only a fraction of the
+surfels, grown to cover (`Scene.thinned`; a view's cost is mostly per surfel, not per pixel): as many as its pixels
+need, (width / FULL_WIDTH)^2 of them, one of PREVIEW_FRACTIONS. Once the camera has rested SETTLE_S the view is
+rendered again, whole, at FULL_WIDTH.
 
 Time: a slider (and play) over the log's time range, or the actors' tracks' without a log; the actors move on
 their tracks, the frusta show the nearest frame's images. LiDAR: the log's first LiDAR with a beam model, rendered
@@ -41,9 +42,9 @@ from gsim.transforms import quat_to_rotmat, rotmat_to_quat
 PREVIEW_WIDTH = 320
 MIN_PREVIEW_WIDTH = 128
 PREVIEW_HZ = 10.0  # the preview rate aimed at: a slower preview makes the next one narrower
-# of the surfels a CPU preview draws: on the demo street's reconstruction a 320-px preview costs 2.2x less than
-# drawing them all (per surfel, not per pixel) and comes within 25.4 dB of it (bench/bench_viewer.py)
-PREVIEW_FRACTION = 0.25
+# the shares of the surfels a CPU preview may draw: on the demo street's reconstruction a 320-px preview of a
+# quarter of them costs 2.2x less than drawing them all and comes within 25.4 dB of it (bench/bench_viewer.py)
+PREVIEW_FRACTIONS = (1 / 4, 1 / 8, 1 / 16)
 FULL_WIDTH = 640
 SETTLE_S = 0.25  # a camera that has not moved for this long gets the full resolution
 PLAY_RATE = 1.0  # log seconds per second while playing
@@ -166,9 +167,8 @@ class Viewer:
         from gsim.resident import Renderer
         self.target, self.scene, self.log, self.steps = target, target.scene, target.log, target.steps
         self.renderer = None if self.scene is None else Renderer(self.scene, backend)
-        self.preview_renderer = self.renderer
-        if self.renderer is not None and self.renderer.backend == "numba":
-            self.preview_renderer = Renderer(self.scene.thinned(PREVIEW_FRACTION), backend)
+        cpu = self.renderer is not None and self.renderer.backend == "numba"
+        self._previews = {f: Renderer(self.scene.thinned(f), "numba") for f in PREVIEW_FRACTIONS} if cpu else {}
         self.render_lock = threading.Lock()  # one render at a time: numba's threads are the machine's cores
         self._stopped = threading.Event()
         self.times = self._time_range()
@@ -423,12 +423,20 @@ class Viewer:
             client.camera.wxyz = rotmat_to_quat(T_world_camera[:3, :3][None])[0]
             client.camera.position = T_world_camera[:3, 3]
 
+    def preview_renderer(self, width: int):
+        """The renderer of a preview ``width`` pixels wide: on a CPU, of the scene thinned to the largest of
+        PREVIEW_FRACTIONS within (width / FULL_WIDTH)^2 (the smallest below them all); the full scene on a GPU."""
+        if not self._previews:
+            return self.renderer
+        need = (width / FULL_WIDTH) ** 2
+        return self._previews[max([f for f in PREVIEW_FRACTIONS if f <= need], default=min(PREVIEW_FRACTIONS))]
+
     def render_view(self, T_world_camera: np.ndarray, fov_y: float, aspect: float, width: int,
                     preview: bool = False):
         """(rgb uint8 (H,W,3), depth (H,W) m) of the scene at the current time, as a browser view of that pose,
         vertical field of view and aspect sees it (``preview``: drawn by the preview renderer)."""
         height = max(1, int(round(width / aspect)))
-        renderer = self.preview_renderer if preview else self.renderer
+        renderer = self.preview_renderer(width) if preview else self.renderer
         with self.render_lock:
             f = renderer.camera(browser_camera(width, height, fov_y), T_world_camera, self.time_us, numpy=True)
         depth = np.where(f.alpha > 0.5, f.depth, 0.0).astype(np.float32)  # 0: nothing there, overlays show

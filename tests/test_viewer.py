@@ -141,6 +141,11 @@ def test_the_page_shows_what_the_sensors_see(street):
         settle(v, n)
         later = screenshot(d)
         assert np.abs(later - shot).mean(-1).max() > 0.3 and np.mean(np.abs(later - shot).mean(-1) > 0.1) > 0.002
+        # a CPU preview draws as many surfels as its pixels need, the full view all of them
+        n_bg = len(target.scene.background)
+        assert [len(v.preview_renderer(w).scene.background) for w in (320, 230, 160, 128)] == \
+            [int(np.ceil(n_bg * f)) for f in (1 / 4, 1 / 8, 1 / 16, 1 / 16)]
+        assert v.renderer.scene is target.scene
     finally:
         d.quit()
         v.stop()
