@@ -1,12 +1,12 @@
-"""The bridges layer's commands: ``gsim closed-loop``, ``gsim serve`` and ``gsim view``. SUMO, gymnasium, gRPC and
-viser (the sumo, serve and viewer extras) load inside the commands."""
+"""The bridges layer's commands: ``gsim closed-loop``, ``gsim serve``, ``gsim batch`` and ``gsim view``. SUMO,
+gymnasium, gRPC, Ray and viser (the sumo, serve, cluster and viewer extras) load inside the commands."""
 from __future__ import annotations
 
 import argparse
 import time
 from pathlib import Path
 
-from gsim.cli_args import camera_backends, int_at_least, positive, seed_list
+from gsim.cli_args import camera_backends, finite_float, int_at_least, positive, seed_list
 from gsim.errors import InputError
 
 SERVE_HELP = """Serve scenes over gRPC (the network sensor API: bridges/sensor.proto, docs/network_api.md).
@@ -59,6 +59,50 @@ def cmd_closed_loop(a) -> int:
     rows = run_batch(a.scenario, agents, seeds, a.out, max_steps=a.steps, client=a.sumo)
     print(f"{len(rows)} runs -> {Path(a.out) / 'table.md'}")
     return 0
+
+
+def cmd_batch_closed_loop(a) -> int:
+    from .batch import closed_loop_batch
+    from .scenario import SHIPPED, ensure_demo, load_loop_scenario
+    for sc in a.scenario:
+        if sc in SHIPPED:
+            ensure_demo(load_loop_scenario(sc))  # built once here, not by every worker at once
+    rows = closed_loop_batch(a.scenario, a.agents.split(","), a.seeds, a.out, steps=a.steps, client=a.sumo,
+                             address=a.address, num_cpus=a.num_cpus, cpus_per_task=a.cpus_per_task,
+                             gpus_per_task=a.gpus_per_task, retries=a.retries)
+    failed = sum(r["status"] != "done" for r in rows)
+    print(f"{len(rows)} runs ({failed} failed) -> {Path(a.out) / 'results.md'}, results.parquet, table.md")
+    return 0
+
+
+def cmd_batch_reconstruct(a) -> int:
+    from .batch import reconstruct_batch
+    overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale))
+                 if v is not None}
+    rows = reconstruct_batch(a.log, a.out, a.preset, overrides, a.format, address=a.address, num_cpus=a.num_cpus,
+                             cpus_per_task=a.cpus_per_task, gpus_per_task=a.gpus_per_task, retries=a.retries)
+    failed = sum(r["status"] != "done" for r in rows)
+    print(f"{len(rows)} logs ({failed} failed) -> {Path(a.out) / 'results.md'}, results.parquet")
+    return 0
+
+
+def cmd_batch_scenario_render(a) -> int:
+    from .batch import scenario_render_batch
+    rows = scenario_render_batch(a.scenario, a.out, a.backend, address=a.address, num_cpus=a.num_cpus,
+                                 cpus_per_task=a.cpus_per_task, gpus_per_task=a.gpus_per_task, retries=a.retries)
+    failed = sum(r["status"] != "done" for r in rows)
+    print(f"{len(rows)} scenarios ({failed} failed) -> {Path(a.out) / 'results.md'}, results.parquet")
+    return 0
+
+
+def _ray_options(p) -> None:
+    p.add_argument("--address", default=None, help="a Ray cluster: 'auto' (the one this machine belongs to) or "
+                                                   "HOST:PORT (default: a local Ray, started for the batch)")
+    p.add_argument("--num-cpus", type=int_at_least(1), default=None, help="a local Ray's CPUs (default: all)")
+    p.add_argument("--cpus-per-task", type=positive, default=1.0)
+    p.add_argument("--gpus-per-task", type=finite_float(0.0), default=0.0, help="GPUs per task (a fraction shares one)")
+    p.add_argument("--retries", type=int_at_least(0), default=1,
+                   help="how often a failed task (an error, a dead worker) is retried before it is a failed row")
 
 
 def _read(option: str, path: str) -> bytes:
@@ -149,6 +193,38 @@ def register(sub) -> None:
     sv.add_argument("--sessions-dir", default="out/sessions", help="where closed-loop sessions are recorded")
     sv.add_argument("--backend", default="auto", choices=camera_backends(), help="the camera backend")
     sv.set_defaults(fn=cmd_serve)
+
+    ba = sub.add_parser("batch", help="many logs or episodes as Ray tasks, on this machine or a cluster (the "
+                                      "cluster extra): resumable, failures isolated, results.parquet")
+    bs = ba.add_subparsers(dest="batch", metavar="JOB", required=True)
+    br = bs.add_parser("reconstruct", help="reconstruct and evaluate every log (one task each) into OUT/<log name>/")
+    br.add_argument("log", nargs="+", help="gsim logs, or folders `gsim convert FORMAT` takes (with --format)")
+    br.add_argument("--out", required=True)
+    br.add_argument("--format", default=None, help="convert each input with `gsim convert FORMAT` first")
+    br.add_argument("--preset", default="cpu", choices=["cpu", "cuda"])
+    br.add_argument("--iterations", type=int_at_least(1), default=None)
+    br.add_argument("--seed", type=int_at_least(0), default=None)
+    br.add_argument("--downscale", type=int_at_least(1), default=None)
+    _ray_options(br)
+    br.set_defaults(fn=cmd_batch_reconstruct)
+    bc = bs.add_parser("closed-loop", help="every scenario x agent x seed (one task each) into gsim closed-loop's "
+                                           "batch folders, with per-agent aggregates")
+    bc.add_argument("scenario", nargs="+", help="scenario YAML files or shipped names")
+    bc.add_argument("--agents", default="lidar-aeb", help="comma-separated agents (see gsim closed-loop)")
+    bc.add_argument("--seeds", type=seed_list, default=(0,), help="e.g. 0-99 or 0,3,7")
+    bc.add_argument("--steps", type=int_at_least(1), default=None, help="stop each run after this many steps")
+    bc.add_argument("--out", required=True)
+    bc.add_argument("--sumo", choices=("libsumo", "traci"), default="libsumo",
+                    help="SUMO in each worker process (libsumo: one per process) or as its own process (traci)")
+    _ray_options(bc)
+    bc.set_defaults(fn=cmd_batch_closed_loop)
+    bsr = bs.add_parser("scenario-render", help="render every scenario (one task each) into its own output folder, "
+                                                "as gsim scenario render: data generation")
+    bsr.add_argument("scenario", nargs="+", help="scenario YAML files")
+    bsr.add_argument("--out", required=True, help="where results.parquet and results.md go")
+    bsr.add_argument("--backend", default="auto", choices=camera_backends())
+    _ray_options(bsr)
+    bsr.set_defaults(fn=cmd_batch_scenario_render)
 
     vw = sub.add_parser("view", help="look at a scene in the browser (viser): gsim's own renders at the browser "
                                      "camera, time, actors, log cameras, LiDAR")

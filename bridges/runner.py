@@ -134,28 +134,39 @@ def agent_folder(agent: str) -> str:
     return f"{slug}-{hashlib.sha1(agent.encode()).hexdigest()[:8]}"
 
 
+def run_dir(out, scenario_name: str, agent: str, seed: int) -> Path:
+    """A batch run's directory: out/<scenario>/<agent folder>/seed<k> (`agent_folder`)."""
+    return child_path(child_path(Path(out), scenario_name, "scenario name"), agent_folder(agent), "agent") / f"seed{seed}"
+
+
+def batch_run(scenario, agent: str, seed: int, out, progress: bool = True, max_steps: Optional[int] = None,
+              client: str = "libsumo") -> dict:
+    """One run of a batch into `run_dir`: its metrics, or for a run the loop, SUMO or the agent stopped, what it
+    recorded and its "error" (the batch goes on). `run_batch` and the Ray batch (`gsim batch closed-loop`) share it."""
+    sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
+    d = run_dir(out, sc.name, agent, seed)
+    try:
+        return run(sc, agent, d, seed=seed, progress=progress, max_steps=max_steps, client=client)
+    except (LoopError, ActionError, AgentError, SumoError) as e:  # the table shows the failed run
+        saved = d / "metrics.json"
+        return {**(json.loads(saved.read_text()) if saved.is_file() else
+                   {"scenario": sc.name, "agent": agent, "seed": seed}), "error": str(e)}
+
+
 def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[int], out,
               progress: bool = True, max_steps: Optional[int] = None, client: str = "libsumo") -> List[dict]:
-    """Every scenario x agent x seed into out/<scenario>/<agent folder>/seed<k> (`agent_folder`), and
-    out/table.md + table.json."""
+    """Every scenario x agent x seed into `run_dir`, in this process, and out/table.md + table.json."""
     for a in agents:
         load_agent(a)  # unknown agents fail before anything starts
     scs = [load_loop_scenario(s) for s in scenarios]
-    rows = []
-    for sc in scs:
-        for a in agents:
-            for seed in seeds:
-                d = child_path(child_path(Path(out), sc.name, "scenario name"), agent_folder(a), "agent") / f"seed{seed}"
-                try:
-                    m = run(sc, a, d, seed=seed, progress=progress, max_steps=max_steps, client=client)
-                except (LoopError, ActionError, AgentError, SumoError) as e:  # the table shows the failed run
-                    saved = d / "metrics.json"
-                    m = {**(json.loads(saved.read_text()) if saved.is_file() else
-                            {"scenario": sc.name, "agent": a, "seed": seed}), "error": str(e)}
-                rows.append(m)
+    rows = [batch_run(sc, a, seed, out, progress, max_steps, client) for sc in scs for a in agents for seed in seeds]
+    write_batch_tables(out, rows)
+    return rows
+
+
+def write_batch_tables(out, rows: List[dict]) -> None:
     write_json(Path(out) / "table.json", rows)
     write_bytes(Path(out) / "table.md", batch_table(rows).encode())
-    return rows
 
 
 def batch_table(rows: List[dict]) -> str:

@@ -31,7 +31,7 @@ EXTRAS = {"gsplat": "cuda", "kiss_icp": "lidar", "diffusers": "diffusion", "tran
           "sumolib": "sumo", "libsumo": "sumo", "traci": "sumo", "gymnasium": "sumo", "mcap": "sumo",
           "mcap_protobuf": "sumo", "foxglove_schemas_protobuf": "sumo", "grpc": "serve", "grpc_reflection": "serve",
           "grpc_health": "serve", "trimesh": "editing", "pydantic": "editing", "yaml": "editing", "viser": "viewer",
-          "pyarrow": "formats", "google": "formats"}  # google: protobuf (the Waymo reader; serve has it too)
+          "pyarrow": "formats", "google": "formats", "ray": "cluster"}  # google: protobuf (serve has it too)
 
 
 def cmd_render(a) -> int:

@@ -62,14 +62,19 @@ def distances(text: str) -> Tuple[float, ...]:
 
 
 def seed_list(text: str) -> Tuple[int, ...]:
-    """An argparse type: comma-separated integers >= 0, e.g. ``0,1,2``."""
+    """An argparse type: integers >= 0 separated by commas, each one or a range ``a-b`` (both ends in), e.g.
+    ``0,1,2`` or ``0-99``."""
+    values = []
     try:
-        values = tuple(int(x) for x in text.split(","))
+        for part in text.split(","):
+            lo, sep, hi = part.partition("-")
+            values += list(range(int(lo), int(hi) + 1)) if sep else [int(part)]
     except ValueError:
-        values = ()
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected integers >= 0 separated by commas, got {text!r}")
-    return values
+        values = []
+    if not values or min(values) < 0 or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct integers >= 0 or ranges a-b separated by commas, "
+                                         f"got {text!r}")
+    return tuple(values)
 
 
 def camera_backends() -> list:

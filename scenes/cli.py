@@ -113,19 +113,24 @@ def cmd_truth(a) -> int:
     return 0
 
 
-def _convert_kitti_raw(a):
-    from .kitti_raw import convert_kitti_raw
-    return convert_kitti_raw(a.src, a.out, drive=a.drive)
+# gsim convert's formats: name -> (module of gsim.scenes, its function(src, out, **options) -> log path(s))
+CONVERTERS = {"kitti-raw": ("kitti_raw", "convert_kitti_raw"), "dgp": ("dgp", "convert_dgp"),
+              "nerfstudio": ("nerfstudio", "import_nerfstudio")}
 
 
-def _convert_dgp(a):
-    from .dgp import convert_dgp
-    return convert_dgp(a.src, a.out)
+def converter(fmt: str):
+    """The converter function of a `gsim convert` format, imported now (a converter's dependencies load only for
+    its own format)."""
+    import importlib
+    if fmt not in CONVERTERS:
+        raise InputError(f"unknown format {fmt!r}; gsim convert takes {sorted(CONVERTERS)}")
+    module, function = CONVERTERS[fmt]
+    return getattr(importlib.import_module(f"gsim.scenes.{module}"), function)
 
 
-def _convert_nerfstudio(a):
-    from .nerfstudio import import_nerfstudio
-    return import_nerfstudio(a.src, a.out)
+def _converter(fmt: str, *options: str):
+    """The `convert` of a format's subcommand: `converter` (src, out) with the subcommand's ``options``."""
+    return lambda a: converter(fmt)(a.src, a.out, **{k: getattr(a, k) for k in options})
 
 
 def _register_formats(formats) -> None:
@@ -134,15 +139,15 @@ def _register_formats(formats) -> None:
     kr.add_argument("src", help="the date folder with calib_*.txt")
     kr.add_argument("out")
     kr.add_argument("--drive", default=None, help="the drive folder's name when the date folder has several")
-    kr.set_defaults(fn=cmd_convert, convert=_convert_kitti_raw)
+    kr.set_defaults(fn=cmd_convert, convert=_converter("kitti-raw", "drive"))
     dg = formats.add_parser("dgp", help="TRI's DGP (DDAD): a scene folder or the dataset JSON (every scene)")
     dg.add_argument("src", help="a scene folder or a scene_dataset*.json")
     dg.add_argument("out")
-    dg.set_defaults(fn=cmd_convert, convert=_convert_dgp)
+    dg.set_defaults(fn=cmd_convert, convert=_converter("dgp"))
     ns = formats.add_parser("nerfstudio", help="a nerfstudio capture (transforms.json): cameras only")
     ns.add_argument("src", help="transforms.json")
     ns.add_argument("out")
-    ns.set_defaults(fn=cmd_convert, convert=_convert_nerfstudio)
+    ns.set_defaults(fn=cmd_convert, convert=_converter("nerfstudio"))
 
 
 def register(sub) -> None:

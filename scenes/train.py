@@ -467,6 +467,7 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     t = start(log_path, cfg, state, progress, out)
     run = t.run
     from tqdm import tqdm
+    first_step = run.step  # > 0: resumed from a checkpoint
     bar = tqdm(total=cfg.iterations, initial=run.step, desc="reconstruct", unit="it", disable=not progress)
     t0, psnrs = time.perf_counter(), []
     while run.step < cfg.iterations:
@@ -482,7 +483,8 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     bar.close()
     dataclasses.replace(run.model.to_scene(lidar=bool(t.sweeps)), train_downscale=cfg.downscale).save(out / "scene")
     write_json(out / "train.json", {"log": str(Path(log_path).resolve()), "config": cfg.to_dict(),
-                                    "iterations": cfg.iterations, "surfels": len(run.model),
+                                    "iterations": cfg.iterations, "resumed_at_step": first_step,
+                                    "surfels": len(run.model),
                                     "wall_s_this_session": round(time.perf_counter() - t0, 2),
                                     "train_frames": [f.index for f in t.frames],
                                     "movers_detected": t.robust})

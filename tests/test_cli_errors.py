@@ -282,6 +282,33 @@ WALK = {
         "corrupt_checkpoint": None,
         "missing_extra": ("closed-loop {loop} --out {out}", "sumolib"),
     },
+    ("batch", "reconstruct"): {
+        "dir_for_file": None,  # takes folders
+        "file_for_dir": ("batch reconstruct {afile} --out {out}", "{afile}"),
+        "missing": ("batch reconstruct {missing} --out {out}", "{missing}"),
+        "unreadable": None,  # the logs are read by the tasks: an unreadable one is a failed row (test_batch.py)
+        "full_disk": ("batch reconstruct {log} --out {out}", "{tmp}"),
+        "corrupt_checkpoint": None,  # a checkpoint is read by its task: a failed row, like any bad input
+        "missing_extra": ("batch reconstruct {log} --out {out}", "ray"),
+    },
+    ("batch", "closed-loop"): {
+        "dir_for_file": ("batch closed-loop {adir} --out {out}", "{adir}"),
+        "file_for_dir": ("batch closed-loop {loop} --out {afile} --steps 1 --agents replay", "{afile}"),
+        "missing": ("batch closed-loop {missing} --out {out}", "{missing}"),
+        "unreadable": ("batch closed-loop {loop} --out {out}", "{loop}"),
+        "full_disk": ("batch closed-loop {loop} --out {out} --steps 1 --agents replay", "{tmp}"),
+        "corrupt_checkpoint": None,
+        "missing_extra": ("batch closed-loop {loop} --out {out} --steps 1 --agents replay", "ray"),
+    },
+    ("batch", "scenario-render"): {
+        "dir_for_file": ("batch scenario-render {adir} --out {out}", "{adir}"),
+        "file_for_dir": ("batch scenario-render {scenario} --out {afile}", "{afile}"),
+        "missing": ("batch scenario-render {missing} --out {out}", "{missing}"),
+        "unreadable": ("batch scenario-render {scenario} --out {out}", "{scenario}"),
+        "full_disk": ("batch scenario-render {scenario} --out {out}", "{tmp}"),
+        "corrupt_checkpoint": None,
+        "missing_extra": ("batch scenario-render {scenario} --out {out}", "yaml"),
+    },
     ("serve",): {
         "dir_for_file": ("serve {scene} --token-file {adir}", "{adir}"),
         "file_for_dir": ("serve {afile}", "{afile}"),
