@@ -115,7 +115,7 @@ def cmd_truth(a) -> int:
 
 # gsim convert's formats: name -> (module of gsim.scenes, its function(src, out, **options) -> log path(s))
 CONVERTERS = {"kitti-raw": ("kitti_raw", "convert_kitti_raw"), "dgp": ("dgp", "convert_dgp"),
-              "nerfstudio": ("nerfstudio", "import_nerfstudio")}
+              "nerfstudio": ("nerfstudio", "import_nerfstudio"), "av2": ("av2", "convert_av2")}
 
 
 def converter(fmt: str):
@@ -148,6 +148,11 @@ def _register_formats(formats) -> None:
     ns.add_argument("src", help="transforms.json")
     ns.add_argument("out")
     ns.set_defaults(fn=cmd_convert, convert=_converter("nerfstudio"))
+    av = formats.add_parser("av2", help="Argoverse 2 Sensor (or LiDAR) Dataset: one log folder "
+                                        "(city_SE3_egovehicle.feather, calibration/, sensors/); LiDAR-only logs too")
+    av.add_argument("src", help="the log folder, e.g. sensor/val/<log id>")
+    av.add_argument("out")
+    av.set_defaults(fn=cmd_convert, convert=_converter("av2"))
 
 
 def register(sub) -> None:

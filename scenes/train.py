@@ -429,6 +429,10 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
     if cfg.train_span is not None:
         n = len(train_frames)
         train_frames = train_frames[int(round(cfg.train_span[0] * n)):max(int(round(cfg.train_span[1] * n)), 1)]
+    if not any(f.cameras for f in train_frames):  # a LiDAR-only log (e.g. Argoverse 2's public samples)
+        raise InputError(f"{log_path}: no camera images to train on (the log has "
+                         f"{'no cameras' if not log.cameras else 'none in its training frames'}): reconstruction "
+                         f"fits the scene to camera images, the LiDAR adds depth to them")
     ignored, found = {}, cfg.movers and not log.actors and any(f.lidars for f in train_frames)
     if found:
         # the same frames give the same movers, so a resumed run finds the tracks its checkpoint names

@@ -129,6 +129,15 @@ WALK = {
         "corrupt_checkpoint": None,
         "missing_extra": None,
     },
+    ("convert", "av2"): {
+        "dir_for_file": None,  # takes a folder
+        "file_for_dir": ("convert av2 {afile} {out}", "{afile}"),
+        "missing": ("convert av2 {missing} {out}", "{missing}"),
+        "unreadable": None,  # its tables are read by pyarrow (the nerfstudio case covers unreadable inputs)
+        "full_disk": None,  # the nerfstudio case covers LogWriter's full disk
+        "corrupt_checkpoint": None,
+        "missing_extra": None,  # pyarrow: tested in tests/test_convert_av2.py
+    },
     ("overlay",): {
         "dir_for_file": ("overlay {log} {adir}", "{adir}"),
         "file_for_dir": ("overlay {afile} {out}", "{afile}"),
