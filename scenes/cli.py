@@ -115,7 +115,8 @@ def cmd_truth(a) -> int:
 
 # gsim convert's formats: name -> (module of gsim.scenes, its function(src, out, **options) -> log path(s))
 CONVERTERS = {"kitti-raw": ("kitti_raw", "convert_kitti_raw"), "dgp": ("dgp", "convert_dgp"),
-              "nerfstudio": ("nerfstudio", "import_nerfstudio"), "av2": ("av2", "convert_av2")}
+              "nerfstudio": ("nerfstudio", "import_nerfstudio"), "av2": ("av2", "convert_av2"),
+              "kitti-tracking": ("kitti_tracking", "convert_kitti_tracking")}
 
 
 def converter(fmt: str):
@@ -153,6 +154,11 @@ def _register_formats(formats) -> None:
     av.add_argument("src", help="the log folder, e.g. sensor/val/<log id>")
     av.add_argument("out")
     av.set_defaults(fn=cmd_convert, convert=_converter("av2"))
+    kt = formats.add_parser("kitti-tracking", help="KITTI tracking: one sequence of a training/ or testing/ folder")
+    kt.add_argument("src", help="the training/ or testing/ folder (calib/, oxts/, image_02/, velodyne/, label_02/)")
+    kt.add_argument("out")
+    kt.add_argument("--sequence", required=True, help="the sequence number, e.g. 0001")
+    kt.set_defaults(fn=cmd_convert, convert=_converter("kitti-tracking", "sequence"))
 
 
 def register(sub) -> None:

@@ -56,18 +56,22 @@ HDL64E = LidarBeams(elevations_deg=_HDL64E.elevations_deg, azimuth_resolution_de
                     min_range_m=_HDL64E.min_range_m, max_range_m=80.0)
 
 
-def _read_calib(path: Path) -> Dict[str, str]:
+def read_calib(path: Path) -> Dict[str, str]:
+    """{key: the rest of its line} of a KITTI calibration file: ``key: values`` lines (raw, tracking's P0..P3)
+    or ``key values`` (tracking's R_rect, Tr_velo_cam, Tr_imu_velo have no colon)."""
     if not path.is_file():
         raise LogFormatError(f"{path}: calibration file missing")
     out = {}
     for line in path.read_text().splitlines():
-        if ":" in line:
-            key, value = line.split(":", 1)
+        key, sep, value = line.partition(":")
+        if not sep or len(key.split()) != 1:
+            key, _, value = line.strip().partition(" ")
+        if key.strip():
             out[key.strip()] = value
     return out
 
 
-def _values(calib: Dict[str, str], path: Path, key: str, n: int) -> np.ndarray:
+def values(calib: Dict[str, str], path: Path, key: str, n: int) -> np.ndarray:
     if key not in calib:
         raise LogFormatError(f"{path}: {key}: missing")
     try:
@@ -82,25 +86,31 @@ def _values(calib: Dict[str, str], path: Path, key: str, n: int) -> np.ndarray:
 def read_calibration(date_dir: Path, cameras: List[str]) -> Dict[str, tuple]:
     """{camera folder: (PinholeCamera, T_velo_cam)} from the date folder's calibration files."""
     cam_path, velo_path = date_dir / CALIB_CAM_TO_CAM, date_dir / CALIB_VELO_TO_CAM
-    cam, velo = _read_calib(cam_path), _read_calib(velo_path)
-    T_cam0_velo = make_pose(nearest_rotation(_values(velo, velo_path, "R", 9).reshape(3, 3)),
-                            _values(velo, velo_path, "T", 3))
-    R_rect_00 = make_pose(nearest_rotation(_values(cam, cam_path, "R_rect_00", 9).reshape(3, 3)), np.zeros(3))
+    cam, velo = read_calib(cam_path), read_calib(velo_path)
+    T_cam0_velo = make_pose(nearest_rotation(values(velo, velo_path, "R", 9).reshape(3, 3)),
+                            values(velo, velo_path, "T", 3))
+    R_rect_00 = make_pose(nearest_rotation(values(cam, cam_path, "R_rect_00", 9).reshape(3, 3)), np.zeros(3))
     out = {}
     for name in cameras:
         i = name[-2:]
-        P = _values(cam, cam_path, f"P_rect_{i}", 12).reshape(3, 4)
-        K = P[:, :3]
-        if K[0, 1] != 0 or K[1, 0] != 0 or np.any(K[2] != [0, 0, 1]) or K[0, 0] <= 0 or K[1, 1] <= 0:
-            raise LogFormatError(f"{cam_path}: P_rect_{i}: expected K [I | t] with K = [[fx,0,cx],[0,fy,cy],[0,0,1]]")
-        w, h = _values(cam, cam_path, f"S_rect_{i}", 2)
+        w, h = values(cam, cam_path, f"S_rect_{i}", 2)
         if w != int(w) or h != int(h) or w <= 0 or h <= 0:
             raise LogFormatError(f"{cam_path}: S_rect_{i}: expected a positive integer image size, got {w} {h}")
-        camera = PinholeCamera(int(w), int(h), K[0, 0], K[1, 1], K[0, 2] + OPENCV_PIXEL_CENTRE_SHIFT,
-                               K[1, 2] + OPENCV_PIXEL_CENTRE_SHIFT)
-        T_cam_velo = make_pose(np.eye(3), np.linalg.solve(K, P[:, 3])) @ R_rect_00 @ T_cam0_velo
-        out[name] = (camera, invert(T_cam_velo))
+        camera, T_cam_rect = rectified_camera(values(cam, cam_path, f"P_rect_{i}", 12).reshape(3, 4), int(w), int(h),
+                                              f"{cam_path}: P_rect_{i}")
+        out[name] = (camera, invert(T_cam_rect @ R_rect_00 @ T_cam0_velo))
     return out
+
+
+def rectified_camera(P: np.ndarray, width: int, height: int, where: str) -> Tuple[PinholeCamera, np.ndarray]:
+    """(camera model K, T_cam_rect = [I | K^-1 p4]) of a rectified projection matrix ``P = K [I | t]`` (3x4), so
+    that ``P @ X_rect`` is K applied to ``T_cam_rect @ X_rect``; ``where`` names the matrix in errors."""
+    K = P[:, :3]
+    if K[0, 1] != 0 or K[1, 0] != 0 or np.any(K[2] != [0, 0, 1]) or K[0, 0] <= 0 or K[1, 1] <= 0:
+        raise LogFormatError(f"{where}: expected K [I | t] with K = [[fx,0,cx],[0,fy,cy],[0,0,1]]")
+    camera = PinholeCamera(width, height, K[0, 0], K[1, 1], K[0, 2] + OPENCV_PIXEL_CENTRE_SHIFT,
+                           K[1, 2] + OPENCV_PIXEL_CENTRE_SHIFT)
+    return camera, make_pose(np.eye(3), np.linalg.solve(K, P[:, 3]))
 
 
 def _find_drive(date_dir: Path, drive: Optional[str]) -> Path:
@@ -154,7 +164,7 @@ def _frames(drive_dir: Path, folders: Dict[str, str]) -> Tuple[List[str], List[s
     return sorted(set.intersection(*stems.values())), notes
 
 
-def _sweep_path_checked(path: Path) -> Path:
+def sweep_path_checked(path: Path) -> Path:
     size = path.stat().st_size
     if size == 0 or size % 16:
         raise LogFormatError(f"{path}: {size} bytes is not a whole number of float32 (x, y, z, reflectance) "
@@ -162,7 +172,7 @@ def _sweep_path_checked(path: Path) -> Path:
     return path
 
 
-def _read_sweep(path: Path) -> np.ndarray:
+def read_sweep(path: Path) -> np.ndarray:
     pts = np.fromfile(path, dtype=np.float32).reshape(-1, 4)
     if not np.all(np.isfinite(pts)):
         raise LogFormatError(f"{path}: contains NaN or inf")
@@ -184,30 +194,39 @@ def _timestamps(folder: Path, frames: List[str]) -> Optional[List[int]]:
     return out
 
 
-def _oxts_poses(drive_dir: Path, date_dir: Path, frames: List[str]) -> np.ndarray:
-    """(F,4,4) T_world_velo from oxts GPS/IMU: Mercator east-north-up positions and roll/pitch/yaw of
-    the IMU (x forward, y left, z up), composed with the IMU-Velodyne calibration."""
+def _read_oxts(drive_dir: Path, date_dir: Path, frames: List[str]) -> np.ndarray:
+    """(F,4,4) T_world_velo (`oxts_poses`) of the frames' oxts records and the IMU-Velodyne calibration."""
     path = date_dir / CALIB_IMU_TO_VELO
-    calib = _read_calib(path)
-    T_imu_velo = invert(make_pose(nearest_rotation(_values(calib, path, "R", 9).reshape(3, 3)),
-                                  _values(calib, path, "T", 3)))
-    poses, scale, origin = [], None, None
+    calib = read_calib(path)
+    T_imu_velo = invert(make_pose(nearest_rotation(values(calib, path, "R", 9).reshape(3, 3)),
+                                  values(calib, path, "T", 3)))
+    records = []
     for f in frames:
         p = drive_dir / "oxts" / "data" / f"{f}.txt"
         try:
             lat, lon, alt, roll, pitch, yaw = (float(x) for x in p.read_text().split()[:6])
         except ValueError:
             raise LogFormatError(f"{p}: expected lat lon alt roll pitch yaw ... numbers") from None
+        records.append((lat, lon, alt, roll, pitch, yaw))
+    return oxts_poses(np.array(records), T_imu_velo)
+
+
+def oxts_poses(records: np.ndarray, T_imu_velo: np.ndarray) -> np.ndarray:
+    """(F,4,4) T_world_velo from oxts GPS/IMU records (F,6) lat, lon (degrees), alt (m), roll, pitch, yaw (rad)
+    of the IMU (x forward, y left, z up): Mercator east-north-up positions at the scale of the first record's
+    latitude, world origin at the first record, composed with ``T_imu_velo`` (Velodyne points into the IMU)."""
+    poses, scale, origin = [], None, None
+    for lat, lon, alt, roll, pitch, yaw in np.asarray(records, np.float64):
         if scale is None:
             scale = math.cos(math.radians(lat))  # Mercator scale of the first record, kept for the drive
         t = np.array([scale * EARTH_RADIUS_M * math.radians(lon),
                       scale * EARTH_RADIUS_M * math.log(math.tan(math.radians(90.0 + lat) / 2)), alt])
         origin = t if origin is None else origin
-        poses.append(make_pose(_rotation(roll, pitch, yaw), t - origin) @ T_imu_velo)
+        poses.append(make_pose(rotation(roll, pitch, yaw), t - origin) @ T_imu_velo)
     return np.stack(poses)
 
 
-def _rotation(roll: float, pitch: float, yaw: float) -> np.ndarray:
+def rotation(roll: float, pitch: float, yaw: float) -> np.ndarray:
     """Rz(yaw) Ry(pitch) Rx(roll), radians: the oxts and tracklet convention."""
     cr, sr, cp, sp, cy, sy = (math.cos(roll), math.sin(roll), math.cos(pitch), math.sin(pitch),
                               math.cos(yaw), math.sin(yaw))
@@ -288,7 +307,7 @@ def _actors(tracklets: List[Tracklet], sweeps: Dict[int, Tuple[int, np.ndarray]]
         for j, (tx, ty, tz, rx, ry, rz) in enumerate(tr.poses):
             if tr.first_frame + j in sweeps:
                 t, T_world_velo = sweeps[tr.first_frame + j]
-                R = _rotation(rx, ry, rz)
+                R = rotation(rx, ry, rz)
                 ts.append(t)
                 poses.append(T_world_velo @ make_pose(R, [tx, ty, tz] + R[:, 2] * tr.size[2] / 2))
         if ts:
@@ -369,7 +388,7 @@ def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Op
                                            **({"oxts": ".txt"} if has_oxts else {})})
     frames = frames[:max_frames]
     tracklets = read_tracklets(drive_dir / TRACKLETS) if (drive_dir / TRACKLETS).is_file() else []
-    sweeps = [_sweep_path_checked(drive_dir / LIDAR / "data" / f"{f}.bin") for f in frames]
+    sweeps = [sweep_path_checked(drive_dir / LIDAR / "data" / f"{f}.bin") for f in frames]
     for cam in cameras:
         for f in frames:
             check_image(drive_dir / cam / "data" / f"{f}.png", calib[cam][0].width, calib[cam][0].height,
@@ -382,7 +401,7 @@ def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Op
         notes.append("no timestamps.txt: times are frame index / 10 Hz")
         times = {s: [int(f) * FRAME_PERIOD_US for f in frames] for s in times}
     if has_oxts:
-        ego = _oxts_poses(drive_dir, date_dir, frames)
+        ego = _read_oxts(drive_dir, date_dir, frames)
         ego_times = times["oxts"] or times[LIDAR]
         notes.append("ego poses from oxts GPS/IMU; world = local east-north-up (Mercator) at the first pose")
         odometry = None
@@ -400,7 +419,7 @@ def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Op
         w.add_lidar("velodyne", np.eye(4), HDL64E)
         ego_poses = []
         for k, f in enumerate(tqdm(frames, desc="kitti-raw", unit="frame", disable=not progress)):
-            points = _read_sweep(sweeps[k])
+            points = read_sweep(sweeps[k])
             ego_poses.append(ego[k] if odometry is None else odometry(points[:, :3]))
             w.add_frame(times[LIDAR][k],
                         cameras={c: w.image(c, k, times[c][k], src=drive_dir / c / "data" / f"{f}.png")

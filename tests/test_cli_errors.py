@@ -138,6 +138,15 @@ WALK = {
         "corrupt_checkpoint": None,
         "missing_extra": None,  # pyarrow: tested in tests/test_convert_av2.py
     },
+    ("convert", "kitti-tracking"): {
+        "dir_for_file": None,  # takes a folder
+        "file_for_dir": ("convert kitti-tracking {afile} {out} --sequence 0001", "{afile}"),
+        "missing": ("convert kitti-tracking {missing} {out} --sequence 0001", "{missing}"),
+        "unreadable": None,  # the kitti-raw and nerfstudio cases cover unreadable inputs
+        "full_disk": None,  # the nerfstudio case covers LogWriter's full disk
+        "corrupt_checkpoint": None,
+        "missing_extra": None,
+    },
     ("overlay",): {
         "dir_for_file": ("overlay {log} {adir}", "{adir}"),
         "file_for_dir": ("overlay {afile} {out}", "{afile}"),
