@@ -116,7 +116,8 @@ def cmd_truth(a) -> int:
 # gsim convert's formats: name -> (module of gsim.scenes, its function(src, out, **options) -> log path(s))
 CONVERTERS = {"kitti-raw": ("kitti_raw", "convert_kitti_raw"), "dgp": ("dgp", "convert_dgp"),
               "nerfstudio": ("nerfstudio", "import_nerfstudio"), "av2": ("av2", "convert_av2"),
-              "kitti-tracking": ("kitti_tracking", "convert_kitti_tracking")}
+              "kitti-tracking": ("kitti_tracking", "convert_kitti_tracking"),
+              "nuscenes": ("nuscenes", "convert_nuscenes")}
 
 
 def converter(fmt: str):
@@ -159,6 +160,14 @@ def _register_formats(formats) -> None:
     kt.add_argument("out")
     kt.add_argument("--sequence", required=True, help="the sequence number, e.g. 0001")
     kt.set_defaults(fn=cmd_convert, convert=_converter("kitti-tracking", "sequence"))
+    nu = formats.add_parser("nuscenes", help="nuScenes or Lyft Level 5 (same schema): the dataset root holding a "
+                                             "table folder (v1.0-mini, v1.01-train, ...) and the sensor files")
+    nu.add_argument("src", help="the dataset root (DATAROOT)")
+    nu.add_argument("out", help="the log folder with --scene, else the folder of one log per scene")
+    nu.add_argument("--scene", default=None, help="convert this scene only (e.g. scene-0061); default: every scene")
+    nu.add_argument("--version", default=None, help="the table folder (e.g. v1.0-mini, v1.01-train); default: the "
+                                                    "one folder under DATAROOT holding tables")
+    nu.set_defaults(fn=cmd_convert, convert=_converter("nuscenes", "scene", "version"))
 
 
 def register(sub) -> None:

@@ -13,6 +13,10 @@ from gsim.errors import InputError
 from gsim.scenes.log import CameraObs, DrivingLog, LidarObs
 from gsim.transforms import interpolate_poses, invert, transform_each
 
+# an actor is drawn this close outside its track's times, at its nearest pose: datasets annotate at the LiDAR's
+# time and cameras fire a little before or after it (nuScenes up to 45 ms, Lyft up to 103 ms)
+TRACK_MARGIN_US = 150_000
+
 
 def sweep_in_world(log: DrivingLog, obs: LidarObs, points: Optional[np.ndarray] = None) -> np.ndarray:
     """(N,3) world points of a sweep (or of ``points``, same layout): each point through the ego pose at its own
@@ -46,7 +50,8 @@ def range_colours(r: np.ndarray, near: float = 2.0, far: float = 50.0) -> np.nda
 def draw_overlay(log: DrivingLog, frame_index: int, camera: str, lidars: Optional[Sequence[str]] = None,
                  boxes: bool = True) -> np.ndarray:
     """(H,W,3) uint8: the frame's image of ``camera`` with the frame's sweeps (``lidars``, default all) as dots
-    and the actors present at the image's time as wireframes (yellow, through the camera's own lens model)."""
+    and the actors present at the image's time (within TRACK_MARGIN_US of their tracks) as wireframes (yellow,
+    through the camera's own lens model)."""
     from PIL import Image, ImageDraw
     if not 0 <= frame_index < len(log.frames):
         raise InputError(f"{log.root}: frame {frame_index} out of range (the log has {len(log.frames)} frames)")
@@ -72,7 +77,7 @@ def draw_overlay(log: DrivingLog, frame_index: int, camera: str, lidars: Optiona
         draw = ImageDraw.Draw(pil)
         t = obs.timestamp_us
         for a in log.actors:
-            if not a.timestamps_us[0] <= t <= a.timestamps_us[-1]:
+            if not a.timestamps_us[0] - TRACK_MARGIN_US <= t <= a.timestamps_us[-1] + TRACK_MARGIN_US:
                 continue
             n = 24
             uv, inside, pc = in_camera(log, obs, edge_points(a.pose_at(t), a.size, n))

@@ -147,6 +147,15 @@ WALK = {
         "corrupt_checkpoint": None,
         "missing_extra": None,
     },
+    ("convert", "nuscenes"): {
+        "dir_for_file": None,  # takes a folder
+        "file_for_dir": ("convert nuscenes {afile} {out}", "{afile}"),
+        "missing": ("convert nuscenes {missing} {out}", "{missing}"),
+        "unreadable": None,  # the kitti-raw and nerfstudio cases cover unreadable inputs
+        "full_disk": None,  # the nerfstudio case covers LogWriter's full disk
+        "corrupt_checkpoint": None,
+        "missing_extra": None,
+    },
     ("overlay",): {
         "dir_for_file": ("overlay {log} {adir}", "{adir}"),
         "file_for_dir": ("overlay {afile} {out}", "{afile}"),
