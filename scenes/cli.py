@@ -117,7 +117,7 @@ def cmd_truth(a) -> int:
 CONVERTERS = {"kitti-raw": ("kitti_raw", "convert_kitti_raw"), "dgp": ("dgp", "convert_dgp"),
               "nerfstudio": ("nerfstudio", "import_nerfstudio"), "av2": ("av2", "convert_av2"),
               "kitti-tracking": ("kitti_tracking", "convert_kitti_tracking"),
-              "nuscenes": ("nuscenes", "convert_nuscenes")}
+              "nuscenes": ("nuscenes", "convert_nuscenes"), "waymo": ("waymo", "convert_waymo")}
 
 
 def converter(fmt: str):
@@ -168,6 +168,11 @@ def _register_formats(formats) -> None:
     nu.add_argument("--version", default=None, help="the table folder (e.g. v1.0-mini, v1.01-train); default: the "
                                                     "one folder under DATAROOT holding tables")
     nu.set_defaults(fn=cmd_convert, convert=_converter("nuscenes", "scene", "version"))
+    wm = formats.add_parser("waymo", help="Waymo Open Dataset v1: one segment's .tfrecord of Frame records "
+                                          "(no TensorFlow; the v2 parquet layout is not supported)")
+    wm.add_argument("src", help="the segment's .tfrecord file")
+    wm.add_argument("out")
+    wm.set_defaults(fn=cmd_convert, convert=_converter("waymo"))
 
 
 def register(sub) -> None:

@@ -32,6 +32,11 @@ Frames: vehicle x forward, y left, z up; cameras OpenCV; world z up; T_dst_src; 
 integer microseconds. Sensor poses come from the ego pose interpolated at the sensor's
 timestamp composed with its extrinsic. Paths are relative and stay inside the log.
 `load_log` checks the manifest; `validate_log` also opens every file.
+
+Written by: `gsim synth` (`gsim.scenes.synth`) and the converters, `gsim convert FORMAT` (one module each, its
+docstring the dataset's conventions): kitti-raw (`kitti_raw`), kitti-tracking (`kitti_tracking`), waymo (`waymo`),
+nuscenes and Lyft (`nuscenes`), av2 (`av2`), dgp (`dgp`), nerfstudio (`nerfstudio`); and by simulation: scenario
+renders (`gsim.editing.outputs`) and closed-loop runs (`gsim.bridges.record`).
 """
 from __future__ import annotations
 

@@ -156,6 +156,15 @@ WALK = {
         "corrupt_checkpoint": None,
         "missing_extra": None,
     },
+    ("convert", "waymo"): {
+        "dir_for_file": ("convert waymo {adir} {out}", "{adir}"),
+        "file_for_dir": None,  # takes a file
+        "missing": ("convert waymo {missing} {out}", "{missing}"),
+        "unreadable": None,  # the kitti-raw and nerfstudio cases cover unreadable inputs
+        "full_disk": None,  # the nerfstudio case covers LogWriter's full disk
+        "corrupt_checkpoint": None,
+        "missing_extra": None,  # protobuf: the serve extra has it too, so the test's environment always does
+    },
     ("overlay",): {
         "dir_for_file": ("overlay {log} {adir}", "{adir}"),
         "file_for_dir": ("overlay {afile} {out}", "{afile}"),
