@@ -174,3 +174,29 @@ def test_a_scenario_render_batch_writes_what_scenario_render_writes(edit_street,
     again = batch.scenario_render_batch(list(map(str, files)), tmp_path / "batch", progress=False)
     assert [r["status"] for r in again] == ["done", "done"]
     assert (tmp_path / "outputs" / "ahead" / "scenario.json").stat().st_mtime_ns == kept  # skipped: finished
+
+
+def test_a_killed_driver_reruns_only_what_did_not_finish(loop_street, tmp_path):
+    """`gsim batch closed-loop` killed (with its local Ray) after its first run finished: the rerun skips the
+    finished runs (their files untouched) and completes the rest."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    free = scenario(loop_street, "free")
+    out = tmp_path / "runs"
+    argv = [sys.executable, "-m", "gsim.cli", "batch", "closed-loop", free, "--agents", "replay", "--seeds", "0-3",
+            "--steps", "10", "--out", str(out), "--num-cpus", "1"]
+    p = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.time() + 300
+    while not list(out.glob("free/replay/seed*/metrics.json")) and p.poll() is None and time.time() < end:
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGKILL)  # the driver and the Ray it started
+    p.wait()
+    finished = {d.parent.name: d.stat().st_mtime_ns for d in out.glob("free/replay/seed*/metrics.json")}
+    assert 1 <= len(finished) < 4 and not (out / "results.parquet").exists()
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert {d: (out / "free" / "replay" / d / "metrics.json").stat().st_mtime_ns for d in finished} == finished
+    rows = pq.read_table(out / "results.parquet").to_pylist()
+    assert [(row["seed"], row["status"]) for row in rows] == [(k, "done") for k in range(4)]
