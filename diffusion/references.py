@@ -1,0 +1,156 @@
+"""Reference images for repair: the log's real training images warped into a target view (shifted, ahead, or a
+held-out one) through the reconstruction's depth, with where each real pixel is valid.
+
+A render off the driven path is blurred or holed where the log saw little; the real images of the nearest
+training views often saw the same surfaces, sharp. `warp` moves one of them into the target view by backward
+warping: each target pixel's rendered depth places a point, the point is projected into the source camera and the
+real image is sampled there, valid only where the source's own (rendered) depth agrees that it saw that point and
+not something nearer (occlusion). `nearest_training_views` picks the sources; `references` does both for a
+reconstruction and its log. Numpy throughout; cameras are any gsim model, distortion included."""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from gsim.cameras import Camera, downscale_image
+from gsim.errors import InputError
+from gsim.images import render_image
+from gsim.resident import Renderer
+from gsim.scene import Scene
+from gsim.scenes.views import split_frames
+from gsim.transforms import check_pose, invert
+
+DEPTH_TOLERANCE = 0.05  # relative: a source depth this close to the point's source-camera z saw that point
+SAME_SURFACE = 0.25  # relative inverse depth: a source pixel farther from the point's lies on another surface
+SOLID_ALPHA = 0.5  # a rendered pixel's depth counts where its alpha reaches this (else: no surface known)
+DIRECTION_M = 10.0  # nearest views: metres that a viewing direction turned by 90 degrees counts as
+SENSOR_M = 2.0  # nearest views: metres that another camera of the log counts as (its exposure and lens differ)
+TIME_M_PER_S = 1.0  # nearest views: metres that a second apart counts as (the log's actors move in between)
+
+
+def _image(a, camera: Camera, name: str, channels: Optional[int] = None) -> np.ndarray:
+    """``a`` as float64, checked to be (H,W) or (H,W,channels) of ``camera``'s size."""
+    a = np.asarray(a)
+    shape = (camera.height, camera.width) + (() if channels is None else (channels,))
+    if a.shape != shape or a.dtype.kind not in "fiu":
+        raise InputError(f"{name}: expected a numeric array of shape {shape} (the camera's height and width), got "
+                         f"{a.shape} {a.dtype}")
+    return a.astype(np.float64)
+
+
+def warp(source_rgb: np.ndarray, source_depth: np.ndarray, source_camera: Camera, T_world_source: np.ndarray,
+         target_depth: np.ndarray, target_camera: Camera, T_world_target: np.ndarray,
+         depth_tolerance: float = DEPTH_TOLERANCE) -> Tuple[np.ndarray, np.ndarray]:
+    """The source image seen from the target camera: (warped (H,W,3) float32, valid (H,W) bool), H and W the
+    target's; warped is 0 where not valid.
+
+    Backward warping: a target pixel with a depth (camera z, m, > 0; 0 or non-finite: none) is the point at that
+    depth on its ray (``target_camera``'s model), moved into the source camera (``T_world_*``: OpenCV camera ->
+    world) and projected with ``source_camera``'s model; the source image is sampled bilinearly there (pixel
+    centres at +0.5). Valid where the point lands in front of the source camera, between its outermost pixel
+    centres, and the source saw it: ``source_depth`` (camera z, m; 0: nothing seen) interpolated as inverse depth
+    (exact across a plane for a pinhole camera, so slanted ground agrees at any distance) is within
+    ``depth_tolerance`` (relative) of the point's source-camera z. A nearer one means the source saw something in
+    front of the point (occlusion), a farther one that the depths disagree. Source pixels on another surface than
+    the point (inverse depth off by more than `SAME_SURFACE`) take no part in the sample, so colour does not bleed
+    across depth edges; a point most of whose bilinear weight is on another surface is not valid."""
+    src = _image(source_rgb, source_camera, "source_rgb", 3)
+    src_depth = _image(source_depth, source_camera, "source_depth")
+    tgt_depth = _image(target_depth, target_camera, "target_depth")
+    T_st = invert(check_pose(T_world_source, "T_world_source")) @ check_pose(T_world_target, "T_world_target")
+    if not (isinstance(depth_tolerance, (int, float)) and math.isfinite(depth_tolerance) and depth_tolerance > 0):
+        raise InputError(f"depth_tolerance: expected a finite number > 0 (relative), got {depth_tolerance!r}")
+    H, W = tgt_depth.shape
+    rays = target_camera.ray_table().reshape(-1, 2)
+    z = tgt_depth.ravel()
+    pix = np.flatnonzero(np.isfinite(z) & (z > 0) & np.isfinite(rays[:, 0]))
+    p = np.concatenate([rays[pix] * z[pix, None], z[pix, None]], 1) @ T_st[:3, :3].T + T_st[:3, 3]
+    uv, ok = source_camera.project(p)
+    x, y = uv[:, 0] - 0.5, uv[:, 1] - 0.5  # (pixel centres at integers)
+    Hs, Ws = src_depth.shape
+    e = 1e-6  # pixels: a round trip through a distortion model's inverse lands this near the centre it left
+    ok &= (x >= -e) & (x <= Ws - 1 + e) & (y >= -e) & (y <= Hs - 1 + e)
+    pix, x, y, inv_p = pix[ok], np.clip(x[ok], 0, Ws - 1), np.clip(y[ok], 0, Hs - 1), 1.0 / p[ok, 2]
+    x0 = np.minimum(np.floor(x).astype(np.int64), max(Ws - 2, 0))
+    y0 = np.minimum(np.floor(y).astype(np.int64), max(Hs - 2, 0))
+    fx, fy = x - x0, y - y0
+    x1, y1 = np.minimum(x0 + 1, Ws - 1), np.minimum(y0 + 1, Hs - 1)
+    rows, cols = np.stack([y0, y0, y1, y1]), np.stack([x0, x1, x0, x1])  # (4, N): the four neighbours
+    weights = np.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy])
+    d = src_depth[rows, cols]
+    with np.errstate(divide="ignore"):
+        inv = np.where(np.isfinite(d) & (d > 0), 1.0 / d, 0.0)
+    weights = weights * (np.abs(inv - inv_p) <= SAME_SURFACE * inv_p)
+    total = weights.sum(0)
+    seen = (weights * inv).sum(0) / np.maximum(total, 1e-12)
+    good = (total >= 0.5) & (np.abs(seen / inv_p - 1) <= depth_tolerance)
+    warped = np.zeros((H * W, 3), np.float32)
+    warped[pix[good]] = np.einsum("kn,knc->nc", weights[:, good], src[rows[:, good], cols[:, good]]) \
+        / total[good, None]
+    valid = np.zeros(H * W, bool)
+    valid[pix[good]] = True
+    return warped.reshape(H, W, 3), valid.reshape(H, W)
+
+
+def nearest_training_views(log, T_world_target: np.ndarray, timestamp_us: int, k: int = 2,
+                           sensor: Optional[str] = None, holdout_every: int = 8, exclude: Sequence[int] = ()) -> list:
+    """The ``k`` training views of ``log`` nearest a target camera, nearest first: [(Frame, CameraObs)].
+
+    Training views: the frames the reconstruction saw (`gsim.scenes.views.split_frames` with ``holdout_every``, as
+    the trainer and the evaluation split), less the frame indices in ``exclude``. Nearness, in metres: the distance
+    between the cameras (``T_world_target``, a log pose: OpenCV camera -> world), plus `DIRECTION_M` x (1 - the
+    cosine between their optical axes), plus `TIME_M_PER_S` per second from ``timestamp_us``, plus `SENSOR_M` for a
+    camera other than ``sensor`` (the target's log camera; None: no preference)."""
+    T = check_pose(T_world_target, "T_world_target")
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+        raise InputError(f"k: expected an integer >= 1 (views), got {k!r}")
+    if sensor is not None and sensor not in log.cameras:
+        raise InputError(f"sensor: no camera {sensor!r} in {log.root}; its cameras are {sorted(log.cameras)}")
+    skip = {int(i) for i in exclude}
+    obs = [(f, o) for f in split_frames(log, holdout_every)[0] if f.index not in skip for o in f.cameras.values()]
+    if not obs:
+        raise InputError(f"{log.root}: no training views to take references from (held out: frame index % "
+                         f"{holdout_every} == 0; excluded: {sorted(skip)})")
+    poses = np.stack([log.T_world_camera(o) for _, o in obs])
+    times = np.array([o.timestamp_us for _, o in obs], np.float64)
+    score = (np.linalg.norm(poses[:, :3, 3] - T[:3, 3], axis=1) + DIRECTION_M * (1 - poses[:, :3, 2] @ T[:3, 2])
+             + TIME_M_PER_S * np.abs(times - int(timestamp_us)) * 1e-6
+             + SENSOR_M * np.array([sensor is not None and o.sensor != sensor for _, o in obs]))
+    return [obs[i] for i in np.argsort(score, kind="stable")[:k]]
+
+
+def references(scene, log, target_camera: Camera, T_world_target: np.ndarray, timestamp_us: int, k: int = 2,
+               sensor: Optional[str] = None, holdout_every: int = 8, downscale: Optional[int] = None,
+               exclude: Sequence[int] = (), target_depth: Optional[np.ndarray] = None,
+               depth_tolerance: float = DEPTH_TOLERANCE) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """[(warped (H,W,3) float32, valid (H,W) bool)] of the ``k`` nearest training views' real images
+    (`nearest_training_views`), nearest first, warped into the target camera (`warp`).
+
+    ``scene``: a reconstruction of ``log`` (a `Scene`, or a `Renderer` holding one); ``T_world_target``: a log pose
+    (OpenCV camera -> world) at ``timestamp_us``, e.g. a log camera moved by `gsim.scenes.render_path.offset_pose`:
+    the target and the sources are placed where the scene puts the log's poses (`Scene.log_pose`). The log's images
+    have no depth: the target's depth and each source's (the occlusion test) are the scene's renders, counted where
+    their alpha reaches `SOLID_ALPHA`. ``target_depth``: the target's rendered depth if the caller has it (else
+    rendered here). ``downscale``: of the log's images, to ``target_camera``'s scale (None: the scene's training
+    downscale, 1 where it has none recorded). ``sensor``, ``holdout_every``, ``exclude``: as in
+    `nearest_training_views`."""
+    if not isinstance(scene, (Scene, Renderer)):
+        raise InputError(f"scene: expected a gsim Scene or Renderer, got {type(scene).__name__}")
+    placed = scene.scene if isinstance(scene, Renderer) else scene
+    if downscale is None:
+        downscale = placed.train_downscale or 1
+    t = int(timestamp_us)
+    T_target = placed.log_pose(check_pose(T_world_target, "T_world_target"), t)
+    if target_depth is None:
+        _, alpha, depth = render_image(scene, target_camera, T_target, t, sensor)
+        target_depth = np.where(alpha >= SOLID_ALPHA, depth, 0.0)
+    out = []
+    for _, obs in nearest_training_views(log, T_world_target, t, k, sensor, holdout_every, exclude):
+        camera = log.cameras[obs.sensor].camera.downscaled(downscale)
+        T_source = placed.log_pose(log.T_world_camera(obs), obs.timestamp_us)
+        _, alpha, depth = render_image(scene, camera, T_source, obs.timestamp_us, obs.sensor)
+        out.append(warp(downscale_image(log.image(obs), downscale), np.where(alpha >= SOLID_ALPHA, depth, 0.0),
+                        camera, T_source, target_depth, target_camera, T_target, depth_tolerance))
+    return out
