@@ -1,17 +1,19 @@
 """Batches on Ray (`gsim batch`): many logs reconstructed and evaluated, many closed-loop episodes (scenarios x
-agents x seeds), many scenarios rendered into data (images, LiDAR, labels, masks, KITTI), one Ray task each, on a local Ray (the default: started for the batch, stopped after it) or an
-existing cluster (``address``: "auto" or HOST:PORT; every node needs gsim installed and sees the inputs and the
-output folder at the same path, see docs/cluster.md).
+agents x seeds), many scenarios rendered into data (images, LiDAR, labels, masks, KITTI), one Ray task each, on a
+local Ray (the default: started for the batch, stopped after it) or an existing cluster (``address``: "auto" or
+HOST:PORT; every node needs gsim installed and sees the inputs and the output folder at the same path, see
+docs/cluster.md).
 
-Each task writes what the single command writes (`gsim reconstruct` + `gsim eval`, `gsim closed-loop`), with the
-same functions (and `gsim scenario render`), so a batch's runs equal runs made one by one, whatever the number of workers and the order they
-finish in. A batch is resumable: a rerun skips what finished (its results are read back) and resumes an
-interrupted reconstruction from its checkpoint. Failures are isolated: a task whose worker dies (a crash, a node
-lost) is retried ``retries`` times; one that raises (bad input does not go away) or dies every time becomes one
-failed row with its error, and the rest go on. Results:
-DIR/results.parquet and results.md (one row per task), and for closed loop also the in-process batch's
-table.md / table.json and per-agent aggregates (aggregates.json, in results.md): mean score with a bootstrap 95%
-interval over the runs, collision rate with a Wilson 95% interval.
+Each task writes what the single command writes (`gsim reconstruct` + `gsim eval`, `gsim closed-loop`, `gsim
+scenario render`) with the same functions, and runs numba and torch on as many threads as it has CPUs, so a
+batch's runs equal runs made one by one with the same CPUs (bit for bit), whatever the number of workers and the
+order they finish in. A batch is resumable: a rerun skips what finished (its results are read back) and resumes
+an interrupted reconstruction from its checkpoint. Failures are isolated: a task whose worker dies (a crash, a
+node lost) is retried ``retries`` times; one that raises (bad input does not go away) or dies every time becomes
+one failed row with its error, and the rest go on. Results: DIR/results.parquet and results.md (one row per
+task), and for closed loop also the in-process batch's table.md / table.json and per-agent aggregates
+(aggregates.json, in results.md): mean score with a bootstrap 95% interval over the runs, collision rate with a
+Wilson 95% interval.
 """
 from __future__ import annotations
 
@@ -97,7 +99,8 @@ def write_results(out: Path, rows: List[dict], columns: Sequence[str], title: st
     tmp = out / f".{RESULTS}.tmp"
     pq.write_table(table, tmp)
     tmp.replace(out / RESULTS)
-    fmt = lambda v: "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v).replace("|", "/"))  # noqa: E731
+    def fmt(v):
+        return "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v).replace("|", "/"))
     md = [f"# {title}", "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     md += ["| " + " | ".join(fmt(_cell(r.get(c))) for c in columns) + " |" for r in rows]
     write_bytes(out / RESULTS_MD, ("\n".join(md) + "\n" + extra_md).encode())
@@ -339,7 +342,8 @@ def scenario_render_batch(scenarios: Sequence[str], out, backend: str = "auto", 
     list them."""
     from gsim.editing.scenario import load_scenario
     out = local_path(out)
-    outputs = {str(local_path(s)): Path(load_scenario(local_path(s)).output) for s in scenarios}  # bad files fail before anything starts
+    # (bad files fail here, before anything starts)
+    outputs = {str(local_path(s)): Path(load_scenario(local_path(s)).output) for s in scenarios}
     if len(set(outputs.values())) != len(outputs):
         raise InputError("scenarios: two write the same output folder: " + ", ".join(sorted(map(str, outputs))))
     out.mkdir(parents=True, exist_ok=True)

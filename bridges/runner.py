@@ -136,7 +136,8 @@ def agent_folder(agent: str) -> str:
 
 def run_dir(out, scenario_name: str, agent: str, seed: int) -> Path:
     """A batch run's directory: out/<scenario>/<agent folder>/seed<k> (`agent_folder`)."""
-    return child_path(child_path(Path(out), scenario_name, "scenario name"), agent_folder(agent), "agent") / f"seed{seed}"
+    scenario_dir = child_path(Path(out), scenario_name, "scenario name")
+    return child_path(scenario_dir, agent_folder(agent), "agent") / f"seed{seed}"
 
 
 def batch_run(scenario, agent: str, seed: int, out, progress: bool = True, max_steps: Optional[int] = None,

@@ -4,6 +4,7 @@ run; a reconstruction batch of three small synthetic logs equals three separate 
 failed row, and a rerun skips what finished."""
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,21 @@ def local_ray():
     ray.shutdown()
 
 
+@contextmanager
+def one_thread():
+    """numba and torch on one thread, as in a Ray task given one CPU (`batch.use_assigned_cpus`)."""
+    import numba
+    import torch
+    before = numba.get_num_threads(), torch.get_num_threads()
+    numba.set_num_threads(1)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before[0])
+        torch.set_num_threads(before[1])
+
+
 def same_metrics(a: dict, b: dict) -> bool:
     strip = lambda m: {k: v for k, v in m.items() if k not in VARYING + ("status",)}  # noqa: E731
     return strip(a) == strip(b)
@@ -50,16 +66,20 @@ def test_a_closed_loop_campaign_equals_the_in_process_batch_and_resumes(loop_str
     for k in (0, 5, 11):  # the recorded steps too, not only the summary
         d = ("free" if k < 6 else "across", agents[k // 3 % 2], k % 3)
         steps = [(tmp_path / w / d[0] / d[1] / f"seed{d[2]}" / "steps.jsonl").read_text() for w in ("alone", "ray")]
-        strip = lambda t: [{k: v for k, v in json.loads(s).items() if k != "timing_ms"} for s in t.splitlines()]  # noqa: E731
-        assert strip(steps[0]) == strip(steps[1])
-    ego = lambda d: [json.loads(s)["ego"] for s in (tmp_path / "ray" / "free" / d / "seed0" / "steps.jsonl").read_text().splitlines()]  # noqa: E731
+        records = [[{k: v for k, v in json.loads(line).items() if k != "timing_ms"} for line in t.splitlines()]
+                   for t in steps]
+        assert records[0] == records[1]
+    def ego(agent):
+        return [json.loads(line)["ego"] for line in
+                (tmp_path / "ray" / "free" / agent / "seed0" / "steps.jsonl").read_text().splitlines()]
     assert ego("replay") != ego("lidar-aeb")  # (the agents drive differently: a comparison that can fail)
     table = pq.read_table(tmp_path / "ray" / "results.parquet").to_pylist()
     assert [(t["scenario"], t["agent"], t["seed"], t["score"]) for t in table] == \
         [(r["scenario"], r["agent"], r["seed"], r["score"]) for r in rows]
     agg = json.loads((tmp_path / "ray" / "aggregates.json").read_text())
     replay = [r for r in rows if r["agent"] == "replay"]
-    assert agg["replay"]["runs"] == 6 and agg["replay"]["mean_score"] == pytest.approx(np.mean([r["score"] for r in replay]))
+    assert agg["replay"]["runs"] == 6
+    assert agg["replay"]["mean_score"] == pytest.approx(np.mean([r["score"] for r in replay]))
     lo, hi = agg["replay"]["collision_ci95"]
     assert 0 <= lo <= agg["replay"]["collision_rate"] <= hi <= 1
     assert "Per agent" in (tmp_path / "ray" / "results.md").read_text()
@@ -107,10 +127,12 @@ def test_a_reconstruction_batch_equals_separate_runs_isolates_a_bad_log_and_resu
     assert [r["status"] for r in rows] == ["done"] * 3 + ["failed"]
     assert "log.json" in rows[3]["error"]
     alone = tmp_path / "alone"
-    scene = reconstruct(three_logs[1], alone, preset("cpu", iterations=12), progress=False)
-    m = evaluate(scene, three_logs[1], alone / "eval", progress=False)
+    with one_thread():  # as a task with one CPU runs (training's parallel sums round by the thread count)
+        scene = reconstruct(three_logs[1], alone, preset("cpu", iterations=12), progress=False)
+        m = evaluate(scene, three_logs[1], alone / "eval", progress=False)
     assert rows[1]["psnr"] == m["psnr"] and rows[1]["ssim"] == m["ssim"]
-    assert (out / "street1" / "scene" / "scene.json").is_file() and (out / "street1" / "eval" / "metrics.json").is_file()
+    assert (out / "street1" / "scene" / "scene.json").is_file()
+    assert (out / "street1" / "eval" / "metrics.json").is_file()
     table = pq.read_table(out / "results.parquet").to_pylist()
     assert [t["status"] for t in table] == [r["status"] for r in rows] and table[0]["iterations"] == 12
     # a rerun skips what finished: only the (still) broken log is tried again
@@ -131,7 +153,8 @@ def test_an_interrupted_reconstruction_resumes_from_its_checkpoint(three_logs, l
     out = tmp_path / "batch"
     code = (f"from gsim.scenes.train import preset, reconstruct; "
             f"reconstruct({str(three_logs[0])!r}, {str(out / 'street0')!r}, preset('cpu', **{cfg!r}), progress=False)")
-    p = subprocess.Popen([sys.executable, "-c", code])
+    p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "NUMBA_NUM_THREADS": "1",
+                                                           "OMP_NUM_THREADS": "1"})  # as the batch's 1-CPU tasks
     ckpt = out / "street0" / "checkpoint.safetensors"
     end = time.time() + 300
     while not ckpt.is_file() and p.poll() is None and time.time() < end:
