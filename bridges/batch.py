@@ -10,10 +10,10 @@ batch's runs equal runs made one by one with the same CPUs (closed loop bit for 
 rounding), whatever the number of workers and the order they finish in. A batch is resumable: a rerun skips
 what finished (its results are read back) and resumes an interrupted reconstruction from its checkpoint.
 Failures are isolated: a task whose worker dies (a crash, a node lost) is retried ``retries`` times; one that
-raises (bad input does not go away) or dies every time becomes one failed row with its error, and the rest go on. Results: DIR/results.parquet and results.md (one row per
-task), and for closed loop also the in-process batch's table.md / table.json and per-agent aggregates
-(aggregates.json, in results.md): mean score with a bootstrap 95% interval over the runs, collision rate with a
-Wilson 95% interval.
+raises (bad input does not go away) or dies every time becomes one failed row with its error, and the rest go on.
+Results: DIR/results.parquet and results.md (one row per task), and for closed loop also the in-process batch's
+table.md / table.json and per-agent aggregates (aggregates.json, in results.md): mean score with a bootstrap 95%
+interval over the runs, collision rate with a Wilson 95% interval.
 """
 from __future__ import annotations
 
