@@ -14,6 +14,21 @@ def open_repairer(a):
     return open_(a.repair, a.pretrained, a.controlnet, a.strength, a.sd_steps)
 
 
+def open_render_repairer(a):
+    """``gsim render``'s repairer: with --references-log, a repair model takes its references from that log."""
+    repair = open_repairer(a)
+    if a.references_log is None:
+        return repair
+    from gsim.errors import InputError
+    from gsim.scenes.log import load_log
+
+    from .repair import RepairModel
+    if not (isinstance(repair, RepairModel) and repair.config.references):
+        raise InputError("--references-log: the repairer takes no references (train one with `gsim diffusion train "
+                         "... --references K`)")
+    return repair.with_log(load_log(a.references_log))
+
+
 def open_harmonizer(a):
     """The harmonizer of ``gsim scenario render --harmonize / --harmonize-pretrained`` (None: neither)."""
     from . import open_repairer as open_
@@ -70,7 +85,7 @@ def cmd_diffusion_train(a) -> int:
     from .repair import RepairConfig
     from .train import TrainOptions, train
     opts = TrainOptions(steps=a.steps, seed=a.seed, **({} if a.crop is None else {"crop": a.crop}))
-    card = train(a.scene, a.log, a.out, opts, RepairConfig(loss=a.loss), resume=a.resume)
+    card = train(a.scene, a.log, a.out, opts, RepairConfig(loss=a.loss, references=a.references), resume=a.resume)
     print(f"wrote the repair model {a.out}: {card['steps']} steps, loss {card['loss_first_100']:.4f} -> "
           f"{card['loss_last_100']:.4f}, {card['wall_s']:.0f} s (pairs: {card['pairs']})")
     return 0
@@ -90,6 +105,8 @@ def register(sub) -> None:
     dt.add_argument("--seed", type=int_at_least(0), default=0)
     dt.add_argument("--resume", action="store_true", help="go on from OUT-work's checkpoint")
     dt.add_argument("--loss", choices=("l1", "l2"), default="l1", help="the denoising loss")
+    dt.add_argument("--references", type=int_at_least(0), default=0, help="real training images warped into each "
+                    "view that the model is given beside the render (0: the render alone)")
     dt.set_defaults(fn=cmd_diffusion_train)
 
     ex = sub.add_parser("expand", help="expand a reconstruction off the driven path: repaired novel views distilled "
@@ -118,6 +135,10 @@ def register(sub) -> None:
                        ("eval", "also measure every render repaired")):
         add_repair_args(sub.choices[name], what)
         sub.choices[name].set_defaults(open_repairer=open_repairer)
+    sub.choices["render"].add_argument("--references-log", default=None, metavar="LOG",
+                                       help="with --repair of a model that takes references: the log whose training "
+                                            "images they are (the trajectory's poses in its world frame)")
+    sub.choices["render"].set_defaults(open_repairer=open_render_repairer)
     scn = sub.choices["scenario"]
     hz = scn.add_mutually_exclusive_group()
     hz.add_argument("--harmonize", default=None, metavar="MODEL_DIR",

@@ -5,7 +5,9 @@ Difix-style: the model predicts the clean image from a noised image and the rend
 level at random (a denoising diffusion objective), repair starts from the render itself noised to a fixed
 level ``repair_t`` and takes one network pass, so a repair costs one UNet evaluation. Images are in [-1, 1]
 (pixel space: the renders are small and the model must run on 2 CPU cores); the condition is the render's
-rgb, its alpha and its inverse depth (``depth_scale_m / depth``, 0 where nothing was hit).
+rgb, its alpha and its inverse depth (``depth_scale_m / depth``, 0 where nothing was hit), and with
+``references`` > 0 that many real training images warped into the view (`gsim.diffusion.references`), each with
+where it is valid, so the model can copy real texture where a reference saw the surface.
 
 A model directory is diffusers' format: ``unet/`` (UNet2DModel), ``scheduler/`` (DDPMScheduler) and
 ``gsim_repair.json`` (this module's settings), plus ``README.md`` (the model card, `gsim.diffusion.train`)."""
@@ -15,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -25,6 +27,7 @@ from gsim.errors import InputError
 from gsim.io import atomic_directory, read_manifest
 
 CONDITION_CHANNELS = 5  # rgb, alpha, inverse depth
+REFERENCE_CHANNELS = 4  # per reference: its rgb (0 where not valid) and its valid mask
 SETTINGS = "gsim_repair.json"
 
 
@@ -32,7 +35,9 @@ SETTINGS = "gsim_repair.json"
 class RepairConfig(Config):
     """channels: the UNet's widths per level (each level halves the resolution: image sides must divide by
     2^(levels-1)); train_timesteps: the noise schedule's length; repair_t: the noise level repair starts from
-    (of train_timesteps); depth_scale_m: the condition's inverse-depth scale; residual: see the field."""
+    (of train_timesteps); depth_scale_m: the condition's inverse-depth scale; residual: see the field;
+    references: the reference slots the UNet takes (0: the render alone; model directories written before the
+    field load as 0)."""
 
     channels: Tuple[int, ...] = (32, 64, 64, 128)
     layers_per_block: int = 1
@@ -41,6 +46,7 @@ class RepairConfig(Config):
     depth_scale_m: float = 5.0
     residual: bool = True  # the UNet predicts the correction to the render (a fresh model leaves renders as they are)
     loss: str = "l1"  # "l1" or "l2" (the mean correction: L1's gradients cancel where corrections disagree in sign)
+    references: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "channels", tuple(int(c) for c in self.channels))
@@ -49,6 +55,8 @@ class RepairConfig(Config):
         if not (isinstance(self.depth_scale_m, (int, float)) and math.isfinite(self.depth_scale_m)
                 and self.depth_scale_m > 0):
             raise InputError(f"RepairConfig.depth_scale_m: expected a finite number > 0, got {self.depth_scale_m!r}")
+        if not isinstance(self.references, int) or isinstance(self.references, bool) or self.references < 0:
+            raise InputError(f"RepairConfig.references: expected an integer >= 0, got {self.references!r}")
         if self.loss not in ("l1", "l2"):
             raise InputError(f"RepairConfig.loss: expected 'l1' or 'l2', got {self.loss!r}")
         if not 0 < self.repair_t < self.train_timesteps:
@@ -63,7 +71,9 @@ class RepairConfig(Config):
 
 class RepairModel:
     """``loss(real, rgb, alpha, depth)`` for training; ``repair(rgb, alpha, depth)`` in one pass. Arrays:
-    rgb (B,3,H,W) in [0,1], alpha (B,1,H,W), depth (B,1,H,W) metres (torch, float32)."""
+    rgb (B,3,H,W) in [0,1], alpha (B,1,H,W), depth (B,1,H,W) metres (torch, float32); ``references``
+    (B,K,4,H,W): K warped real images, rgb in [0,1] and valid in {0,1} (`gsim.diffusion.references`), nearest
+    first. A model with ``config.references`` slots given fewer references (or None) runs with the rest invalid."""
 
     def __init__(self, unet, scheduler, config: RepairConfig):
         self.unet, self.scheduler, self.config = unet, scheduler, config
@@ -73,7 +83,8 @@ class RepairModel:
         from diffusers import DDPMScheduler, UNet2DModel
         torch.manual_seed(seed)
         n = len(config.channels)
-        unet = UNet2DModel(sample_size=None, in_channels=3 + CONDITION_CHANNELS, out_channels=3,
+        in_channels = 3 + CONDITION_CHANNELS + REFERENCE_CHANNELS * config.references
+        unet = UNet2DModel(sample_size=None, in_channels=in_channels, out_channels=3,
                            block_out_channels=config.channels, down_block_types=("DownBlock2D",) * n,
                            up_block_types=("UpBlock2D",) * n, layers_per_block=config.layers_per_block,
                            norm_num_groups=8)
@@ -84,9 +95,29 @@ class RepairModel:
             torch.nn.init.zeros_(unet.conv_out.bias)
         return cls(unet, scheduler, config)
 
-    def condition(self, rgb, alpha, depth) -> torch.Tensor:
+    def condition(self, rgb, alpha, depth, references=None) -> torch.Tensor:
         inv = torch.where(depth > 0, self.config.depth_scale_m / depth.clamp_min(1e-3), torch.zeros_like(depth))
-        return torch.cat([rgb * 2 - 1, alpha * 2 - 1, inv.clamp(0, 4) - 1], 1)
+        return torch.cat([rgb * 2 - 1, alpha * 2 - 1, inv.clamp(0, 4) - 1, self._references(rgb, references)], 1)
+
+    def _references(self, rgb, references) -> torch.Tensor:
+        """(B, 4 x config.references, H, W): each slot's rgb in [-1,1] (0 where not valid, so an invalid pixel
+        says nothing about colour) and its valid mask in {-1,1}; slots beyond the given references invalid."""
+        B, _, H, W = rgb.shape
+        k = self.config.references
+        if references is None:
+            references = rgb.new_zeros((B, 0, REFERENCE_CHANNELS, H, W))
+        elif not k:
+            raise InputError("references: this repair model takes none (RepairConfig.references = 0); train one with "
+                             "`gsim diffusion train ... --references K` to repair with references")
+        if references.ndim != 5 or references.shape[0] != B or references.shape[2] != REFERENCE_CHANNELS \
+                or references.shape[3:] != (H, W) or references.shape[1] > k:
+            raise InputError(f"references: expected (B,K,4,H,W) = ({B},<={k},4,{H},{W}) like rgb, got "
+                             f"{tuple(references.shape)}")
+        valid = references[:, :, 3:]
+        slots = torch.cat([(references[:, :, :3] * 2 - 1) * valid, valid * 2 - 1], 2)
+        missing = torch.cat([rgb.new_zeros((B, k - slots.shape[1], 3, H, W)),
+                             rgb.new_full((B, k - slots.shape[1], 1, H, W), -1.0)], 2)
+        return torch.cat([slots, missing], 1).reshape(B, REFERENCE_CHANNELS * k, H, W)
 
     def _check(self, rgb) -> None:
         m = self.config.multiple
@@ -94,21 +125,22 @@ class RepairModel:
             raise InputError(f"repair model: expected rgb (B,3,H,W) with H and W multiples of {m}, got "
                              f"{tuple(rgb.shape)} (pad or crop the image)")
 
-    def loss(self, real, rgb, alpha, depth, weight=None, generator=None) -> torch.Tensor:
-        """The denoising loss at random noise levels: predict the real image from it noised, given the render.
-        ``weight`` (B,1,H,W): per-pixel weights (None: all 1)."""
+    def loss(self, real, rgb, alpha, depth, weight=None, generator=None, references=None) -> torch.Tensor:
+        """The denoising loss at random noise levels: predict the real image from it noised, given the render
+        (and ``references``). ``weight`` (B,1,H,W): per-pixel weights (None: all 1)."""
         self._check(rgb)
         x0 = real * 2 - 1
         noise = torch.randn(x0.shape, generator=generator)
         t = torch.randint(0, self.config.train_timesteps, (len(x0),), generator=generator)
         xt = self.scheduler.add_noise(x0, noise, t)
-        err = (self._predict(xt, t, rgb, alpha, depth) - x0).abs()
+        err = (self._predict(xt, t, rgb, alpha, depth, references) - x0).abs()
         err = err if self.config.loss == "l1" else err * err
         return err.mean() if weight is None else (err * weight).sum() / (weight.sum() * 3).clamp_min(1e-6)
 
     @torch.no_grad()
-    def repair(self, rgb, alpha, depth, seed: int = 0, mask=None) -> torch.Tensor:
-        """(B,3,H,W) in [0,1]: the render noised to ``repair_t`` and denoised in one pass, given the render.
+    def repair(self, rgb, alpha, depth, seed: int = 0, mask=None, references=None) -> torch.Tensor:
+        """(B,3,H,W) in [0,1]: the render noised to ``repair_t`` and denoised in one pass, given the render (and
+        ``references``).
         ``mask`` (B,1,H,W) in [0,1]: repair only there (harmonization): the noise goes only inside the mask
         (partial noising) and outside it the render is kept as it is; None: everywhere."""
         self._check(rgb)
@@ -118,28 +150,56 @@ class RepairModel:
         xt = self.scheduler.add_noise(x, torch.randn(rgb.shape, generator=g), t)
         if mask is not None:
             xt = mask * xt + (1 - mask) * x
-        out = self._predict(xt, t, rgb, alpha, depth).clamp(-1, 1)
+        out = self._predict(xt, t, rgb, alpha, depth, references).clamp(-1, 1)
         if mask is not None:
             out = mask * out + (1 - mask) * x
         return ((out + 1) / 2).float()
 
-    def _predict(self, xt, t, rgb, alpha, depth) -> torch.Tensor:
+    def _predict(self, xt, t, rgb, alpha, depth, references=None) -> torch.Tensor:
         """The clean image in [-1, 1] the UNet predicts from the noised one and the render."""
-        out = self.unet(torch.cat([xt, self.condition(rgb, alpha, depth)], 1), t).sample
+        out = self.unet(torch.cat([xt, self.condition(rgb, alpha, depth, references)], 1), t).sample
         return rgb * 2 - 1 + out if self.config.residual else out
 
     def repair_image(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, seed: int = 0,
-                     mask: Optional[np.ndarray] = None) -> np.ndarray:
+                     mask: Optional[np.ndarray] = None, references: Optional[Sequence] = None) -> np.ndarray:
         """One (H,W,3) numpy render repaired (edge-padded to the UNet's multiple, then cropped back); ``mask``
-        (H,W) in [0,1] as in `repair`."""
+        (H,W) in [0,1] as in `repair`; ``references``: [(warped (H,W,3) in [0,1], valid (H,W))] as
+        `gsim.diffusion.references.references` returns them."""
         m = self.config.multiple
         H, W = rgb.shape[:2]
         ph, pw = -H % m, -W % m
         pad = lambda a: np.pad(a, ((0, ph), (0, pw)) + ((0, 0),) * (a.ndim - 2), mode="edge")  # noqa: E731
         t = lambda a: torch.from_numpy(np.ascontiguousarray(pad(a), np.float32)).reshape(1, H + ph, W + pw, -1) \
             .permute(0, 3, 1, 2)  # noqa: E731
-        out = self.repair(t(rgb), t(alpha), t(depth), seed, None if mask is None else t(mask))
+        refs = None
+        if references is not None:
+            for i, (warped, valid) in enumerate(references):
+                if np.shape(warped) != (H, W, 3) or np.shape(valid) != (H, W):
+                    raise InputError(f"references[{i}]: expected (warped ({H},{W},3), valid ({H},{W})) like rgb, got "
+                                     f"({np.shape(warped)}, {np.shape(valid)})")
+            refs = torch.stack([t(np.concatenate([w, np.asarray(v, np.float32)[..., None]], -1))
+                                for w, v in references], 1) if len(references) else None
+        out = self.repair(t(rgb), t(alpha), t(depth), seed, None if mask is None else t(mask), refs)
         return out[0].permute(1, 2, 0).numpy()[:H, :W]
+
+    def repair_view(self, scene, log, camera, T_world_target: np.ndarray, timestamp_us: int, rgb: np.ndarray,
+                    alpha: np.ndarray, depth: np.ndarray, sensor: Optional[str] = None, seed: int = 0,
+                    holdout_every: int = 8, downscale: Optional[int] = None) -> np.ndarray:
+        """`repair_image` of ``scene``'s render of a view of ``log`` (``camera`` at the log pose ``T_world_target``,
+        ``timestamp_us``, ``sensor``) given its references: the ``config.references`` nearest training views' real
+        images warped into it through the render's depth (`gsim.diffusion.references.references`, with
+        ``holdout_every`` and ``downscale``); a model without reference slots, or no ``log``, repairs the render
+        alone."""
+        refs = None
+        if self.config.references and log is not None:
+            from .references import SOLID_ALPHA, references
+            refs = references(scene, log, camera, T_world_target, timestamp_us, self.config.references, sensor,
+                              holdout_every, downscale, target_depth=np.where(alpha >= SOLID_ALPHA, depth, 0.0))
+        return self.repair_image(rgb, alpha, depth, seed, references=refs)
+
+    def with_log(self, log) -> "LogReferences":
+        """This model taking its references from ``log`` wherever a caller has no log of its own (gsim render)."""
+        return LogReferences(self, log)
 
     def save(self, path, card: str = "", card_data: Optional[dict] = None) -> None:
         """Writes the model directory atomically (a crash leaves the previous one): the weights, the settings,
@@ -175,5 +235,22 @@ class RepairModel:
             raise InputError(f"{p}: unreadable repair model ({type(e).__name__}: {e})") from None
         finally:
             logging.set_verbosity(level)
+        expected = 3 + CONDITION_CHANNELS + REFERENCE_CHANNELS * config.references
+        if unet.config.in_channels != expected:
+            raise InputError(f"{p}: unreadable repair model: its UNet takes {unet.config.in_channels} channels, its "
+                             f"{SETTINGS} ({config.references} references) {expected}")
         unet.eval()
         return cls(unet, scheduler, config)
+
+
+class LogReferences:
+    """A `RepairModel` whose `repair_view` takes its references from ``log`` when the caller gives none."""
+
+    def __init__(self, model: RepairModel, log):
+        self.model, self.log = model, log
+
+    def repair_image(self, *args, **kwargs) -> np.ndarray:
+        return self.model.repair_image(*args, **kwargs)
+
+    def repair_view(self, scene, log, *args, **kwargs) -> np.ndarray:
+        return self.model.repair_view(scene, self.log if log is None else log, *args, **kwargs)

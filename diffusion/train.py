@@ -3,9 +3,11 @@
 Training pairs come from the log itself (as FreeSim and ReconDreamer make theirs): renders of the training
 views by deliberately degraded reconstructions (trained briefly on a subset of the frames, so that most views
 are ones they never saw: the artefacts of novel views) and by the scene itself (good renders the model must
-leave alone), each against the real image. Held-out frames are never used. Random crops, AdamW, a cosine
-schedule; a checkpoint every ``checkpoint_every`` steps in the work directory (checkpoint.safetensors,
-`gsim.scenes.checkpoint`: nothing in it runs when read) makes it resumable."""
+leave alone), each against the real image. Held-out frames are never used. For a model with reference slots
+(`RepairConfig.references`) each pair also gets that many real training images warped into its view through the
+rendering scene's depth (`gsim.diffusion.references`), never one of the pair's own frame (its real image is the
+target). Random crops, AdamW, a cosine schedule; a checkpoint every ``checkpoint_every`` steps in the work
+directory (checkpoint.safetensors, `gsim.scenes.checkpoint`: nothing in it runs when read) makes it resumable."""
 from __future__ import annotations
 
 import math
@@ -60,23 +62,34 @@ class TrainOptions(Config):
 @dataclass
 class Pairs:
     """Renders and real images of training views: rgb (N,H,W,3) uint8, alpha (N,H,W) uint8, depth (N,H,W)
-    float16 m, real (N,H,W,3) uint8, source (N,) the scene each render came from."""
+    float16 m, real (N,H,W,3) uint8, source (N,) the scene each render came from; warped (N,K,H,W,3) uint8 and
+    valid (N,K,H,W) bool: each pair's K references (K = 0: none)."""
 
     rgb: np.ndarray
     alpha: np.ndarray
     depth: np.ndarray
     real: np.ndarray
     source: List[str]
+    warped: np.ndarray
+    valid: np.ndarray
 
 
-def _render_pairs(scene, views, name: str):
+def _render_pairs(scene, views, name: str, log, k: int, holdout_every: int, downscale: int):
     from gsim.io import to_uint8
     from gsim.images import render_image
+
+    from .references import SOLID_ALPHA, references
     out = []
     for v in views:
         rgb, alpha, depth = render_image(scene, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
                                          v.timestamp_us, v.sensor)
-        out.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(v.image), name))
+        warped, valid = np.zeros((k,) + rgb.shape, np.uint8), np.zeros((k,) + alpha.shape, bool)
+        if k:  # (a log with fewer training views leaves the last slots invalid)
+            refs = references(scene, log, v.camera, v.T_world_camera, v.timestamp_us, k, v.sensor, holdout_every,
+                              downscale, exclude=[v.frame], target_depth=np.where(alpha >= SOLID_ALPHA, depth, 0.0))
+            for i, (w, m) in enumerate(refs):
+                warped[i], valid[i] = to_uint8(w), m
+        out.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(v.image), name, warped, valid))
     return out
 
 
@@ -88,9 +101,10 @@ def degraded_runs(options: TrainOptions) -> Dict[str, dict]:
 
 
 def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_every: int = 8,
-               progress: bool = True) -> Pairs:
-    """The training pairs (cached in work/pairs.npz for the same degraded reconstructions): each degraded
-    reconstruction is trained into work/degraded-<name>/ (kept, so a rerun reuses it)."""
+               progress: bool = True, references: int = 0) -> Pairs:
+    """The training pairs with ``references`` references each (cached in work/pairs.npz for the same degraded
+    reconstructions and reference count): each degraded reconstruction is trained into work/degraded-<name>/
+    (kept, so a rerun reuses it)."""
     from gsim.scene import load_scene
     from gsim.scenes.log import load_log
     from gsim.scenes.train import preset, reconstruct
@@ -99,25 +113,30 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_
     runs = degraded_runs(options)
     if cache.is_file():
         z = np.load(cache, allow_pickle=False)
-        if sorted(set(str(s) for s in z["source"])) == sorted(["scene", *runs]):
-            return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]])
+        k = z["warped"].shape[1] if "warped" in z else 0  # (caches written before references: none)
+        if sorted(set(str(s) for s in z["source"])) == sorted(["scene", *runs]) and k == references:
+            n, H, W = z["rgb"].shape[:3]
+            return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]],
+                         *((z["warped"], z["valid"]) if k else (np.zeros((n, 0, H, W, 3), np.uint8),
+                                                                np.zeros((n, 0, H, W), bool))))
     log = load_log(log_path)
     scene = load_scene(scene_path)
     downscale = scene.train_downscale or 1
     train_frames, _ = split_frames(log, holdout_every)
     views = make_views(log, train_frames, downscale)
-    items = _render_pairs(scene, views, "scene")
+    items = _render_pairs(scene, views, "scene", log, references, holdout_every, downscale)
     for k, (name, overrides) in enumerate(runs.items()):
         d = work / f"degraded-{name}"
         if not (d / "scene" / "scene.json").is_file():
             print(f"degraded reconstruction {k + 1}/{len(runs)} ({name}): {overrides}", flush=True)
             reconstruct(log_path, d, preset("cpu", downscale=downscale, seed=options.seed + k,
                                             **{"holdout_every": holdout_every, **overrides}), progress=progress)
-        items += _render_pairs(load_scene(d / "scene"), views, name)
-    pairs = Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items])
+        items += _render_pairs(load_scene(d / "scene"), views, name, log, references, holdout_every, downscale)
+    pairs = Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items],
+                  *(np.stack([it[i] for it in items]) for i in (5, 6)))
     with atomic_path(cache, ".npz") as tmp:
         np.savez(tmp, rgb=pairs.rgb, alpha=pairs.alpha, depth=pairs.depth, real=pairs.real,
-                 source=np.array(pairs.source))
+                 source=np.array(pairs.source), warped=pairs.warped, valid=pairs.valid)
     return pairs
 
 
@@ -131,7 +150,12 @@ def _batch(pairs: Pairs, options: TrainOptions, rng: np.random.Generator):
     crop = lambda a: np.stack([a[i, y:y + c, x:x + c] for i, y, x in zip(idx, ys, xs)])  # noqa: E731
     t = lambda a, s: torch.from_numpy(crop(a).astype(np.float32) * s).reshape(options.batch, c, c, -1) \
         .permute(0, 3, 1, 2).contiguous()  # noqa: E731
-    return t(pairs.real, 1 / 255), t(pairs.rgb, 1 / 255), t(pairs.alpha, 1 / 255), t(pairs.depth, 1.0)
+    k = pairs.warped.shape[1]
+    crop_k = lambda a: np.stack([a[i, :, y:y + c, x:x + c] for i, y, x in zip(idx, ys, xs)])  # noqa: E731
+    refs = torch.from_numpy(np.concatenate([crop_k(pairs.warped).astype(np.float32) / 255,
+                                            crop_k(pairs.valid)[..., None].astype(np.float32)], -1)) \
+        .permute(0, 1, 4, 2, 3).contiguous() if k else None  # (B,K,4,c,c)
+    return t(pairs.real, 1 / 255), t(pairs.rgb, 1 / 255), t(pairs.alpha, 1 / 255), t(pairs.depth, 1.0), refs
 
 
 KIND = "repair-training"  # the checkpoint's kind
@@ -196,15 +220,15 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
     found = checkpoint.find(work) if resume else None
     if found is not None:  # read before the pairs are made: a bad checkpoint fails now, not minutes later
         step, losses = _resume(found, model, opt, rng, gen)
-    pairs = make_pairs(scene_path, log_path, work, options, progress=progress)
+    pairs = make_pairs(scene_path, log_path, work, options, progress=progress, references=config.references)
     model.unet.train()
     bar = tqdm(range(step, options.steps), desc="train repair model", unit="step", disable=not progress,
                initial=step, total=options.steps)
     for step in bar:
         for group in opt.param_groups:  # the cosine schedule
             group["lr"] = options.lr * (0.5 * (1 + math.cos(math.pi * min(step / options.steps, 1))))
-        real, rgb, alpha, depth = _batch(pairs, options, rng)
-        loss = model.loss(real, rgb, alpha, depth, generator=gen)
+        real, rgb, alpha, depth, refs = _batch(pairs, options, rng)
+        loss = model.loss(real, rgb, alpha, depth, generator=gen, references=refs)
         if not torch.isfinite(loss):
             raise Diverged(f"diffusion train: the loss is {loss.item()} at step {step}: training diverged; "
                                      f"the checkpoint written before is the last good one")

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from gsim.errors import GsimWarning, InputError
-from gsim.images import error_map, image_metrics, render_image
+from gsim.images import error_map, image_metrics, render_image, repaired
 from gsim.io import to_uint8, write_bytes, write_json, write_png
 from gsim.resident import Renderer
 from gsim.scene import Scene, load_scene
@@ -83,7 +83,8 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
     moved ahead, against the synthetic street's exact images (`gsim.scenes.lane_shift`; metrics.json
     ``lane_shift`` and ``ahead``); a real log has no ground truth there (a ValueError before any work).
     ``repair``: a repairer (`gsim.diffusion.open_repairer`): every render is also repaired and measured
-    (``repaired_psnr``, ``repaired_ssim`` beside each PSNR and SSIM)."""
+    (``repaired_psnr``, ``repaired_ssim`` beside each PSNR and SSIM); one with ``repair_view`` (a repair model) is
+    given the view, for references from the log's training views (never a held-out frame)."""
     scene, log = load_scene(scene_path), load_log(log_path)
     if shifts or ahead:
         street_of(log)  # a log without ground truth off the path fails here, not after the held-out views
@@ -112,7 +113,8 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         m = {"name": name, "frame": v.frame, "sensor": v.sensor, "timestamp_us": v.timestamp_us,
              **image_metrics(rgb, v.image)}
         if repair is not None:
-            fixed = repair.repair_image(rgb, alpha, depth)
+            fixed = repaired(repair, renderer, log, v.camera, v.T_world_camera, v.timestamp_us, rgb, alpha, depth,
+                             sensor=v.sensor, holdout_every=holdout_every, downscale=downscale)
             m.update({f"repaired_{k}": x for k, x in image_metrics(fixed, v.image).items()})
         if has_lidar:
             err = np.abs(depth.reshape(-1)[v.lidar_pix] - v.lidar_depth)
@@ -140,7 +142,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         metrics["lidar_sweeps"] = sweeps
     if shifts or ahead:
         metrics.update(evaluate_offsets(scene, log, views, shifts, ahead, downscale, out, backend, write_images,
-                                        progress, repair))
+                                        progress, repair, holdout_every))
     metrics["views"] = per_view
     write_json(out / "metrics.json", metrics)
     write_bytes(out / "metrics.md", _table(metrics).encode())

@@ -69,14 +69,17 @@ def offsets(shifts: Sequence[float], ahead: Sequence[float]) -> List[Tuple[str, 
 
 
 def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence[float], downscale: int, out: Path,
-                     backend: str = "auto", write_images: bool = True, progress: bool = True, repair=None) -> dict:
+                     backend: str = "auto", write_images: bool = True, progress: bool = True, repair=None,
+                     holdout_every: int = 8) -> dict:
     """Renders ``scene`` at each held-out view moved sideways by every shift (both sides) and, from the last
     held-out frame, ahead by every distance; returns {"lane_shift": [{shift_m, psnr, ssim,
     low_alpha_fraction, views}], "ahead": [{ahead_m, ...}]} (both sides averaged) and writes side-by-side
-    images (render | truth | error) to out/offsets/. ``repair``: a repairer (`gsim.diffusion.open_repairer`); the repaired renders are
-    measured too (``repaired_psnr``, ``repaired_ssim``) and drawn after the render."""
+    images (render | truth | error) to out/offsets/. ``repair``: a repairer (`gsim.diffusion.open_repairer`); the
+    repaired renders are measured too (``repaired_psnr``, ``repaired_ssim``) and drawn after the render; one with
+    ``repair_view`` (a repair model) is given the view, for references from the log's training views
+    (``holdout_every``: which frames those are)."""
     from gsim.io import to_uint8, write_png
-    from gsim.images import error_map, image_metrics, render_image
+    from gsim.images import error_map, image_metrics, render_image, repaired
     from gsim.resident import Renderer
     street, options = street_of(log)
     last = max(v.frame for v in views)
@@ -95,7 +98,8 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
         m = {**image_metrics(rgb, gt), "low_alpha_fraction": float(np.mean(alpha < 0.5))}
         shown = [rgb]
         if repair is not None:
-            fixed = repair.repair_image(rgb, alpha, depth)
+            fixed = repaired(repair, renderer, log, v.camera, T, v.timestamp_us, rgb, alpha, depth, sensor=v.sensor,
+                             holdout_every=holdout_every, downscale=downscale)
             m.update({f"repaired_{k}": x for k, x in image_metrics(fixed, gt).items()})
             shown.append(fixed)
         rows.setdefault((kind, dist), []).append(m)

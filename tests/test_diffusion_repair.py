@@ -159,3 +159,155 @@ def test_a_repair_model_with_pickled_weights_is_refused_unread(tmp_path):
     with pytest.raises(InputError, match="unreadable repair model"):
         RepairModel.load(tmp_path / "m")
     assert not (tmp_path / "planted").exists()
+
+
+# --- reference-conditioned models (RepairConfig.references) -------------------------------------------------
+
+def refs(seed=0, n=2, k=2, s=16):
+    """(n,k,4,s,s): random warped rgb and a random valid mask."""
+    g = torch.Generator().manual_seed(seed)
+    valid = (torch.rand(n, k, 1, s, s, generator=g) > 0.5).float()
+    return torch.cat([torch.rand(n, k, 3, s, s, generator=g), valid], 2)
+
+
+def test_reference_slots_set_the_unet_channels_and_old_settings_load(tmp_path):
+    assert RepairModel.new(TINY).unet.config.in_channels == 8
+    assert RepairModel.new(RepairConfig(channels=(8, 16), references=3)).unet.config.in_channels == 8 + 12
+    m = RepairModel.new(TINY)
+    m.save(tmp_path / "old")
+    settings = json.loads((tmp_path / "old" / "gsim_repair.json").read_text())
+    del settings["references"]  # a model directory written before the field
+    (tmp_path / "old" / "gsim_repair.json").write_text(json.dumps(settings))
+    assert RepairModel.load(tmp_path / "old").config.references == 0
+    settings["references"] = 2  # settings that disagree with the weights
+    (tmp_path / "old" / "gsim_repair.json").write_text(json.dumps(settings))
+    with pytest.raises(InputError, match="takes 8 channels"):
+        RepairModel.load(tmp_path / "old")
+    with pytest.raises(InputError, match="RepairConfig.references"):
+        RepairConfig(references=-1)
+
+
+def test_references_condition_the_model_missing_ones_are_invalid_and_refused_without_slots():
+    cfg = RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2)
+    m = RepairModel.new(cfg)
+    real, rgb, alpha, depth = batch()
+    r = refs()
+    assert torch.equal(m.repair(rgb, alpha, depth, references=r), m.repair(rgb, alpha, depth))  # residual, zero out
+    assert torch.allclose(m.repair(rgb, alpha, depth, references=r), rgb, atol=1e-6)
+    torch.nn.init.normal_(m.unet.conv_out.weight, std=0.1)  # a model that uses what it sees
+    out = m.repair(rgb, alpha, depth, seed=5, references=r)
+    assert torch.equal(out, m.repair(rgb, alpha, depth, seed=5, references=r))  # deterministic per seed
+    assert (out - m.repair(rgb, alpha, depth, seed=5)).abs().mean() > 1e-4  # the references matter
+    # missing slots are invalid: one reference given is the same as it and an all-invalid second one
+    invalid = torch.zeros_like(r[:, :1])
+    assert torch.equal(m.repair(rgb, alpha, depth, references=r[:, :1]),
+                       m.repair(rgb, alpha, depth, references=torch.cat([r[:, :1], invalid], 1)))
+    assert torch.equal(m.repair(rgb, alpha, depth), m.repair(rgb, alpha, depth, references=torch.cat([invalid] * 2, 1)))
+    loss = m.loss(real, rgb, alpha, depth, generator=torch.Generator().manual_seed(0), references=r)
+    loss.backward()
+    assert torch.isfinite(loss) and m.unet.conv_in.weight.grad[:, 8:].abs().sum() > 0  # reference channels learn
+    # numpy: (warped, valid) pairs, padded to the UNet's multiple and cropped back like the render
+    npr = [(r[0, i, :3].permute(1, 2, 0).numpy(), r[0, i, 3].numpy() > 0) for i in range(2)]
+    img = m.repair_image(rgb[0].permute(1, 2, 0).numpy(), np.ones((16, 16)), np.full((16, 16), 4.0), seed=5,
+                         references=npr)
+    assert np.allclose(img, out[0].permute(1, 2, 0).numpy(), atol=1e-6)
+    odd = m.repair_image(np.random.rand(13, 21, 3), np.ones((13, 21)), np.full((13, 21), 3.0),
+                         references=[(np.random.rand(13, 21, 3), np.ones((13, 21), bool))])
+    assert odd.shape == (13, 21, 3)
+    with pytest.raises(InputError, match=r"references\[0\]"):
+        m.repair_image(np.random.rand(13, 21, 3), np.ones((13, 21)), np.full((13, 21), 3.0),
+                       references=[(np.random.rand(12, 21, 3), np.ones((13, 21), bool))])
+    with pytest.raises(InputError, match="references: expected"):
+        m.repair(rgb, alpha, depth, references=refs(k=3))  # more than the model's slots
+    with pytest.raises(InputError, match="takes none"):
+        RepairModel.new(TINY).repair(rgb, alpha, depth, references=r)
+
+
+def test_training_with_references_is_deterministic_and_never_takes_the_target_frame(tmp_path, monkeypatch):
+    from gsim.diffusion import references as refs_mod
+    log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
+                                                                      lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
+                     progress=False)
+    from gsim.scenes.log import load_log
+    from gsim.street import street_surfels
+    gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
+    nearest, calls = refs_mod.nearest_training_views, []
+
+    def spy(log, T, timestamp_us, k=2, sensor=None, holdout_every=8, exclude=()):
+        found = nearest(log, T, timestamp_us, k, sensor, holdout_every, exclude)
+        calls.append((timestamp_us, sensor, list(exclude), [f.index for f, _ in found]))
+        return found
+    monkeypatch.setattr(refs_mod, "nearest_training_views", spy)
+    cfg = RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2)
+    opts = TrainOptions(steps=3, batch=2, crop=16, degraded=(), extrapolated=())
+    card = train(tmp_path / "scene", log, tmp_path / "a", opts, cfg, progress=False)
+    assert card["pairs"] == {"scene": 21} and len(calls) == 21
+    frame_of = {(o.timestamp_us, o.sensor): f.index for f, o in load_log(log).camera_observations()}
+    for t, sensor, exclude, found in calls:
+        assert exclude == [frame_of[t, sensor]] and len(found) == 2
+        assert all(i not in exclude and i % 8 for i in found)  # never the target's frame, never a held-out one
+    z = np.load(tmp_path / "a-work" / "pairs.npz")
+    assert z["warped"].shape == (21, 2, 32, 48, 3) and z["valid"].shape == (21, 2, 32, 48) and z["valid"].any()
+    m = RepairModel.load(tmp_path / "a")
+    assert m.config.references == 2 and m.unet.config.in_channels == 16
+    train(tmp_path / "scene", log, tmp_path / "b", opts, cfg, progress=False)  # again, from nothing: the same model
+    again = RepairModel.load(tmp_path / "b").unet.state_dict()
+    assert all(torch.equal(v, again[k]) for k, v in m.unet.state_dict().items())
+    assert np.array_equal(np.load(tmp_path / "b-work" / "pairs.npz")["warped"], z["warped"])
+
+
+def test_gsim_eval_repairs_held_out_and_shifted_views_with_their_references(tmp_path, monkeypatch):
+    from gsim.cli import main
+    from gsim.diffusion import references as refs_mod
+    from gsim.street import street_surfels
+    log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
+                                                                      lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
+                     progress=False)
+    gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
+    m = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2))
+    torch.nn.init.normal_(m.unet.conv_out.weight, std=0.1)
+    m.save(tmp_path / "model")
+    real, calls = refs_mod.references, []
+
+    def spy(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        return calls[-1]
+    monkeypatch.setattr(refs_mod, "references", spy)
+    assert main(["eval", str(tmp_path / "scene"), str(log), "--out", str(tmp_path / "e"), "--shifts", "1",
+                 "--repair", str(tmp_path / "model")]) == 0
+    metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert "repaired_psnr" in metrics and "repaired_psnr" in metrics["lane_shift"][0]
+    assert len(calls) == 2 * 3 + 2 * 3 * 2  # held-out frames 0 and 8, 3 cameras; shifted to both sides
+    assert all(len(r) == 2 for r in calls)
+
+
+def test_gsim_render_repairs_with_references_from_a_log(tmp_path, monkeypatch):
+    from gsim.cli import main
+    from gsim.diffusion import references as refs_mod
+    from gsim.scenes.log import load_log
+    from gsim.street import street_surfels
+    from gsim.trajectory import Trajectory
+    log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
+                                                                      lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
+                     progress=False)
+    gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
+    lg = load_log(log)
+    obs = [f.cameras[sorted(f.cameras)[0]] for f in lg.frames[3:5]]
+    Trajectory(lg.cameras[obs[0].sensor].camera, np.array([o.timestamp_us for o in obs]),
+               np.stack([lg.T_world_camera(o) for o in obs])).save(tmp_path / "t.json")
+    m = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2))
+    torch.nn.init.normal_(m.unet.conv_out.weight, std=0.1)
+    m.save(tmp_path / "model")
+    real, calls = refs_mod.references, []
+
+    def spy(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        return calls[-1]
+    monkeypatch.setattr(refs_mod, "references", spy)
+    args = ["render", str(tmp_path / "scene"), "--trajectory", str(tmp_path / "t.json"), "--no-video", "--repair"]
+    assert main(args + [str(tmp_path / "model"), "--out", str(tmp_path / "r"), "--references-log", str(log)]) == 0
+    assert len(calls) == 2 and all(len(r) == 2 and r[0][1].any() for r in calls)  # each frame's nearest views seen
+    assert main(args + [str(tmp_path / "model"), "--out", str(tmp_path / "r2")]) == 0  # no log: the render alone
+    assert len(calls) == 2
+    RepairModel.new(TINY).save(tmp_path / "plain")
+    assert main(args + [str(tmp_path / "plain"), "--out", str(tmp_path / "r3"), "--references-log", str(log)]) == 2

@@ -298,3 +298,20 @@ def test_pseudo_views_leave_the_training_views_pose_corrections_alone(either_rec
     assert all(torch.equal(a, b) for a, b in zip(was, offsets()))
     train_step(t.run, dataclasses.replace(fake, pose_corrected=False), {}, t.log)  # a view that may learn it
     assert not all(torch.equal(a, b) for a, b in zip(was, offsets()))
+
+
+def test_a_model_with_reference_slots_repairs_each_pseudo_view_with_its_references(recon, tmp_path, monkeypatch):
+    from gsim.diffusion import references as refs_mod
+    log, scene_dir = recon
+    model = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2))
+    torch.nn.init.normal_(model.unet.conv_out.weight, std=0.05)
+    real, found = refs_mod.references, []
+
+    def spy(*args, **kwargs):
+        found.append(real(*args, **kwargs))
+        return found[-1]
+    monkeypatch.setattr(refs_mod, "references", spy)
+    summary = expand(scene_dir, log, model, tmp_path / "x", ExpandOptions(shifts=(1.0,), iterations=5, every=4),
+                     progress=False)
+    assert summary["stages"][0]["pseudo_views"] == 2 * 6 == len(found)  # every repaired view had its references
+    assert all(len(r) == 2 for r in found) and any(valid.any() for r in found for _, valid in r)

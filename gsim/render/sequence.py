@@ -17,9 +17,13 @@ def render_sequence(scene: Scene, trajectory: Trajectory, out, backend: str = "a
                     depth: bool = False, video: bool = True, repair: Optional[object] = None) -> dict:
     """Render every frame of ``trajectory`` into ``out``: rgb/NNNNNN.png, with ``depth`` depth/NNNNNN.png (metres
     * 256, 16 bit), with ``video`` video.mp4 at ``fps``. ``repair``: a repairer (`gsim.diffusion.open_repairer`);
-    rgb/ and the video then hold the repaired frames, render/ the renders as they were. Returns
+    rgb/ and the video then hold the repaired frames, render/ the renders as they were; one with ``repair_view`` (a
+    repair model) is given each frame's pose, for references from its log (the trajectory's poses taken as the
+    log's). Returns
     {"frames": n, "median_frame_ms": the median render time per frame}."""
     from tqdm import tqdm
+
+    from ..images import repaired  # (gsim.images imports this package)
     out = Path(out)
     frames, times = [], []
     for i, (t_us, T) in enumerate(tqdm(list(zip(trajectory.timestamps_us, trajectory.poses)),
@@ -30,7 +34,7 @@ def render_sequence(scene: Scene, trajectory: Trajectory, out, backend: str = "a
         rgb = to_uint8(f.rgb)
         if repair is not None:
             write_png(out / "render" / f"{i:06d}.png", rgb)
-            rgb = to_uint8(repair.repair_image(f.rgb, f.alpha, f.depth))
+            rgb = to_uint8(repaired(repair, scene, None, trajectory.camera, T, int(t_us), f.rgb, f.alpha, f.depth))
         write_png(out / "rgb" / f"{i:06d}.png", rgb)
         if depth:
             write_depth_png(out / "depth" / f"{i:06d}.png", f.depth)
