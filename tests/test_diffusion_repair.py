@@ -256,8 +256,9 @@ def test_training_with_references_is_deterministic_and_never_takes_the_target_fr
     assert np.array_equal(np.load(tmp_path / "b-work" / "pairs.npz")["warped"], z["warped"])
 
 
-def test_gsim_eval_repairs_held_out_and_shifted_views_with_their_references(tmp_path, monkeypatch):
-    from gsim.cli import main
+def reference_setup(tmp_path, monkeypatch):
+    """A small synthetic log, a street scene, a 2-slot repair model with a non-zero output layer (so references
+    change its repairs) and a spy on `references.references`; returns (log path, the spied calls' results)."""
     from gsim.diffusion import references as refs_mod
     from gsim.street import street_surfels
     log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
@@ -273,6 +274,12 @@ def test_gsim_eval_repairs_held_out_and_shifted_views_with_their_references(tmp_
         calls.append(real(*args, **kwargs))
         return calls[-1]
     monkeypatch.setattr(refs_mod, "references", spy)
+    return log, calls
+
+
+def test_gsim_eval_repairs_held_out_and_shifted_views_with_their_references(tmp_path, monkeypatch):
+    from gsim.cli import main
+    log, calls = reference_setup(tmp_path, monkeypatch)
     assert main(["eval", str(tmp_path / "scene"), str(log), "--out", str(tmp_path / "e"), "--shifts", "1",
                  "--repair", str(tmp_path / "model")]) == 0
     metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
@@ -283,27 +290,13 @@ def test_gsim_eval_repairs_held_out_and_shifted_views_with_their_references(tmp_
 
 def test_gsim_render_repairs_with_references_from_a_log(tmp_path, monkeypatch):
     from gsim.cli import main
-    from gsim.diffusion import references as refs_mod
     from gsim.scenes.log import load_log
-    from gsim.street import street_surfels
     from gsim.trajectory import Trajectory
-    log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
-                                                                      lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
-                     progress=False)
-    gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
+    log, calls = reference_setup(tmp_path, monkeypatch)
     lg = load_log(log)
     obs = [f.cameras[sorted(f.cameras)[0]] for f in lg.frames[3:5]]
     Trajectory(lg.cameras[obs[0].sensor].camera, np.array([o.timestamp_us for o in obs]),
                np.stack([lg.T_world_camera(o) for o in obs])).save(tmp_path / "t.json")
-    m = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2))
-    torch.nn.init.normal_(m.unet.conv_out.weight, std=0.1)
-    m.save(tmp_path / "model")
-    real, calls = refs_mod.references, []
-
-    def spy(*args, **kwargs):
-        calls.append(real(*args, **kwargs))
-        return calls[-1]
-    monkeypatch.setattr(refs_mod, "references", spy)
     args = ["render", str(tmp_path / "scene"), "--trajectory", str(tmp_path / "t.json"), "--no-video", "--repair"]
     assert main(args + [str(tmp_path / "model"), "--out", str(tmp_path / "r"), "--references-log", str(log)]) == 0
     assert len(calls) == 2 and all(len(r) == 2 and r[0][1].any() for r in calls)  # each frame's nearest views seen
