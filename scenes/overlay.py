@@ -47,6 +47,15 @@ def range_colours(r: np.ndarray, near: float = 2.0, far: float = 50.0) -> np.nda
     return (255 * np.hstack([1 - t, 1 - np.abs(2 * t - 1), t])).astype(np.uint8)
 
 
+def draw_dots(img: np.ndarray, uv: np.ndarray, colours: np.ndarray, size: int) -> None:
+    """Paint (N,2) pixel positions into ``img`` (H,W,3) uint8 in place as ``size`` x ``size`` squares of their
+    ``colours`` (N,3), clipped at the border: points that stay visible at any image size."""
+    ij = np.floor(uv).astype(int)
+    for di in range(size):
+        for dj in range(size):
+            img[np.clip(ij[:, 1] + di, 0, img.shape[0] - 1), np.clip(ij[:, 0] + dj, 0, img.shape[1] - 1)] = colours
+
+
 def draw_overlay(log: DrivingLog, frame_index: int, camera: str, lidars: Optional[Sequence[str]] = None,
                  boxes: bool = True) -> np.ndarray:
     """(H,W,3) uint8: the frame's image of ``camera`` with the frame's sweeps (``lidars``, default all) as dots
@@ -67,11 +76,7 @@ def draw_overlay(log: DrivingLog, frame_index: int, camera: str, lidars: Optiona
             raise InputError(f"{log.root}: frame {frame_index} has no sweep of LiDAR {name!r} "
                              f"(it has {sorted(frame.lidars)})")
         uv, inside, pc = in_camera(log, obs, sweep_in_world(log, frame.lidars[name]))
-        ij = np.floor(uv[inside]).astype(int)
-        colour = range_colours(np.linalg.norm(pc[inside], axis=1))
-        for di in range(dot + 1):
-            for dj in range(dot + 1):
-                img[np.clip(ij[:, 1] + di, 0, img.shape[0] - 1), np.clip(ij[:, 0] + dj, 0, img.shape[1] - 1)] = colour
+        draw_dots(img, uv[inside], range_colours(np.linalg.norm(pc[inside], axis=1)), dot + 1)
     pil = Image.fromarray(img)
     if boxes:
         draw = ImageDraw.Draw(pil)

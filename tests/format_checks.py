@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gsim.scenes.overlay import in_camera, range_colours, sweep_in_world
+from gsim.scenes.overlay import draw_dots, in_camera, range_colours, sweep_in_world
 
 DATA = Path(__file__).parents[1].parent / "shared" / "data"
 OVERLAYS = Path("/tmp/gsim_overlays")
@@ -22,11 +22,7 @@ def project(log, frame, camera: str, lidar: str):
 def write_overlay(rgb, uv, depth, name, tmp_path):
     """Points coloured by depth (red near, blue far) over the image, into tmp_path and /tmp/gsim_overlays/."""
     img = (np.asarray(rgb) * 255).astype(np.uint8)
-    colour = range_colours(depth, 2.0, 42.0)
-    ij = np.floor(uv).astype(int)
-    for di, dj in itertools.product(range(2 if img.shape[1] < 1500 else 4), repeat=2):  # dots seen at any size
-        i, j = np.clip(ij[:, 1] + di, 0, img.shape[0] - 1), np.clip(ij[:, 0] + dj, 0, img.shape[1] - 1)
-        img[i, j] = colour
+    draw_dots(img, uv, range_colours(depth, 2.0, 42.0), 2 if img.shape[1] < 1500 else 4)  # dots seen at any size
     save_picture(img, name, tmp_path)
 
 
