@@ -5,10 +5,10 @@ HOST:PORT; every node needs gsim installed and sees the inputs and the output fo
 docs/cluster.md).
 
 Each task writes what the single command writes (`gsim reconstruct` + `gsim eval`, `gsim closed-loop`, `gsim
-scenario render`) with the same functions, and runs numba and torch on as many threads as it has CPUs, so a
-batch's runs equal runs made one by one with the same CPUs (closed loop bit for bit, reconstruction to
-rounding), whatever the number of workers and the order they finish in. A batch is resumable: a rerun skips
-what finished (its results are read back) and resumes an interrupted reconstruction from its checkpoint.
+scenario render`) with the same functions, and runs numba and torch on as many threads as it has CPUs, so a batch's
+runs equal runs made one by one with the same CPUs, bit for bit, whatever the number of workers and the order they
+finish in (reconstructions load numba's kernels from its cache: gsim.scenes.kernel_cache). A batch is resumable: a
+rerun skips what finished (its results are read back) and resumes an interrupted reconstruction from its checkpoint.
 Failures are isolated: a task whose worker dies (a crash, a node lost) is retried ``retries`` times; one that
 raises (bad input does not go away) or dies every time becomes one failed row with its error, and the rest go on.
 Results: DIR/results.parquet and results.md (one row per task), and for closed loop also the in-process batch's

@@ -57,6 +57,13 @@ def cmd_validate(a) -> int:
     return 0
 
 
+def cmd_compile(a) -> int:
+    from .kernel_cache import prime, stamp_path
+    ran = prime()
+    print(f"gsim's kernels {'compiled into' if ran else 'were already in'} numba's cache (stamp {stamp_path()})")
+    return 0
+
+
 def cmd_reconstruct(a) -> int:
     from .train import preset, reconstruct
     overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale))
@@ -218,6 +225,10 @@ def register(sub) -> None:
     va = sub.add_parser("validate", help="check a driving log and every file it names")
     va.add_argument("log")
     va.set_defaults(fn=cmd_validate)
+
+    kc = sub.add_parser("compile", help="compile gsim's numba kernels into numba's cache now (gsim reconstruct "
+                        "does it when gsim changed; run it on each node of a cluster after installing)")
+    kc.set_defaults(fn=cmd_compile)
 
     rc = sub.add_parser("reconstruct", help="train a surfel scene on a driving log")
     rc.add_argument("log")

@@ -26,7 +26,7 @@ from gsim.io import write_json
 from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.render import BACKENDS, RenderOptions, render_camera
 
-from . import checkpoint, losses
+from . import checkpoint, kernel_cache, losses
 from .init import InitOptions, initial_surfels
 from .lidar_fit import render_rays
 from .lidar_rays import SweepRays, sweep_rays
@@ -466,6 +466,8 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
             raise InputError(f"{out / CHECKPOINT}: no checkpoint to resume from")
         state = load_state(found)
         cfg = TrainConfig.from_dict(state["config"])  # a resumed run keeps its own configuration
+    if cfg.backend == "numba":  # the cache's kernels, not this process's own compile: the same bits every run
+        kernel_cache.prime(progress)
     torch.manual_seed(cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     t = start(log_path, cfg, state, progress, out)

@@ -6,6 +6,13 @@ import gsim
 from support import plane, pose
 
 
+def pytest_sessionstart(session):
+    """numba's cache primed (gsim.scenes.kernel_cache) before a test compiles a kernel in this process: runs then
+    load the same machine code here as in a subprocess or a Ray worker."""
+    from gsim.scenes.kernel_cache import prime
+    prime()
+
+
 @pytest.fixture(scope="module")
 def edit_street(tmp_path_factory):
     """A tiny synthetic log (0.4 s of driving along +x in the lane at y = -1.75) and a scene: a ground
