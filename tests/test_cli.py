@@ -19,7 +19,7 @@ def gsim_cli(*args, check=True):
 
 
 COMMANDS = ("render", "info", "street", "import-ply", "export-ply", "render-lidar", "demo", "synth", "convert", "overlay",
-            "export-nerfstudio", "validate", "reconstruct", "eval", "trajectory", "truth", "scenario", "library",
+            "export-nerfstudio", "validate", "compile", "reconstruct", "eval", "trajectory", "truth", "scenario", "library",
             "diffusion", "expand", "closed-loop", "serve", "batch", "view")
 # what the command line must not load to list its commands: the kernels and every optional extra
 HEAVY = ("torch", "numba", "gsplat", "diffusers", "transformers", "grpc", "sumolib", "libsumo", "traci", "gymnasium",
