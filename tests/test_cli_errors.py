@@ -192,6 +192,10 @@ WALK = {
         "corrupt_checkpoint": None,
         "missing_extra": None,
     },
+    ("compile",): {  # takes no paths and no extra; writes numba's cache (numba's own files) and the stamp beside it
+        "dir_for_file": None, "file_for_dir": None, "missing": None, "unreadable": None, "full_disk": None,
+        "corrupt_checkpoint": None, "missing_extra": None,
+    },
     ("reconstruct",): {
         "dir_for_file": None,
         "file_for_dir": ("reconstruct {afile} {out}", "{afile}"),
