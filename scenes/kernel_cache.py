@@ -74,6 +74,9 @@ def prime(progress: bool = True) -> bool:
     if done.returncode != 0:
         raise InputError(f"compiling gsim's kernels ({sys.executable} -m gsim.scenes.kernel_cache) failed:\n"
                          f"{done.stderr[-2000:]}")
+    for line in done.stderr.splitlines():  # the child's own messages (not numba's or torch's warnings)
+        if line.startswith("gsim: "):
+            print(line, file=sys.stderr)
     return True
 
 
@@ -106,11 +109,20 @@ def compile_kernels() -> None:
         r.lidar(LidarSpec.preset("velodyne-vlp32c"),
                 (np.array([t - 100_000, t]), np.stack([log.T_world_vehicle(t - 100_000) @ T_vl, T @ T_vl])),
                 t - 100_000)
+    write_stamp(want)
+
+
+def write_stamp(value: str) -> None:
+    """The stamp written atomically; where it cannot be, said on stderr (not fatal)."""
     stamp = stamp_path()
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    part = stamp.with_name(stamp.name + f".{os.getpid()}.part")
-    part.write_text(want)
-    os.replace(part, stamp)
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        part = stamp.with_name(stamp.name + f".{os.getpid()}.part")
+        part.write_text(value)
+        os.replace(part, stamp)
+    except OSError as e:  # (a read-only install: numba caches elsewhere, the stamp has no place)
+        print(f"gsim: cannot write {stamp} ({e}); each reconstruction will check numba's cache in a child process "
+              f"(seconds; set NUMBA_CACHE_DIR to a writable folder to avoid it)", file=sys.stderr)
 
 
 if __name__ == "__main__":

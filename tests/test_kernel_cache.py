@@ -79,3 +79,14 @@ def test_gsim_compile_says_where_the_stamp_is(unprimed, capsys):
     kernel_cache._primed = False
     assert main(["compile"]) == 0
     assert f"were already in numba's cache (stamp {kernel_cache.stamp_path()})" in capsys.readouterr().out
+
+
+def test_a_stamp_that_cannot_be_written_is_said_not_fatal(monkeypatch, tmp_path, capsys):
+    """A read-only install: the priming child cannot write the stamp; it says so and the reconstruction goes on
+    (the parent echoes the child's "gsim: " lines)."""
+    blocked = tmp_path / "ro"
+    blocked.write_text("a file where the stamp's folder would be")
+    monkeypatch.setattr(kernel_cache, "stamp_path", lambda: blocked / "sub" / "gsim-kernels.stamp")
+    kernel_cache.write_stamp("abc")
+    err = capsys.readouterr().err
+    assert err.startswith(f"gsim: cannot write {blocked / 'sub' / 'gsim-kernels.stamp'}") and "NUMBA_CACHE_DIR" in err
