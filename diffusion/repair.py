@@ -37,7 +37,7 @@ class RepairConfig(Config):
     2^(levels-1)); train_timesteps: the noise schedule's length; repair_t: the noise level repair starts from
     (of train_timesteps); depth_scale_m: the condition's inverse-depth scale; residual: see the field;
     references: the reference slots the UNet takes (0: the render alone; model directories written before the
-    field load as 0)."""
+    field load as 0); train_input: what the UNet is trained to denoise (see the field)."""
 
     channels: Tuple[int, ...] = (32, 64, 64, 128)
     layers_per_block: int = 1
@@ -47,6 +47,11 @@ class RepairConfig(Config):
     residual: bool = True  # the UNet predicts the correction to the render (a fresh model leaves renders as they are)
     loss: str = "l1"  # "l1" or "l2" (the mean correction: L1's gradients cancel where corrections disagree in sign)
     references: int = 0
+    # "render": the render noised to repair_t, exactly what `repair` gives it (a one-step restoration, as Difix3D's):
+    # the correction must come from the render and the condition. "real": the real image noised to a random level
+    # (DDPM's objective; models written before the field): at repair_t that input shows the real image through
+    # the noise, so the UNet learns to copy it and, given a render at repair time, returns the render.
+    train_input: str = "render"
 
     def __post_init__(self):
         object.__setattr__(self, "channels", tuple(int(c) for c in self.channels))
@@ -57,6 +62,8 @@ class RepairConfig(Config):
             raise InputError(f"RepairConfig.depth_scale_m: expected a finite number > 0, got {self.depth_scale_m!r}")
         if not isinstance(self.references, int) or isinstance(self.references, bool) or self.references < 0:
             raise InputError(f"RepairConfig.references: expected an integer >= 0, got {self.references!r}")
+        if self.train_input not in ("render", "real"):
+            raise InputError(f"RepairConfig.train_input: expected 'render' or 'real', got {self.train_input!r}")
         if self.loss not in ("l1", "l2"):
             raise InputError(f"RepairConfig.loss: expected 'l1' or 'l2', got {self.loss!r}")
         if not 0 < self.repair_t < self.train_timesteps:
@@ -126,13 +133,18 @@ class RepairModel:
                              f"{tuple(rgb.shape)} (pad or crop the image)")
 
     def loss(self, real, rgb, alpha, depth, weight=None, generator=None, references=None) -> torch.Tensor:
-        """The denoising loss at random noise levels: predict the real image from it noised, given the render
-        (and ``references``). ``weight`` (B,1,H,W): per-pixel weights (None: all 1)."""
+        """The loss of predicting the real image, given the render (and ``references``), from the render noised to
+        repair_t (train_input "render") or from the real image noised to a random level ("real").
+        ``weight`` (B,1,H,W): per-pixel weights (None: all 1)."""
         self._check(rgb)
         x0 = real * 2 - 1
         noise = torch.randn(x0.shape, generator=generator)
-        t = torch.randint(0, self.config.train_timesteps, (len(x0),), generator=generator)
-        xt = self.scheduler.add_noise(x0, noise, t)
+        if self.config.train_input == "render":
+            t = torch.full((len(x0),), self.config.repair_t, dtype=torch.long)
+            xt = self.scheduler.add_noise(rgb * 2 - 1, noise, t)
+        else:
+            t = torch.randint(0, self.config.train_timesteps, (len(x0),), generator=generator)
+            xt = self.scheduler.add_noise(x0, noise, t)
         err = (self._predict(xt, t, rgb, alpha, depth, references) - x0).abs()
         err = err if self.config.loss == "l1" else err * err
         return err.mean() if weight is None else (err * weight).sum() / (weight.sum() * 3).clamp_min(1e-6)
@@ -228,7 +240,7 @@ class RepairModel:
         level = logging.get_verbosity()
         logging.set_verbosity_error()  # (diffusers advises installing accelerate on every load: not needed here)
         try:
-            config = RepairConfig.from_dict(settings)
+            config = RepairConfig.from_dict({"train_input": "real", **settings})  # (older models: see the field)
             unet = UNet2DModel.from_pretrained(p / "unet", local_files_only=True, use_safetensors=True)  # (no pickle)
             scheduler = DDPMScheduler.from_pretrained(p / "scheduler", local_files_only=True)
         except (OSError, ValueError) as e:

@@ -50,6 +50,26 @@ def test_the_loss_falls_and_repair_keeps_shapes_and_ranges():
         m.repair(rgb[:, :, :15], alpha[:, :, :15], depth[:, :, :15])
 
 
+def test_the_render_objective_learns_the_correction_repair_applies():
+    """A systematic error (the render's contrast halved): the model trained on what repair sees (the render noised
+    to repair_t, the default objective) learns to undo it."""
+    g = torch.Generator().manual_seed(0)
+    real = torch.rand(4, 3, 16, 16, generator=g)
+    rgb = 0.5 * real + 0.25
+    alpha, depth = torch.ones(4, 1, 16, 16), torch.full((4, 1, 16, 16), 4.0)
+    torch.manual_seed(0)
+    m = RepairModel.new(TINY)
+    assert m.config.train_input == "render"
+    opt = torch.optim.Adam(m.unet.parameters(), 3e-3)
+    for step in range(150):
+        loss = m.loss(real, rgb, alpha, depth, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    before, after = (rgb - real).abs().mean().item(), (m.repair(rgb, alpha, depth) - real).abs().mean().item()
+    assert after < 0.2 * before, (before, after)
+
+
 def test_save_and_load_round_trip(tmp_path):
     m = RepairModel.new(TINY)
     real, rgb, alpha, depth = batch(1)
@@ -176,9 +196,10 @@ def test_reference_slots_set_the_unet_channels_and_old_settings_load(tmp_path):
     m = RepairModel.new(TINY)
     m.save(tmp_path / "old")
     settings = json.loads((tmp_path / "old" / "gsim_repair.json").read_text())
-    del settings["references"]  # a model directory written before the field
+    del settings["references"], settings["train_input"]  # a model directory written before the fields
     (tmp_path / "old" / "gsim_repair.json").write_text(json.dumps(settings))
     assert RepairModel.load(tmp_path / "old").config.references == 0
+    assert RepairModel.load(tmp_path / "old").config.train_input == "real"  # trained before the field: DDPM's
     settings["references"] = 2  # settings that disagree with the weights
     (tmp_path / "old" / "gsim_repair.json").write_text(json.dumps(settings))
     with pytest.raises(InputError, match="takes 8 channels"):
