@@ -202,10 +202,12 @@ def _resume(path: Path, model: RepairModel, opt, rng: np.random.Generator, gen: 
 
 
 def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), config: RepairConfig = RepairConfig(),
-          work: Optional[Path] = None, resume: bool = False, progress: bool = True) -> dict:
+          work: Optional[Path] = None, resume: bool = False, progress: bool = True,
+          pairs: Optional[Pairs] = None) -> dict:
     """Trains a repair model on ``log_path`` with the reconstruction ``scene_path`` and writes it to ``out``
     (diffusers' directory format with a model card); returns the card's numbers. ``work`` (default
-    out + "-work") holds the pairs, the degraded reconstructions and the resumable checkpoint."""
+    out + "-work") holds the pairs, the degraded reconstructions and the resumable checkpoint. ``pairs``: train on
+    these instead of the log's own (bench/bench_offpath_pairs.py: synthetic streets off the path)."""
     from tqdm import tqdm
     out = Path(out)
     work = Path(work) if work is not None else out.parent / f"{out.name}-work"
@@ -220,7 +222,8 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
     found = checkpoint.find(work) if resume else None
     if found is not None:  # read before the pairs are made: a bad checkpoint fails now, not minutes later
         step, losses = _resume(found, model, opt, rng, gen)
-    pairs = make_pairs(scene_path, log_path, work, options, progress=progress, references=config.references)
+    if pairs is None:
+        pairs = make_pairs(scene_path, log_path, work, options, progress=progress, references=config.references)
     model.unet.train()
     bar = tqdm(range(step, options.steps), desc="train repair model", unit="step", disable=not progress,
                initial=step, total=options.steps)

@@ -127,6 +127,22 @@ def test_train_end_to_end_resumes_and_writes_a_card(tmp_path, monkeypatch):
         train(tmp_path / "scene", log, tmp_path / "m2", TrainOptions(crop=15), TINY, progress=False)
 
 
+def test_train_on_given_pairs_makes_none_of_its_own(tmp_path, monkeypatch):
+    """bench/bench_offpath_pairs.py's path: pairs from elsewhere (synthetic streets off the path) are trained on as
+    they are; no degraded reconstruction is made."""
+    monkeypatch.setattr(train_mod, "make_pairs", lambda *a, **k: pytest.fail("made pairs of its own"))
+    rng = np.random.default_rng(0)
+    n = 3
+    pairs = train_mod.Pairs(rng.integers(0, 255, (n, 16, 16, 3), np.uint8), np.full((n, 16, 16), 255, np.uint8),
+                            np.full((n, 16, 16), 4.0, np.float16), rng.integers(0, 255, (n, 16, 16, 3), np.uint8),
+                            ["seed1", "seed1", "seed2"], np.zeros((n, 0, 16, 16, 3), np.uint8),
+                            np.zeros((n, 0, 16, 16), bool))
+    card = train(tmp_path / "scene", tmp_path / "log", tmp_path / "m", TrainOptions(steps=2, batch=2, crop=16), TINY,
+                 progress=False, pairs=pairs)
+    assert card["pairs"] == {"seed1": 2, "seed2": 1} and card["image_size"] == [16, 16]
+    assert RepairModel.load(tmp_path / "m").config == TINY
+
+
 def test_gsim_render_repair_writes_repaired_frames_beside_the_renders(tmp_path):
     from gsim.cli import main
     from gsim.street import street_surfels
