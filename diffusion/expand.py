@@ -30,8 +30,6 @@ import torch
 from gsim.config import Config
 from gsim.errors import Diverged, GsimError, GsimWarning, InputError
 
-from .repair import RepairModel
-
 
 PROBE_VIEWS = 12  # training views whose loss the guard compares before, during and after each stage
 PROBE_EVERY = 50  # distillation steps between the guard's looks
@@ -267,8 +265,9 @@ def held_out_psnr(scene, views) -> float:
 
 def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandOptions(), progress: bool = True) -> dict:
     """Expands the reconstruction at ``scene_path`` (see the module docstring) into ``out``; returns the
-    summary written to out/expand.json. ``repairer``: any object with `repair_image(rgb, alpha, depth, seed)`; a
-    `RepairModel` with reference slots is given each view's references from the log's training views.
+    summary written to out/expand.json. ``repairer``: any object with `repair_image(rgb, alpha, depth, seed)`
+    (`gsim.images.repaired`: a `RepairModel` with reference slots is given each view's references from the log's
+    training views).
 
     Each stage is guarded: it starts from a snapshot of the run, and is undone (the expansion stops there, keeping
     the stages before it) if a training loss is not finite, if the real views' loss jumps (a fixed set of training
@@ -278,7 +277,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     `allow_worse`. `ExpansionRefused` when nothing may be written."""
     from tqdm import tqdm
 
-    from gsim.images import render_image
+    from gsim.images import render_image, repaired
     from gsim.io import write_json
     from gsim.scenes.render_path import offset_pose
     from gsim.scenes.train import TrainConfig, load_state, resumed, snapshot, start, train_step, view_loss
@@ -320,9 +319,8 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             if not clear_pose(Tc, alpha, depth, seen, options):
                 blocked += 1
                 continue
-            fixed = repairer.repair_view(scene, t.log, v.camera, T, v.timestamp_us, rgb, alpha, depth, v.sensor,
-                                         options.seed + i, cfg.holdout_every, cfg.downscale) \
-                if isinstance(repairer, RepairModel) else repairer.repair_image(rgb, alpha, depth, options.seed + i)
+            fixed = repaired(repairer, scene, t.log, v.camera, T, v.timestamp_us, rgb, alpha, depth, options.seed + i,
+                             sensor=v.sensor, holdout_every=cfg.holdout_every, downscale=cfg.downscale)
             if i % 8 == 0:
                 _picture(out / "pseudo" / f"left{left:+.1f}_ahead{fwd:+.1f}_{i:03d}_{v.sensor}.png", rgb, fixed)
             *fill, filled = fill_points(v.camera, Tc, fixed, alpha, depth, options, seen)

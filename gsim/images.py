@@ -30,13 +30,15 @@ def render_image(scene: Union[Scene, Renderer], camera, T_world_camera, timestam
     return f.rgb, f.alpha, f.depth
 
 
-def repaired(repair, scene, log, camera, T_world_camera, timestamp_us: int, rgb, alpha, depth, **view) -> np.ndarray:
-    """A repairer's (`gsim.diffusion.open_repairer`) image of a render: a repair model (one with ``repair_view``) is
-    given the view too, for references from ``log``'s training images (``view``: its sensor, holdout_every,
-    downscale); any other repairer sees the render alone."""
+def repaired(repair, scene, log, camera, T_world_camera, timestamp_us: int, rgb, alpha, depth, seed: int = 0,
+             **view) -> np.ndarray:
+    """A repairer's (`gsim.diffusion.open_repairer`) image of a render (its noise drawn from ``seed``): a repair
+    model (one with ``repair_view``) is given the view too, for references from ``log``'s training images (``view``:
+    its sensor, holdout_every, downscale); any other repairer sees the render alone."""
     if hasattr(repair, "repair_view"):
-        return repair.repair_view(scene, log, camera, T_world_camera, timestamp_us, rgb, alpha, depth, **view)
-    return repair.repair_image(rgb, alpha, depth)
+        return repair.repair_view(scene, log, camera, T_world_camera, timestamp_us, rgb, alpha, depth, seed=seed,
+                                  **view)
+    return repair.repair_image(rgb, alpha, depth, seed)
 
 
 def _gauss_window(dtype, device) -> torch.Tensor:
