@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import gsim.diffusion.references as refs_module
-from gsim.diffusion.references import SOLID_ALPHA, references
+from gsim.diffusion.references import SOLID_ALPHA, references, solid_depth
 from gsim.images import image_metrics, psnr, render_image
 from gsim.io import to_uint8, write_png
 from gsim.resident import Renderer
@@ -84,7 +84,7 @@ def main() -> int:
             gt = v.image if kind == "held_out" else truth(street, options, log, v.sensor, T, v.timestamp_us, downscale)
             t = time.perf_counter()
             found = references(renderer, log, v.camera, T, v.timestamp_us, args.k, v.sensor, args.holdout_every,
-                               downscale, target_depth=np.where(alpha >= SOLID_ALPHA, depth, 0.0),
+                               downscale, target_depth=solid_depth(alpha, depth),
                                depth_tolerance=args.depth_tolerance)
             t_refs += time.perf_counter() - t
             n += 1

@@ -40,6 +40,11 @@ def _image(a, camera: Camera, name: str, channels: Optional[int] = None) -> np.n
     return a.astype(np.float64)
 
 
+def solid_depth(alpha: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """A render's depth where its alpha reaches `SOLID_ALPHA`, 0 (no surface known) elsewhere: what `warp` takes."""
+    return np.where(alpha >= SOLID_ALPHA, depth, 0.0)
+
+
 def warp(source_rgb: np.ndarray, source_depth: np.ndarray, source_camera: Camera, T_world_source: np.ndarray,
          target_depth: np.ndarray, target_camera: Camera, T_world_target: np.ndarray,
          depth_tolerance: float = DEPTH_TOLERANCE) -> Tuple[np.ndarray, np.ndarray]:
@@ -145,12 +150,12 @@ def references(scene, log, target_camera: Camera, T_world_target: np.ndarray, ti
     T_target = placed.log_pose(check_pose(T_world_target, "T_world_target"), t)
     if target_depth is None:
         _, alpha, depth = render_image(scene, target_camera, T_target, t, sensor)
-        target_depth = np.where(alpha >= SOLID_ALPHA, depth, 0.0)
+        target_depth = solid_depth(alpha, depth)
     out = []
     for _, obs in nearest_training_views(log, T_world_target, t, k, sensor, holdout_every, exclude):
         camera = log.cameras[obs.sensor].camera.downscaled(downscale)
         T_source = placed.log_pose(log.T_world_camera(obs), obs.timestamp_us)
         _, alpha, depth = render_image(scene, camera, T_source, obs.timestamp_us, obs.sensor)
-        out.append(warp(downscale_image(log.image(obs), downscale), np.where(alpha >= SOLID_ALPHA, depth, 0.0),
+        out.append(warp(downscale_image(log.image(obs), downscale), solid_depth(alpha, depth),
                         camera, T_source, target_depth, target_camera, T_target, depth_tolerance))
     return out

@@ -204,9 +204,9 @@ class RepairModel:
         alone."""
         refs = None
         if self.config.references and log is not None:
-            from .references import SOLID_ALPHA, references
+            from .references import references, solid_depth
             refs = references(scene, log, camera, T_world_target, timestamp_us, self.config.references, sensor,
-                              holdout_every, downscale, target_depth=np.where(alpha >= SOLID_ALPHA, depth, 0.0))
+                              holdout_every, downscale, target_depth=solid_depth(alpha, depth))
         return self.repair_image(rgb, alpha, depth, seed, references=refs)
 
     def with_log(self, log) -> "LogReferences":

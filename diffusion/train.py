@@ -78,7 +78,7 @@ def _render_pairs(scene, views, name: str, log, k: int, holdout_every: int, down
     from gsim.io import to_uint8
     from gsim.images import render_image
 
-    from .references import SOLID_ALPHA, references
+    from .references import references, solid_depth
     out = []
     for v in views:
         rgb, alpha, depth = render_image(scene, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
@@ -86,7 +86,7 @@ def _render_pairs(scene, views, name: str, log, k: int, holdout_every: int, down
         warped, valid = np.zeros((k,) + rgb.shape, np.uint8), np.zeros((k,) + alpha.shape, bool)
         if k:  # (a log with fewer training views leaves the last slots invalid)
             refs = references(scene, log, v.camera, v.T_world_camera, v.timestamp_us, k, v.sensor, holdout_every,
-                              downscale, exclude=[v.frame], target_depth=np.where(alpha >= SOLID_ALPHA, depth, 0.0))
+                              downscale, exclude=[v.frame], target_depth=solid_depth(alpha, depth))
             for i, (w, m) in enumerate(refs):
                 warped[i], valid[i] = to_uint8(w), m
         out.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(v.image), name, warped, valid))
