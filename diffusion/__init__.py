@@ -2,13 +2,19 @@
 from gsim.errors import InputError
 
 
-def open_repairer(model=None, pretrained=None, controlnet=None, strength: float = 0.35, steps: int = 20):
+def open_repairer(model=None, pretrained=None, controlnet=None, strength: float = 0.35, steps: int = 20,
+                  paste: bool = False):
     """The repairer a command was given (an object with ``repair_image(rgb, alpha, depth, seed, mask)``):
-    ``model``, a repair model directory (`gsim diffusion train`), or ``pretrained``, a local Stable Diffusion
+    ``model``, a repair model directory (`gsim diffusion train`), ``pretrained``, a local Stable Diffusion
     inpainting or img2img directory with an optional depth ``controlnet`` (run at ``strength`` for ``steps``
-    steps); None for neither."""
-    if model and pretrained:
-        raise InputError("give a repair model (--repair) or pretrained weights (--pretrained), not both")
+    steps), or ``paste``: the log's real images pasted where they agree (`references.ReferencePaste`); None for
+    none."""
+    if sum(map(bool, (model, pretrained, paste))) > 1:
+        raise InputError("give one repairer: a repair model (--repair), pretrained weights (--pretrained) or "
+                         "--paste-references")
+    if paste:
+        from .references import ReferencePaste
+        return ReferencePaste()
     if controlnet and not pretrained:
         raise InputError("--controlnet guides pretrained weights: it needs --pretrained")
     if model:

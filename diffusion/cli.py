@@ -11,21 +11,24 @@ from gsim.cli_args import distances, finite_float, int_at_least
 def open_repairer(a):
     """The repairer of a command's --repair / --pretrained [--controlnet --strength --sd-steps] (None: neither)."""
     from . import open_repairer as open_
-    return open_(a.repair, a.pretrained, a.controlnet, a.strength, a.sd_steps)
+    return open_(a.repair, a.pretrained, a.controlnet, a.strength, a.sd_steps, a.paste_references)
 
 
 def open_render_repairer(a):
     """``gsim render``'s repairer: with --references-log, a repair model takes its references from that log."""
+    from gsim.errors import InputError
     repair = open_repairer(a)
     if a.references_log is None:
+        if a.paste_references:
+            raise InputError("--paste-references pastes a log's images: give the log with --references-log LOG")
         return repair
-    from gsim.errors import InputError
     from gsim.scenes.log import load_log
 
+    from .references import ReferencePaste
     from .repair import RepairModel
-    if not (isinstance(repair, RepairModel) and repair.config.references):
-        raise InputError("--references-log: the repairer takes no references (train one with `gsim diffusion train "
-                         "... --references K`)")
+    if not (isinstance(repair, RepairModel) and repair.config.references or isinstance(repair, ReferencePaste)):
+        raise InputError("--references-log: the repairer takes no references (give --paste-references, or train a "
+                         "model with `gsim diffusion train ... --references K`)")
     return repair.with_log(load_log(a.references_log))
 
 
@@ -46,6 +49,9 @@ def add_repair_args(p, what: str, *aliases: str) -> None:
                    help=f"a repair model directory (gsim diffusion train): {what}")
     p.add_argument("--pretrained", default=None, metavar="DIR", help="instead of --repair: a local Stable Diffusion "
                    "inpainting or img2img directory (diffusers layout; never downloaded)")
+    p.add_argument("--paste-references", action="store_true", help="instead of --repair: no model, the log's real "
+                   "training images warped into each view through the log's LiDAR depth, pasted where the 3 nearest "
+                   "agree (two at least)")
     p.add_argument("--controlnet", default=None, metavar="DIR", help="with --pretrained: a local depth ControlNet "
                    "directory, guided by the render's depth")
     p.add_argument("--strength", type=finite_float(0.0, 1.0, low_open=True), default=0.35,
@@ -59,9 +65,9 @@ def cmd_expand(a) -> int:
     from .expand import ExpandOptions, expand
     repair = open_repairer(a)
     if repair is None:
-        raise InputError(f"gsim expand needs a repairer: train one with `gsim diffusion train {a.scene} {a.log} --out "
-                         f"MODEL_DIR` and give --model MODEL_DIR, or give local Stable Diffusion weights with "
-                         f"--pretrained DIR")
+        raise InputError(f"gsim expand needs a repairer: give --paste-references (the log's own images), train a "
+                         f"model with `gsim diffusion train {a.scene} {a.log} --out MODEL_DIR` and give --model "
+                         f"MODEL_DIR, or give local Stable Diffusion weights with --pretrained DIR")
     opts = ExpandOptions(shifts=a.shifts, ahead=a.ahead, iterations=a.iterations, every=a.every,
                          pseudo_weight=a.pseudo_weight, seed=a.seed, allow_worse=a.allow_worse)
     s = expand(a.scene, a.log, repair, a.out, opts)

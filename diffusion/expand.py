@@ -302,6 +302,8 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
                "held_out_psnr_before": held_out_psnr(recon, held) if held else None}
     (out / "pseudo").mkdir(parents=True, exist_ok=True)
     last = max(v.frame for v in t.views)
+    # references only from frames the reconstruction trained on (a train_span run leaves later frames unseen)
+    unseen = tuple(f.index for f in t.log.frames if f.index not in {v.frame for v in t.views})
     for shift, ahead in stages:
         good = snapshot(run)
         start_loss = probe_loss()
@@ -320,7 +322,8 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
                 blocked += 1
                 continue
             fixed = repaired(repairer, scene, t.log, v.camera, T, v.timestamp_us, rgb, alpha, depth, options.seed + i,
-                             sensor=v.sensor, holdout_every=cfg.holdout_every, downscale=cfg.downscale)
+                             sensor=v.sensor, holdout_every=cfg.holdout_every, downscale=cfg.downscale,
+                             exclude=unseen)
             if i % 8 == 0:
                 _picture(out / "pseudo" / f"left{left:+.1f}_ahead{fwd:+.1f}_{i:03d}_{v.sensor}.png", rgb, fixed)
             *fill, filled = fill_points(v.camera, Tc, fixed, alpha, depth, options, seen)

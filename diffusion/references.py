@@ -1,12 +1,14 @@
 """Reference images for repair: the log's real training images warped into a target view (shifted, ahead, or a
-held-out one) through the reconstruction's depth, with where each real pixel is valid.
+held-out one) through a depth (the reconstruction's, or the log's LiDAR), with where each real pixel is valid.
 
 A render off the driven path is blurred or holed where the log saw little; the real images of the nearest
 training views often saw the same surfaces, sharp. `warp` moves one of them into the target view by backward
 warping: each target pixel's rendered depth places a point, the point is projected into the source camera and the
 real image is sampled there, valid only where the source's own (rendered) depth agrees that it saw that point and
 not something nearer (occlusion). `nearest_training_views` picks the sources; `references` does both for a
-reconstruction and its log. Numpy throughout; cameras are any gsim model, distortion included."""
+reconstruction and its log, through the reconstruction's rendered depth or the log's LiDAR (`LidarDepth`);
+`agreement` keeps the pixels where two references agree and `ReferencePaste` pastes them over a render: a repairer
+without a model. Numpy throughout; cameras are any gsim model, distortion included."""
 from __future__ import annotations
 
 import math
@@ -19,6 +21,7 @@ from gsim.errors import InputError
 from gsim.images import render_image
 from gsim.resident import Renderer
 from gsim.scene import Scene
+from gsim.scenes.lidar_depth import LidarDepth
 from gsim.scenes.views import split_frames
 from gsim.transforms import check_pose, invert
 
@@ -28,6 +31,7 @@ SOLID_ALPHA = 0.5  # a rendered pixel's depth counts where its alpha reaches thi
 DIRECTION_M = 10.0  # nearest views: metres that a viewing direction turned by 90 degrees counts as
 SENSOR_M = 2.0  # nearest views: metres that another camera of the log counts as (its exposure and lens differ)
 TIME_M_PER_S = 1.0  # nearest views: metres that a second apart counts as (the log's actors move in between)
+AGREE = 0.03  # mean RGB spread (images in [0,1]) within which references agree (seed 7: 0.03 kept more gain than 0.06)
 
 
 def _image(a, camera: Camera, name: str, channels: Optional[int] = None) -> np.ndarray:
@@ -129,33 +133,119 @@ def nearest_training_views(log, T_world_target: np.ndarray, timestamp_us: int, k
 def references(scene, log, target_camera: Camera, T_world_target: np.ndarray, timestamp_us: int, k: int = 2,
                sensor: Optional[str] = None, holdout_every: int = 8, downscale: Optional[int] = None,
                exclude: Sequence[int] = (), target_depth: Optional[np.ndarray] = None,
-               depth_tolerance: float = DEPTH_TOLERANCE) -> List[Tuple[np.ndarray, np.ndarray]]:
+               depth_tolerance: float = DEPTH_TOLERANCE, lidar: Optional[LidarDepth] = None
+               ) -> List[Tuple[np.ndarray, np.ndarray]]:
     """[(warped (H,W,3) float32, valid (H,W) bool)] of the ``k`` nearest training views' real images
     (`nearest_training_views`), nearest first, warped into the target camera (`warp`).
 
     ``scene``: a reconstruction of ``log`` (a `Scene`, or a `Renderer` holding one); ``T_world_target``: a log pose
-    (OpenCV camera -> world) at ``timestamp_us``, e.g. a log camera moved by `gsim.scenes.render_path.offset_pose`:
-    the target and the sources are placed where the scene puts the log's poses (`Scene.log_pose`). The log's images
-    have no depth: the target's depth and each source's (the occlusion test) are the scene's renders, counted where
-    their alpha reaches `SOLID_ALPHA`. ``target_depth``: the target's rendered depth if the caller has it (else
-    rendered here). ``downscale``: of the log's images, to ``target_camera``'s scale (None: the scene's training
-    downscale, 1 where it has none recorded). ``sensor``, ``holdout_every``, ``exclude``: as in
-    `nearest_training_views`."""
+    (OpenCV camera -> world) at ``timestamp_us``, e.g. a log camera moved by `gsim.scenes.render_path.offset_pose`.
+    The log's images have no depth: the target's depth and each source's (the occlusion test) are the scene's
+    renders, counted where their alpha reaches `SOLID_ALPHA`, and the target and the sources are placed where the
+    scene puts the log's poses (`Scene.log_pose`); ``target_depth``: the target's rendered depth if the caller has it
+    (else rendered here). With ``lidar`` (a `gsim.scenes.lidar_depth.LidarDepth` of ``log``) both depths are the
+    log's LiDAR instead, at the log's poses: the reconstruction's geometry, wrong off the path in the same way from
+    every pose, no longer decides where the real pixels go. ``downscale``: of the log's images, to
+    ``target_camera``'s scale (None: the scene's training downscale, 1 where it has none recorded). ``sensor``,
+    ``holdout_every``, ``exclude``: as in `nearest_training_views`."""
     if not isinstance(scene, (Scene, Renderer)):
         raise InputError(f"scene: expected a gsim Scene or Renderer, got {type(scene).__name__}")
+    if lidar is not None and target_depth is not None:
+        raise InputError("references: give target_depth (a render's) or lidar (the log's LiDAR depth), not both")
     placed = scene.scene if isinstance(scene, Renderer) else scene
     if downscale is None:
         downscale = placed.train_downscale or 1
     t = int(timestamp_us)
-    T_target = placed.log_pose(check_pose(T_world_target, "T_world_target"), t)
-    if target_depth is None:
-        _, alpha, depth = render_image(scene, target_camera, T_target, t, sensor)
-        target_depth = solid_depth(alpha, depth)
+    T_target = check_pose(T_world_target, "T_world_target")
+    if lidar is not None:
+        target_depth = lidar(target_camera, T_target, t)
+    else:
+        T_target = placed.log_pose(T_target, t)
+        if target_depth is None:
+            _, alpha, depth = render_image(scene, target_camera, T_target, t, sensor)
+            target_depth = solid_depth(alpha, depth)
     out = []
     for _, obs in nearest_training_views(log, T_world_target, t, k, sensor, holdout_every, exclude):
         camera = log.cameras[obs.sensor].camera.downscaled(downscale)
-        T_source = placed.log_pose(log.T_world_camera(obs), obs.timestamp_us)
-        _, alpha, depth = render_image(scene, camera, T_source, obs.timestamp_us, obs.sensor)
-        out.append(warp(downscale_image(log.image(obs), downscale), solid_depth(alpha, depth),
-                        camera, T_source, target_depth, target_camera, T_target, depth_tolerance))
+        if lidar is not None:
+            T_source = log.T_world_camera(obs)
+            source_depth = lidar(camera, T_source, obs.timestamp_us)
+        else:
+            T_source = placed.log_pose(log.T_world_camera(obs), obs.timestamp_us)
+            _, alpha, depth = render_image(scene, camera, T_source, obs.timestamp_us, obs.sensor)
+            source_depth = solid_depth(alpha, depth)
+        out.append(warp(downscale_image(log.image(obs), downscale), source_depth, camera, T_source, target_depth,
+                        target_camera, T_target, depth_tolerance))
     return out
+
+
+def agreement(found: Sequence[Tuple[np.ndarray, np.ndarray]], tolerance: float = AGREE
+              ) -> Tuple[np.ndarray, np.ndarray]:
+    """(colour (H,W,3) float32, agreed (H,W) bool) of references (``found``: [(warped, valid)] as `references`
+    returns them): agreed where at least two are valid and their colours differ by at most ``tolerance`` (the mean
+    over RGB of the largest minus the smallest valid value, images in [0,1]); colour: the valid ones' mean there, 0
+    elsewhere. Two real images that land on the same colour from different poses put it at the right place: a wrong
+    depth sends them to different texture."""
+    if not found:
+        raise InputError("agreement: expected at least one (warped, valid) reference, got none")
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+        raise InputError(f"tolerance: expected a finite number >= 0 (RGB in [0,1]), got {tolerance!r}")
+    warped = np.stack([np.asarray(w, np.float32) for w, _ in found])
+    valid = np.stack([np.asarray(v, bool) for _, v in found])
+    count = valid.sum(0)
+    high = np.where(valid[..., None], warped, -np.inf).max(0)
+    low = np.where(valid[..., None], warped, np.inf).min(0)
+    with np.errstate(invalid="ignore"):  # (-inf - inf where none is valid: not agreed)
+        agreed = (count >= 2) & ((high - low).mean(-1) <= tolerance)
+    colour = (warped * valid[..., None]).sum(0) / np.maximum(count, 1)[..., None]
+    return np.where(agreed[..., None], colour, 0.0).astype(np.float32), agreed
+
+
+class ReferencePaste:
+    """A repairer without a model: the render with the log's real training images pasted where at least two of
+    the ``k`` nearest agree (`agreement`), warped into the view through the log's LiDAR depth (`references` with a
+    `LidarDepth` of the log, built on first use; logs without LiDAR: through the render's depth). Elsewhere the
+    render stays as it is. It needs the view and its log (`repair_view`); ``log``: the one to use when a caller
+    has none (``gsim render``)."""
+
+    def __init__(self, k: int = 3, tolerance: float = AGREE, log=None):
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 2:
+            raise InputError(f"k: expected an integer >= 2 (references that must agree), got {k!r}")
+        self.k, self.tolerance, self.log = int(k), tolerance, log
+        self._lidar: dict = {}
+
+    def with_log(self, log) -> "ReferencePaste":
+        return ReferencePaste(self.k, self.tolerance, log)
+
+    def repair_image(self, rgb, alpha, depth, seed: int = 0, mask=None) -> np.ndarray:
+        raise InputError("the reference paste repairs a view of a log (its real training images): it has no image "
+                         "of its own to give; render with the log (gsim render --references-log LOG)")
+
+    def lidar_of(self, log, holdout_every: int = 8, exclude: Sequence[int] = ()) -> Optional[LidarDepth]:
+        """The `LidarDepth` of ``log``'s training frames less those in ``exclude``, made once; None where they have
+        no LiDAR."""
+        skip = frozenset(int(i) for i in exclude)
+        key = (str(log.root), holdout_every, skip)
+        if key not in self._lidar:
+            frames = [f for f in split_frames(log, holdout_every)[0] if f.index not in skip]
+            self._lidar[key] = LidarDepth(log, frames) if any(f.lidars for f in frames) else None
+        return self._lidar[key]
+
+    def repair_view(self, scene, log, camera, T_world_target: np.ndarray, timestamp_us: int, rgb: np.ndarray,
+                    alpha: np.ndarray, depth: np.ndarray, sensor: Optional[str] = None, seed: int = 0,
+                    holdout_every: int = 8, downscale: Optional[int] = None, exclude: Sequence[int] = ()) -> np.ndarray:
+        """``rgb`` (``scene``'s render of ``camera`` at the log pose ``T_world_target``, ``timestamp_us``) with the
+        agreed real pixels pasted; neither the images nor the LiDAR of the frame indices in ``exclude`` are used;
+        ``seed`` is unused (nothing is drawn)."""
+        log = self.log if log is None else log
+        if log is None:
+            raise InputError("the reference paste needs the log whose training images it pastes")
+        lidar = self.lidar_of(log, holdout_every, exclude)
+        found = references(scene, log, camera, T_world_target, timestamp_us, self.k, sensor, holdout_every,
+                           downscale, exclude, target_depth=None if lidar is not None else solid_depth(alpha, depth),
+                           lidar=lidar)
+        colour, agreed = agreement(found, self.tolerance)
+        rgb = np.asarray(rgb, np.float32)
+        # where the render already agrees with them it stays: it is sharper than resampled real pixels
+        pasted = agreed & (np.abs(colour - rgb).mean(-1) > self.tolerance)
+        return np.where(pasted[..., None], colour, rgb)

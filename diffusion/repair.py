@@ -196,17 +196,17 @@ class RepairModel:
 
     def repair_view(self, scene, log, camera, T_world_target: np.ndarray, timestamp_us: int, rgb: np.ndarray,
                     alpha: np.ndarray, depth: np.ndarray, sensor: Optional[str] = None, seed: int = 0,
-                    holdout_every: int = 8, downscale: Optional[int] = None) -> np.ndarray:
+                    holdout_every: int = 8, downscale: Optional[int] = None, exclude: Sequence[int] = ()) -> np.ndarray:
         """`repair_image` of ``scene``'s render of a view of ``log`` (``camera`` at the log pose ``T_world_target``,
         ``timestamp_us``, ``sensor``) given its references: the ``config.references`` nearest training views' real
         images warped into it through the render's depth (`gsim.diffusion.references.references`, with
-        ``holdout_every`` and ``downscale``); a model without reference slots, or no ``log``, repairs the render
-        alone."""
+        ``holdout_every``, ``downscale`` and the frame indices to ``exclude``); a model without reference slots, or no
+        ``log``, repairs the render alone."""
         refs = None
         if self.config.references and log is not None:
             from .references import references, solid_depth
             refs = references(scene, log, camera, T_world_target, timestamp_us, self.config.references, sensor,
-                              holdout_every, downscale, target_depth=solid_depth(alpha, depth))
+                              holdout_every, downscale, exclude, target_depth=solid_depth(alpha, depth))
         return self.repair_image(rgb, alpha, depth, seed, references=refs)
 
     def with_log(self, log) -> "LogReferences":

@@ -61,6 +61,31 @@ def distances(text: str) -> Tuple[float, ...]:
     return values
 
 
+def share_span(text: str) -> Tuple[float, float]:
+    """An argparse type: ``first,last`` shares of something in order, 0 <= first < last <= 1 (e.g. ``0,0.75``)."""
+    try:
+        span = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        span = ()
+    if len(span) != 2 or not 0 <= span[0] < span[1] <= 1:
+        raise argparse.ArgumentTypeError(f"expected two shares FIRST,LAST with 0 <= FIRST < LAST <= 1 (e.g. 0,0.75), "
+                                         f"got {text!r}")
+    return span
+
+
+def frame_range(text: str) -> Tuple[int, Optional[int]]:
+    """An argparse type: log frame indices ``first:last`` (last excluded, as Python slices; ``first:`` to the end)."""
+    first, sep, last = text.partition(":")
+    try:
+        span = (int(first), int(last) if last.strip() else None)
+    except ValueError:
+        span = None
+    if not sep or span is None or span[0] < 0 or (span[1] is not None and span[1] <= span[0]):
+        raise argparse.ArgumentTypeError(f"expected frame indices FIRST:LAST (last excluded, e.g. 30:40) or FIRST: "
+                                         f"with 0 <= FIRST < LAST, got {text!r}")
+    return span
+
+
 def seed_list(text: str) -> Tuple[int, ...]:
     """An argparse type: integers >= 0 separated by commas, each one or a range ``a-b`` (both ends in), e.g.
     ``0,1,2`` or ``0-99``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gsim.cli_args import camera_backends, distances, finite_float, int_at_least
+from gsim.cli_args import camera_backends, distances, finite_float, frame_range, int_at_least, share_span
 from gsim.errors import InputError
 
 
@@ -70,6 +70,8 @@ def cmd_reconstruct(a) -> int:
                  if v is not None}
     if a.no_movers:
         overrides["movers"] = False
+    if a.train_span is not None:
+        overrides["train_span"] = a.train_span
     scene = reconstruct(a.log, a.out, preset(a.preset, **overrides), resume=a.resume)
     print(f"wrote scene {scene}")
     return 0
@@ -79,12 +81,13 @@ def cmd_eval(a) -> int:
     from .evaluate import evaluate
     repair = a.open_repairer(a) if a.open_repairer else None  # set with --repair by gsim.diffusion.cli
     m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend,
-                 shifts=a.shifts, ahead=a.ahead, repair=repair)
+                 shifts=a.shifts, ahead=a.ahead, repair=repair, frames=a.frames)
     lidar = (f", LiDAR depth |err| median {m['lidar_depth_median_abs_m']:.3f} m mean {m['lidar_depth_mean_abs_m']:.3f} m"
              if "lidar_depth_median_abs_m" in m else "")
-    print(f"held-out views: {len(m['views'])} at downscale {m['downscale']}; PSNR {m['psnr']:.2f} dB, "
+    what = "held-out views" if a.frames is None else f"views of frames {m['held_out_frames'][0]}-{m['held_out_frames'][-1]}"
+    print(f"{what}: {len(m['views'])} at downscale {m['downscale']}; PSNR {m['psnr']:.2f} dB, "
           f"SSIM {m['ssim']:.4f}{lidar} -> {a.out}/metrics.json")
-    rows = [("held-out views", m)] + [(f"shifted {r['shift_m']:g} m (both sides)", r) for r in m.get("lane_shift", [])] \
+    rows = [(what, m)] + [(f"shifted {r['shift_m']:g} m (both sides)", r) for r in m.get("lane_shift", [])] \
         + [(f"{r['ahead_m']:g} m ahead", r) for r in m.get("ahead", [])]
     for where, r in rows[1:] if repair is None else rows:
         fixed = f"; repaired: PSNR {r['repaired_psnr']:.2f} dB, SSIM {r['repaired_ssim']:.4f}" if repair else ""
@@ -239,6 +242,9 @@ def register(sub) -> None:
     rc.add_argument("--downscale", type=int_at_least(1), default=None,
                     help="train on images box-averaged by this integer factor (recorded in the scene)")
     rc.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
+    rc.add_argument("--train-span", type=share_span, default=None, metavar="FIRST,LAST",
+                    help="train on this share of the training frames only, e.g. 0,0.75: the first three quarters "
+                         "(the rest: an extrapolation check with gsim eval --frames)")
     rc.add_argument("--no-movers", action="store_true",
                     help="a log without actor tracks: do not detect its moving objects (they stay in the background)")
     rc.set_defaults(fn=cmd_reconstruct)
@@ -256,6 +262,10 @@ def register(sub) -> None:
                     "held-out views shifted sideways (both sides) against the synthetic street's exact images")
     ev.add_argument("--ahead", type=distances, default=(), help="comma-separated metres: the last held-out frame "
                     "moved ahead beyond the driven path (synthetic logs)")
+    ev.add_argument("--frames", type=frame_range, default=None, metavar="FIRST:LAST",
+                    help="evaluate these log frames (indices, last excluded; FIRST: to the end) instead of the "
+                         "held-out ones, e.g. the frames after a --train-span reconstruction's last (ahead of what it "
+                         "saw); a repairer takes no references from them")
     ev.set_defaults(fn=cmd_eval, open_repairer=None)
 
     tj = sub.add_parser("trajectory", help="write a render trajectory (for gsim render) along a log camera's path, "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,7 +73,8 @@ def _lidar_sweeps(scene: Scene, log, held, out: Path, progress: bool, write_imag
 
 def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optional[int] = None,
              backend: str = "auto", progress: bool = True, write_images: bool = True,
-             shifts: Sequence[float] = (), ahead: Sequence[float] = (), repair=None) -> dict:
+             shifts: Sequence[float] = (), ahead: Sequence[float] = (), repair=None,
+             frames: Optional[Tuple[int, Optional[int]]] = None) -> dict:
     """Held-out metrics of the scene at ``scene_path`` on the log at ``log_path``, written to ``out``.
 
     Images are box-averaged by ``downscale``; None takes the scene's training downscale (1 when the
@@ -84,7 +85,10 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
     ``lane_shift`` and ``ahead``); a real log has no ground truth there (a ValueError before any work).
     ``repair``: a repairer (`gsim.diffusion.open_repairer`): every render is also repaired and measured
     (``repaired_psnr``, ``repaired_ssim`` beside each PSNR and SSIM); one with ``repair_view`` (a repair model) is
-    given the view, for references from the log's training views (never a held-out frame)."""
+    given the view, for references from the log's training views (never a held-out frame). ``frames``: (first,
+    last) log frame indices, last excluded (None: to the end), evaluated instead of the held-out frames, e.g. those
+    after a reconstruction's ``train_span`` (an extrapolation check a real log allows); a repairer takes no
+    references from them."""
     scene, log = load_scene(scene_path), load_log(log_path)
     if shifts or ahead:
         street_of(log)  # a log without ground truth off the path fails here, not after the held-out views
@@ -95,9 +99,16 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
     elif scene.train_downscale is not None and downscale != scene.train_downscale:
         warnings.warn(f"{scene_path}: evaluating at downscale {downscale}, but the scene was trained at downscale "
                       f"{scene.train_downscale}", GsimWarning, stacklevel=2)
-    _, held = split_frames(log, holdout_every)
-    if not held:
-        raise InputError(f"{log_path}: no held-out frames (frame index % {holdout_every} == 0)")
+    if frames is None:
+        _, held = split_frames(log, holdout_every)
+        if not held:
+            raise InputError(f"{log_path}: no held-out frames (frame index % {holdout_every} == 0)")
+    else:
+        first, last = frames
+        held = [f for f in log.frames if first <= f.index and (last is None or f.index < last)]
+        if not held:
+            raise InputError(f"frames: no frame of {log_path} has an index in [{first}, {'end' if last is None else last})"
+                             f" (its frames: {log.frames[0].index} to {log.frames[-1].index})")
     out = Path(out)
     views = make_views(log, held, downscale)
     it = views
@@ -114,7 +125,8 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
              **image_metrics(rgb, v.image)}
         if repair is not None:
             fixed = repaired(repair, renderer, log, v.camera, v.T_world_camera, v.timestamp_us, rgb, alpha, depth,
-                             sensor=v.sensor, holdout_every=holdout_every, downscale=downscale)
+                             sensor=v.sensor, holdout_every=holdout_every, downscale=downscale,
+                             exclude=tuple(f.index for f in held) if frames is not None else ())
             m.update({f"repaired_{k}": x for k, x in image_metrics(fixed, v.image).items()})
         if has_lidar:
             err = np.abs(depth.reshape(-1)[v.lidar_pix] - v.lidar_depth)
@@ -127,7 +139,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
                       np.concatenate([to_uint8(rgb), to_uint8(v.image), error_map(rgb, v.image)], 1))
     metrics = {"scene": str(scene_path), "log": str(log_path), "holdout_every": holdout_every, "downscale": downscale,
                "train_downscale": scene.train_downscale,
-               "held_out_frames": [f.index for f in held],
+               "held_out_frames": [f.index for f in held], "frames": None if frames is None else list(frames),
                **{k: float(np.mean([m[k] for m in per_view])) for k in per_view[0]
                   if k in ("psnr", "ssim", "repaired_psnr", "repaired_ssim")}}
     if has_lidar:

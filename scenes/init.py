@@ -149,7 +149,7 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
             rgb, seen = _colour(cams, len(world))
             owner = np.where(ignored_points(ignored, obs, len(world)), -2, -1)  # -1 background, -2 nobody's
             for k, a in enumerate(log.actors):
-                inside, local, T_aw = _in_box(a, world, t, opt.box_margin_m)
+                inside, local, T_aw = points_in_box(a, world, t, opt.box_margin_m)
                 inside &= owner == -1
                 if inside.any():
                     _add(actors[a.id], local[inside], transform_each(T_aw[inside], origin[inside]), rgb[inside],
@@ -166,7 +166,7 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
                 for k, a in enumerate(log.actors):  # above an actor's clipped top: its own, up to its box's top
                     mine = whose == k
                     if mine.any():
-                        inside, local, T_aw = _in_box(a, xyz[mine], t[src[mine]], opt.box_margin_m)
+                        inside, local, T_aw = points_in_box(a, xyz[mine], t[src[mine]], opt.box_margin_m)
                         _add(actors[a.id], local[inside], transform_each(T_aw[inside], org[mine][inside]),
                              col[mine][inside], np.ones(inside.sum(), bool))
     return bg, actors
@@ -179,7 +179,7 @@ def _add(p: _Points, xyz, origin, rgb, seen) -> None:
     p.seen.append(seen)
 
 
-def _in_box(a, world: np.ndarray, t: np.ndarray, margin: float):
+def points_in_box(a, world: np.ndarray, t: np.ndarray, margin: float):
     """(inside, box-frame points, T_box_world per point) of world points at their own times (a rolling sweep)."""
     times, inv = np.unique(t, return_inverse=True)
     T_aw = np.linalg.inv(interpolate_poses(a.timestamps_us, a.poses, times))[inv]

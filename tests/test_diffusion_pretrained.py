@@ -380,6 +380,6 @@ def test_gsim_render_with_local_pretrained_weights(dirs, tmp_path):
     assert a.shape == b.shape == (20, 30, 3) and np.abs(a - b).mean() > 1
     assert main(base + ["--out", str(tmp_path / "r2"), "--pretrained", str(tmp_path / "nowhere")]) == 2
     assert main(base + ["--out", str(tmp_path / "r3"), "--controlnet", str(dirs["controlnet"])]) == 2
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="give one repairer"):
         open_repairer(model=tmp_path / "m", pretrained=dirs["img2img"])
     assert open_repairer() is None
