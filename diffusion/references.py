@@ -31,6 +31,7 @@ SOLID_ALPHA = 0.5  # a rendered pixel's depth counts where its alpha reaches thi
 DIRECTION_M = 10.0  # nearest views: metres that a viewing direction turned by 90 degrees counts as
 SENSOR_M = 2.0  # nearest views: metres that another camera of the log counts as (its exposure and lens differ)
 TIME_M_PER_S = 1.0  # nearest views: metres that a second apart counts as (the log's actors move in between)
+GEOMETRY_AGREES = 0.05  # relative: a render's depth this near the LiDAR's has the right geometry there
 AGREE = 0.03  # mean RGB spread (images in [0,1]) within which references agree (seed 7: 0.03 kept more gain than 0.06)
 
 
@@ -248,4 +249,8 @@ class ReferencePaste:
         rgb = np.asarray(rgb, np.float32)
         # where the render already agrees with them it stays: it is sharper than resampled real pixels
         pasted = agreed & (np.abs(colour - rgb).mean(-1) > self.tolerance)
+        if lidar is not None:  # and where its geometry is the LiDAR's, the render is right: it stays there too
+            measured = lidar(camera, T_world_target, timestamp_us)
+            drawn = solid_depth(alpha, depth)
+            pasted &= ~((measured > 0) & (np.abs(drawn - measured) <= GEOMETRY_AGREES * measured))
         return np.where(pasted[..., None], colour, rgb)

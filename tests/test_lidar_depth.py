@@ -112,7 +112,7 @@ def test_the_paste_puts_the_logs_real_pixels_where_a_wrong_scene_renders(street)
     out = paste.repair_view(scene, street, camera, T, obs.timestamp_us, rgb, alpha, depth, sensor="front")
     truth = render_camera(st, camera, T, obs.timestamp_us, 1)[0] / 255.0
     pasted = np.abs(out - rgb).mean(-1) > 1e-6
-    assert pasted.mean() > 0.2
+    assert pasted.mean() > 0.1  # (not where the plane is the road: there its depth is the LiDAR's)
     assert np.abs(out - truth)[pasted].mean() < 0.5 * np.abs(rgb - truth)[pasted].mean()
     assert np.median(np.abs(out - truth)[pasted].mean(-1)) < 0.05
     assert np.array_equal(out, paste.repair_view(scene, street, camera, T, obs.timestamp_us, rgb, alpha, depth,
