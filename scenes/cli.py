@@ -84,7 +84,8 @@ def cmd_eval(a) -> int:
                  shifts=a.shifts, ahead=a.ahead, repair=repair, frames=a.frames)
     lidar = (f", LiDAR depth |err| median {m['lidar_depth_median_abs_m']:.3f} m mean {m['lidar_depth_mean_abs_m']:.3f} m"
              if "lidar_depth_median_abs_m" in m else "")
-    what = "held-out views" if a.frames is None else f"views of frames {m['held_out_frames'][0]}-{m['held_out_frames'][-1]}"
+    seen = m["held_out_frames"]
+    what = "held-out views" if a.frames is None else f"views of frames {seen[0]}-{seen[-1]}"
     print(f"{what}: {len(m['views'])} at downscale {m['downscale']}; PSNR {m['psnr']:.2f} dB, "
           f"SSIM {m['ssim']:.4f}{lidar} -> {a.out}/metrics.json")
     rows = [(what, m)] + [(f"shifted {r['shift_m']:g} m (both sides)", r) for r in m.get("lane_shift", [])] \

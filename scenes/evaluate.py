@@ -107,8 +107,9 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         first, last = frames
         held = [f for f in log.frames if first <= f.index and (last is None or f.index < last)]
         if not held:
-            raise InputError(f"frames: no frame of {log_path} has an index in [{first}, {'end' if last is None else last})"
-                             f" (its frames: {log.frames[0].index} to {log.frames[-1].index})")
+            end = "the end" if last is None else last
+            raise InputError(f"frames: no frame of {log_path} has an index in [{first}, {end}) (its frames: "
+                             f"{log.frames[0].index} to {log.frames[-1].index})")
     out = Path(out)
     views = make_views(log, held, downscale)
     it = views
