@@ -205,9 +205,10 @@ def agreement(found: Sequence[Tuple[np.ndarray, np.ndarray]], tolerance: float =
 class ReferencePaste:
     """A repairer without a model: the render with the log's real training images pasted where at least two of
     the ``k`` nearest agree (`agreement`), warped into the view through the log's LiDAR depth (`references` with a
-    `LidarDepth` of the log, built on first use; logs without LiDAR: through the render's depth). Elsewhere the
-    render stays as it is. It needs the view and its log (`repair_view`); ``log``: the one to use when a caller
-    has none (``gsim render``)."""
+    `LidarDepth` of the log, built on first use; logs without LiDAR: through the render's depth), unless the render
+    already has their colour or its depth is the LiDAR's (`GEOMETRY_AGREES`: its geometry is right there, and its
+    pixels are sharper than resampled ones). Elsewhere the render stays as it is. It needs the view and its log
+    (`repair_view`); ``log``: the one to use when a caller has none (``gsim render``)."""
 
     def __init__(self, k: int = 3, tolerance: float = AGREE, log=None):
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 2:
