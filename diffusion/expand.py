@@ -303,7 +303,8 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     (out / "pseudo").mkdir(parents=True, exist_ok=True)
     last = max(v.frame for v in t.views)
     # references only from frames the reconstruction trained on (a train_span run leaves later frames unseen)
-    unseen = tuple(f.index for f in t.log.frames if f.index not in {v.frame for v in t.views})
+    trained = {v.frame for v in t.views}
+    unseen = tuple(f.index for f in t.log.frames if f.index not in trained)
     for shift, ahead in stages:
         good = snapshot(run)
         start_loss = probe_loss()

@@ -34,7 +34,8 @@ def repaired(repair, scene, log, camera, T_world_camera, timestamp_us: int, rgb,
              **view) -> np.ndarray:
     """A repairer's (`gsim.diffusion.open_repairer`) image of a render (its noise drawn from ``seed``): a repair
     model (one with ``repair_view``) is given the view too, for references from ``log``'s training images (``view``:
-    its sensor, holdout_every, downscale); any other repairer sees the render alone."""
+    its sensor, holdout_every, downscale, and the frame indices to exclude); any other repairer sees the render
+    alone."""
     if hasattr(repair, "repair_view"):
         return repair.repair_view(scene, log, camera, T_world_camera, timestamp_us, rgb, alpha, depth, seed=seed,
                                   **view)

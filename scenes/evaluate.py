@@ -117,6 +117,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         from tqdm import tqdm
         it = tqdm(views, desc="evaluate", unit="view")
     per_view, has_lidar = [], any(f.lidars for f in held)
+    unseen = tuple(f.index for f in held) if frames is not None else ()  # (held-out frames are never references)
     renderer = Renderer(scene, backend)  # the scene put on the renderer's device once for every view
     for v in it:
         rgb, alpha, depth = render_image(renderer, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
@@ -127,7 +128,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
         if repair is not None:
             fixed = repaired(repair, renderer, log, v.camera, v.T_world_camera, v.timestamp_us, rgb, alpha, depth,
                              sensor=v.sensor, holdout_every=holdout_every, downscale=downscale,
-                             exclude=tuple(f.index for f in held) if frames is not None else ())
+                             exclude=unseen)
             m.update({f"repaired_{k}": x for k, x in image_metrics(fixed, v.image).items()})
         if has_lidar:
             err = np.abs(depth.reshape(-1)[v.lidar_pix] - v.lidar_depth)

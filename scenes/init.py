@@ -188,7 +188,8 @@ def points_in_box(a, world: np.ndarray, t: np.ndarray, margin: float):
 
 
 
-def _voxel_keys(xyz: np.ndarray, voxel: float) -> np.ndarray:
+def voxel_keys(xyz: np.ndarray, voxel: float) -> np.ndarray:
+    """(N,) int64: one key per ``voxel``-sized cell of the points (N,3), equal for points in the same cell."""
     ijk = np.floor(xyz / voxel).astype(np.int64)
     ijk -= ijk.min(0)
     dims = ijk.max(0) + 1
@@ -209,7 +210,7 @@ def _normals(xyz: np.ndarray, origin: np.ndarray, voxel: float) -> np.ndarray:
     turned towards the sensor; the sensor direction where the fit is ill-posed."""
     to_sensor = origin - xyz
     to_sensor /= np.maximum(np.linalg.norm(to_sensor, axis=1, keepdims=True), 1e-9)
-    _, inv, mean = _group_mean(_voxel_keys(xyz, 4 * voxel), xyz)
+    _, inv, mean = _group_mean(voxel_keys(xyz, 4 * voxel), xyz)
     d = xyz - mean[inv]
     outer = (d[:, :, None] * d[:, None, :]).reshape(-1, 9)
     cov = np.stack([np.bincount(inv, outer[:, k], len(mean)) for k in range(9)], 1).reshape(-1, 3, 3)
@@ -238,11 +239,11 @@ def surfels_from_points(p: _Points, voxel: float, opt: InitOptions) -> Surfels:
     xyz, origin = np.concatenate(p.xyz), np.concatenate(p.origin)
     rgb, seen = np.concatenate(p.rgb), np.concatenate(p.seen)
     normal = _normals(xyz, origin, voxel)
-    keys = _voxel_keys(xyz, voxel)
+    keys = voxel_keys(xyz, voxel)
     _, _, mean_xyz = _group_mean(keys, xyz)
     # sparse regions (far ground between LiDAR rings) get larger surfels: the spacing of the
     # occupied voxels around each one, from their count in its 4x coarser voxel (a surface)
-    _, inv, _ = _group_mean(_voxel_keys(mean_xyz, 4 * voxel), mean_xyz)
+    _, inv, _ = _group_mean(voxel_keys(mean_xyz, 4 * voxel), mean_xyz)
     spacing = 4 * voxel / np.sqrt(np.bincount(inv)[inv])
     sigma = opt.scale_factor * np.clip(spacing, voxel, 4 * voxel)
     _, _, mean_n = _group_mean(keys, normal)

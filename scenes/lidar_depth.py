@@ -22,7 +22,7 @@ from gsim.cameras import Camera
 from gsim.errors import InputError
 from gsim.transforms import check_pose
 
-from .init import points_in_box
+from .init import points_in_box, voxel_keys
 from .log import DrivingLog, Frame
 from .views import in_image, split_frames, sweep_world
 
@@ -59,8 +59,7 @@ class LidarDepth:
                 local[a.id].append(box[on])
             static.append(world[free])
         static = np.concatenate(static)
-        keys = np.unique(np.floor(static / voxel_m).astype(np.int64), axis=0, return_index=True)[1]
-        self.static = static[np.sort(keys)]
+        self.static = static[np.sort(np.unique(voxel_keys(static, voxel_m), return_index=True)[1])]
         self.actors = [(a, np.concatenate(local[a.id])) for a in log.actors if sum(map(len, local[a.id]))]
         self._cache: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
 
