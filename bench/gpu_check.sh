@@ -1,91 +1,112 @@
 #!/bin/bash
-# The GPU checks in one run, for a CUDA machine lent for minutes: gsplat's kernel build, the CUDA tests, the 1080p
-# camera benchmark (numpy API and resident), LiDAR on the GPU against numba (speed, parity), the cuda preset on a
-# log, then on its reconstruction: the CUDA LiDAR, the loop's sensor step, a scenario, gsim serve with 4 workers
-# and a profile of a training step. BENCHMARKS.md's H200 numbers (2026-11-26) came from it.
+# The GPU checks in one run, for a CUDA machine lent for minutes: gsplat's kernel build, the 1080p camera benchmark
+# (numpy API and resident), LiDAR on the GPU against numba (speed, parity), then the `cuda` preset on the demo street
+# and on a log side by side with a wall-time budget each (the CUDA tests run beside them), then on the log's
+# reconstruction: the CUDA LiDAR, the loop's sensor step, gsim serve with 4 workers, a profile of training steps.
 #
-#   [WHEELS=DIR] [LOG=DIR] [ITERS=3000] [DOWNSCALE=2] [LIMIT=540] [OUT=DIR] bash bench/gpu_check.sh
+#   [WHEELS=DIR] [LOG=DIR] [TRAIN_S=240] [DOWNSCALE=2] [LIMIT=520] [OUT=DIR] bash bench/gpu_check.sh
 #
 # WHEELS: wheels to install first where the machine has no network (gsplat==1.5.3, py3-none-any); gsim itself
-# is installed editable without dependencies (torch, numba, numpy, scipy, pillow, imageio, tqdm must be there;
-# the scenario step also needs the editing extra: `pip download -d DIR trimesh==5.2.0 pydantic pyyaml`; the serve
-# step grpcio's reflection and health packages: `pip download -d DIR --no-deps grpcio-reflection==1.85.1
-# grpcio-health-checking==1.85.1`).
-# LOG: a gsim log, or one packed by bench/pack_log.py (its sweeps xz-compressed: KITTI's 96 MB log packs to 50);
-# without it the reconstruction is skipped. LIMIT: seconds the whole run may take (the reconstruction gets what
-# is left and is stopped there). Results: OUT (default out/gpu_check) gets results.tgz (a device call brings back
-# at most 8 files) and the first reconstruction view; in the archive: the build log, the LiDAR, loop, scenario
-# and serve JSONs, the reconstruction's log, bench.json, train.json and metrics.json.
+# is installed editable without dependencies (torch, numba, numba-cuda, numpy, scipy, pillow, imageio, tqdm,
+# safetensors must be there); the serve step needs grpcio 1.85.1 there or among the wheels, with
+# `pip download -d DIR --no-deps grpcio-reflection==1.85.1 grpcio-health-checking==1.85.1 protobuf==7.35.1`.
+# LOG: a gsim log, or one packed by bench/pack_log.py (its sweeps xz-compressed: KITTI's 96 MB log packs to 52);
+# without it only the street trains. TRAIN_S: each training loop's budget (`max_train_s`: the rates decay over it;
+# cut to what LIMIT leaves), the whole reconstruction (movers, initialisation, training, scene) is timed too. LIMIT: seconds the whole run may
+# take (a step starts only with time left for it). Results: OUT (default out/gpu_check) gets results.tgz (rewritten
+# after every step: a device call brings back at most 8 files) and the first held-out view of each reconstruction;
+# in the archive: the build log, the camera, LiDAR, loop and serve JSONs, each reconstruction's log, bench.json,
+# train.json and metrics.json, the CUDA tests' and the profile's output.
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 OUT=${OUT:-out/gpu_check}
-RES=/tmp/gpu_check_results  # everything but the picture, archived into $OUT/results.tgz at the end
-mkdir -p "$RES"
-RECON=/tmp/gpu_check_recon
-mkdir -p "$OUT"
+LIMIT=${LIMIT:-520}
+RES=/tmp/gpu_check_results  # everything but the pictures, archived into $OUT/results.tgz
+mkdir -p "$RES" "$OUT"
 S=$(date +%s); el(){ echo "=== [$(( $(date +%s)-S ))s] $*"; }
+left(){ echo $(( LIMIT - ($(date +%s)-S) )); }
+pack(){ tar -czf "$OUT/results.tgz" -C "$RES" .; }
 el setup
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import os, sys, torch, numba, numpy
-print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'numba', numba.__version__,
-      'numpy', numpy.__version__, 'cpus', os.cpu_count())"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/gpu.txt"
 if [ -n "$WHEELS" ]; then python3 -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl || exit 1; fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
-el "gsplat build"
-if [ -n "$LOG" ] && [ ! -f "$LOG/log.json" ]; then python3 bench/pack_log.py unpack "$LOG" /tmp/gpu_check_log & fi
+python3 -c "import os, sys, torch; from importlib.metadata import version as v
+print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cpus', os.cpu_count(),
+      *[f'{p} {v(p)}' for p in ('numba', 'numba-cuda', 'gsplat', 'numpy', 'grpcio', 'protobuf')])" | tee -a "$RES/gpu.txt"
+el "gsplat build (beside it: numba's cache, the log unpacked, the street synthesized)"
+( python3 -m gsim.cli compile > /tmp/gpu_check_compile.log 2>&1
+  python3 -m gsim.cli synth /tmp/gpu_check_street >> /tmp/gpu_check_compile.log 2>&1 ) &
+PREP=$!
+PACKED=$([ -n "$LOG" ] && find "$LOG" -name '*.xz' -print -quit)  # a packed log holds .xz sweeps
+if [ -n "$PACKED" ]; then python3 bench/pack_log.py unpack "$LOG" /tmp/gpu_check_log; fi &
+UNPACK=$!
 python3 -c "from gsplat.cuda._backend import _C; print('gsplat', _C)" > "$RES/gsplat_build.txt" 2>&1
 tail -3 "$RES/gsplat_build.txt"
-wait
-[ -n "$LOG" ] && [ ! -f "$LOG/log.json" ] && LOG=/tmp/gpu_check_log
-el backends
+wait $UNPACK
+[ -n "$PACKED" ] && LOG=/tmp/gpu_check_log
 python3 -c "import gsim; print(gsim.backend_report())"
-el "camera benchmark"
-timeout 120 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --height 1080 --frames 50 \
-  --backends gsplat --resident 2>&1 | tail -4
-el "LiDAR: the CUDA kernel against numba on the demo street (1M surfels)"
-python3 -c "import numba.cuda as c; print('numba.cuda', c.__file__, c.is_available())"
-timeout 180 python3 bench/bench_lidar_cuda.py --surfels 1000000 --sweeps 4 --out "$RES/lidar_cuda_street.json" \
-  2>&1 | grep -v '^{' | tail -4
-if [ -n "$LOG" ]; then
-  el "cuda preset on $LOG (the CUDA tests run beside it)"
-  LEFT=$(( ${LIMIT:-540} - ($(date +%s)-S) - 10 ))
-  ( timeout $LEFT python3 bench/bench_reconstruct.py --log "$LOG" --out $RECON --preset cuda \
-      --iterations "${ITERS:-3000}" --downscale "${DOWNSCALE:-2}" > $RECON.log 2>&1
-    echo "reconstruction exit $?" >> $RECON.log ) &
-fi
-el "CUDA tests"
-timeout 240 python3 -m pytest -p no:cacheprovider -q -rA -m cuda 2>&1 | tail -25
+el "camera benchmark, 1920x1080, 1M surfels"
+timeout 90 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --height 1080 --frames 30 \
+  --backends gsplat --resident 2>&1 | tee "$RES/camera.txt" | tail -6
+pack
+el "LiDAR: the CUDA kernel against numba on the street (1M surfels)"
+timeout 120 python3 bench/bench_lidar_cuda.py --surfels 1000000 --sweeps 4 --out "$RES/lidar_cuda_street.json" \
+  2>&1 | grep -v '^{' | tail -5
+pack
+wait $PREP
+tail -2 /tmp/gpu_check_compile.log
+BUDGET=$(( $(left) - 100 ))  # what the reconstructions may take: the steps after them need about 100 s
+TRAIN_S=$(( ${TRAIN_S:-240} < BUDGET - 80 ? ${TRAIN_S:-240} : BUDGET - 80 ))  # loading, movers, init, eval: ~80 s
+el "cuda preset, ${TRAIN_S} s training budget each, side by side: the street and ${LOG:-no log} (in ${BUDGET} s)"
+recon(){  # NAME LOG [ARGS]: bench_reconstruct under the budget, its log and results kept
+  local name=$1 log=$2; shift 2
+  ( NUMBA_NUM_THREADS=6 timeout $BUDGET python3 bench/bench_reconstruct.py --log "$log" --out /tmp/gpu_check_$name \
+      --preset cuda --set "{\"max_train_s\": $TRAIN_S}" "$@" > /tmp/gpu_check_$name.log 2>&1
+    echo "$name exit $?" >> /tmp/gpu_check_$name.log ) &
+}
+recon street /tmp/gpu_check_street
+[ -n "$LOG" ] && recon log "$LOG" --downscale "${DOWNSCALE:-2}"
+el "CUDA tests (beside the reconstructions)"
+NUMBA_NUM_THREADS=2 timeout 200 python3 -m pytest -p no:cacheprovider -q -rA -m cuda $(grep -l "mark.cuda" tests/*.py) > "$RES/cuda_tests.txt" 2>&1
+tail -25 "$RES/cuda_tests.txt" | cut -c1-240
 wait
-if [ -n "$LOG" ]; then
-  tr '\r' '\n' < $RECON.log | grep -v '^\s*$' > "$RES/recon_log.txt"
-  tail -12 "$RES/recon_log.txt" | cut -c1-240
-  cp $RECON/bench.json $RECON/recon/train.json $RECON/eval/metrics.json "$RES"/ 2>/dev/null
-  cp "$(ls $RECON/eval/views/*.png 2>/dev/null | head -1)" "$OUT/recon_view.png" 2>/dev/null  # (beside the archive)
-  if [ -d $RECON/recon/scene ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
-    el "LiDAR: the CUDA kernel against numba on the reconstruction, from the log's LiDAR poses"
-    timeout 60 python3 bench/bench_lidar_cuda.py --scene $RECON/recon/scene --log "$LOG" --specs velodyne-hdl64e \
-      --sweeps 5 --out "$RES/lidar_cuda_log.json" 2>&1 | grep -v '^{' | tail -3
-    # no SUMO: the libraries libsumo loads are 230 MB (111 files), more than a device call carries
-    el "the closed loop's sensor step on the reconstruction (three cameras, HDL-64E)"
-    timeout 60 python3 bench/bench_loop_sensors.py $RECON/recon/scene "$LOG" --steps 40 \
-      --out "$RES/loop_sensors.json" 2>&1 | grep -v '^{' | tail -2
-  fi
-  if [ -d $RECON/recon/scene ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 120 ]; then
-    el "a scenario rendered on the reconstruction with gsplat, then numba (issue 12)"
-    timeout 90 python3 bench/bench_scenario.py $RECON/recon/scene "$LOG" --backends gsplat,numba --every 4 \
-      --out /tmp/gpu_check_scenario 2>&1 | grep -v "frame/s" | tail -4
-    cp /tmp/gpu_check_scenario/scenario_bench.json "$RES"/ 2>/dev/null
-  fi
-  if [ -d $RECON/recon/scene ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
-    el "gsim serve with gsplat, 4 workers, on the reconstruction (no sessions: SUMO is not there)"
-    timeout 60 python3 bench/bench_serve.py --scene $RECON/recon/scene --no-sessions --backend gsplat --workers 4 \
-      --repeats 10 --out /tmp/gpu_check_serve 2>&1 | tail -7
-    cp /tmp/gpu_check_serve/bench.json "$RES/serve_bench.json" 2>/dev/null
-  fi
-  if [ -f $RECON/recon/checkpoint.safetensors ] && [ $(( ${LIMIT:-540} - ($(date +%s)-S) )) -gt 60 ]; then
-    el "where a training step's time goes (cProfile, 40 steps from the checkpoint)"
-    timeout $(( ${LIMIT:-540} - ($(date +%s)-S) - 5 )) python3 -m cProfile -s cumtime bench/bench_scene_step.py \
-      $RECON/recon --steps 40 2>&1 | grep -v "^\s*$" | head -45 | cut -c1-160
-  fi
+for name in street log; do
+  [ -f /tmp/gpu_check_$name.log ] || continue
+  tr '\r' '\n' < /tmp/gpu_check_$name.log | grep -v '^\s*$' > "$RES/recon_$name.txt"
+  tail -6 "$RES/recon_$name.txt" | cut -c1-240
+  mkdir -p "$RES/$name"
+  cp /tmp/gpu_check_$name/bench.json /tmp/gpu_check_$name/recon/train.json /tmp/gpu_check_$name/eval/metrics.json \
+    "$RES/$name"/ 2>/dev/null
+  cp "$(ls /tmp/gpu_check_$name/eval/views/*.png 2>/dev/null | head -1)" "$OUT/view_$name.png" 2>/dev/null
+done
+pack
+R=/tmp/gpu_check_log/recon
+[ -n "$LOG" ] && [ -d $R/scene ] || R=/tmp/gpu_check_street/recon L=/tmp/gpu_check_street
+L=${L:-$LOG}
+if [ -d $R/scene ] && [ $(left) -gt 30 ]; then
+  # no SUMO: the libraries libsumo loads are 230 MB (111 files), more than a device call carries
+  el "the closed loop's sensor step (three cameras, HDL-64E)"
+  timeout 30 python3 bench/bench_loop_sensors.py $R/scene "$L" --steps 40 --out "$RES/loop_sensors.json" \
+    2>&1 | grep -v '^{' | tail -2
+  pack
 fi
-tar -czf "$OUT/results.tgz" -C "$RES" .
+if [ -d $R/scene ] && [ $(left) -gt 30 ]; then
+  el "gsim serve with gsplat, 4 workers (no sessions: SUMO is not there)"
+  timeout 35 python3 bench/bench_serve.py --scene $R/scene --no-sessions --backend gsplat --workers 4 \
+    --repeats 10 --out /tmp/gpu_check_serve 2>&1 | tail -7
+  cp /tmp/gpu_check_serve/bench.json "$RES/serve_bench.json" 2>/dev/null
+  pack
+fi
+if [ -f $R/checkpoint.safetensors ] && [ $(left) -gt 35 ]; then
+  el "where a training step's time goes (cProfile, 40 steps from the checkpoint)"
+  timeout 35 python3 -m cProfile -s cumtime bench/bench_scene_step.py $R --steps 40 2>&1 \
+    | grep -v "^\s*$" | head -60 | cut -c1-160 > "$RES/profile.txt"
+  head -45 "$RES/profile.txt"
+fi
+if [ -d $R/scene ] && [ $(left) -gt 30 ]; then
+  el "LiDAR: the CUDA kernel against numba on $R, from the log's LiDAR poses"
+  timeout $(( $(left) - 3 )) python3 bench/bench_lidar_cuda.py --scene $R/scene --log "$L" --specs velodyne-hdl64e \
+    --sweeps 5 --out "$RES/lidar_cuda_log.json" 2>&1 | grep -v '^{' | tail -3
+  pack
+fi
+pack
 el done

@@ -72,6 +72,8 @@ def cmd_reconstruct(a) -> int:
         overrides["movers"] = False
     if a.train_span is not None:
         overrides["train_span"] = a.train_span
+    if a.max_minutes is not None:
+        overrides["max_train_s"] = 60.0 * a.max_minutes
     scene = reconstruct(a.log, a.out, preset(a.preset, **overrides), resume=a.resume)
     print(f"wrote scene {scene}")
     return 0
@@ -248,6 +250,9 @@ def register(sub) -> None:
                          "(the rest: an extrapolation check with gsim eval --frames)")
     rc.add_argument("--no-movers", action="store_true",
                     help="a log without actor tracks: do not detect its moving objects (they stay in the background)")
+    rc.add_argument("--max-minutes", type=finite_float(0, low_open=True), default=None, metavar="M",
+                    help="a wall-time budget for the training loop: the learning rates decay over whichever of the "
+                         "iterations and M minutes runs out first, and training stops when M minutes are spent")
     rc.set_defaults(fn=cmd_reconstruct)
 
     ev = sub.add_parser("eval", help="held-out metrics (PSNR, SSIM, LiDAR depth) and side-by-side images")

@@ -1,6 +1,7 @@
 """Reconstruction on a tiny synthetic log: initialisation, training, resume, evaluation, bad input."""
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -286,6 +287,26 @@ def test_trained_scene_has_a_lidar_head_that_gives_intensity(trained):
     assert f.intensity is not None and f.intensity.shape == f.ranges.shape
     assert np.all((f.intensity >= 0) & (f.intensity <= 1))
     assert f.drop_probability_image.shape == f.range_image.shape
+
+
+def test_a_time_budget_stops_training_and_decays_the_rates_by_time(log_dir, tmp_path, monkeypatch):
+    clock = iter(range(0, 1000, 10))  # each reading of the clock is 10 s after the last: the loop's first is t0
+    monkeypatch.setattr(train_mod, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    decays, real_step = [], train_mod.Adam.step
+    monkeypatch.setattr(train_mod.Adam, "step", lambda self, params, scales: decays.append(scales["means"])
+                        or real_step(self, params, scales))
+    reconstruct(log_dir, tmp_path, _cfg(max_train_s=45.0), progress=False)
+    info = json.loads((tmp_path / "train.json").read_text())
+    # readings at 10, 20, 30, 40 s run steps 0-3; the one at 50 s ends the loop with 12 iterations asked for
+    assert info["steps"] == 4 and info["stopped_by_time_budget"] and info["iterations"] == 12
+    assert train_mod.load_state(tmp_path / train_mod.CHECKPOINT)["step"] == 4
+    assert gsim.load_scene(tmp_path / "scene").background is not None
+    # the rates decay over the budget's share once it outruns the iterations' (step 3 of 12: 0.25 vs 40/45 s)
+    np.testing.assert_allclose(decays, [0.01 ** (t / 45) for t in (10, 20, 30, 40)], rtol=1e-9)
+    with pytest.raises(InputError, match="max_train_s"):
+        preset("cpu", max_train_s=0)
+    state = train_mod.load_state(tmp_path / train_mod.CHECKPOINT)
+    assert state["config"]["max_train_s"] == 45.0
 
 
 @pytest.mark.cuda
