@@ -1,7 +1,7 @@
 """Camera rendering benchmark: the demo street (ground, two facades, objects) along a drive.
 
 Usage: python bench/bench_camera.py [--surfels 100000] [--width 640 --height 360]
-       [--frames 20] [--backends numba,torch] [--torch-frames 3] [--resident]
+       [--frames 20] [--backends numba,torch] [--torch-frames 3] [--resident [--profile]]
 Prints per-backend median frame time and frames/s, and the numba/torch speed-up. Through the numpy API
 (`gsim.render_camera`: surfels uploaded, outputs downloaded per frame) and, with --resident, through a
 `gsim.resident.Renderer` (the scene on the backend's device once; rgb, alpha and depth left there; the GPU
@@ -53,6 +53,23 @@ def time_resident(surfels, camera, poses, backend: str, cameras: int = 1) -> lis
     return times
 
 
+def profile_resident(surfels, camera, poses, backend: str, rows: int = 15) -> str:
+    """torch.profiler's table of one-camera resident calls on the GPU (the kernels by their own CUDA time): where
+    a resident frame's time goes."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from gsim.resident import Renderer
+    r = Renderer(gsim.Scene(background=surfels), backend)
+    r.cameras([(camera, poses[0], None)])
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for T in poses:
+            r.cameras([(camera, T, None)])
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--surfels", type=int, default=100_000)
@@ -62,6 +79,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--torch-frames", type=int, default=3, help="frames for the (slow) torch reference")
     ap.add_argument("--backends", default="numba,torch")
     ap.add_argument("--resident", action="store_true", help="also through a resident Renderer (1 and 3 cameras)")
+    ap.add_argument("--profile", action="store_true", help="with --resident on gsplat: a torch.profiler table of "
+                    "10 resident calls")
     args = ap.parse_args(argv)
     surfels = street_surfels(args.surfels)
     camera = demo_camera(args.width, args.height)
@@ -85,6 +104,8 @@ def main(argv=None) -> dict:
             result["backends"][b][f"resident_{k}cam_median_ms"] = round(med * 1e3, 2)
             print(f"{b:7s} resident, {k} camera(s) a call: median {med * 1e3:.2f} ms a call "
                   f"({k / med:.1f} images/s)", flush=True)
+        if args.profile and args.resident and b == "gsplat":
+            print(profile_resident(surfels, camera, poses[idx[:10]], b), flush=True)
     r = result["backends"]
     if "median_ms" in r.get("numba", {}) and "median_ms" in r.get("torch", {}):
         result["numba_speedup_over_torch"] = round(r["torch"]["median_ms"] / r["numba"]["median_ms"], 1)

@@ -28,7 +28,10 @@ import os
 from typing import Optional
 
 import numpy as np
-from numba import cuda
+
+if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 overloads this alias of vstack on its first compile, and
+    np.row_stack = np.vstack  # numpy 2.5 removed it: without it every CUDA kernel fails to compile (seen on an H200)
+from numba import cuda  # noqa: E402
 
 from gsim.render.numba_tiles import ONE
 
