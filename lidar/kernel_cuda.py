@@ -7,15 +7,17 @@ function called from a CUDA kernel for the GPU), not a port that could drift; it
 machines have it installed (NVIDIA Warp's wheel is too big to carry there, and Triton has no per-thread loops
 over variable-length lists to speak of).
 
-A bundle of rays (lidar.render's bundles: columns close in time, one reference pose) is traced in four steps,
+A bundle of rays (lidar.render's bundles: columns close in time, one reference pose) is binned in three steps,
 gsplat's tile-intersection scheme on the LiDAR's angle grid:
-1. one thread per surfel: its cap and the rectangle of grid cells it can reach (`surfel_cap`);
-2. one thread per surfel writes a key per cell it meets, (cell << 32) | its depth's float32 bits, beside
-   its index, at its offset in the prefix sum of the rectangle areas;
+1. one thread per surfel: its cap and the rectangle of grid cells it can reach (`surfel_cap`); the surfels
+   that reach a cell get a slot in the bundle's table (their caps are the bundle's own: its reference pose);
+2. one thread per slot writes a key per cell it meets, (cell << 32) | its depth's float32 bits, beside
+   its slot, at its offset in the prefix sum of the rectangle areas;
 3. one device radix sort (torch.sort, stable) orders the keys: each cell's surfels are then a slice in
-   depth order, ties by index, as the CPU's depth keys and counting sort give them;
-4. one thread per ray (rays in cell order, so a warp reads one list) composites its cell's surfels front to
-   back until its transmittance runs out, culling by the caps as the CPU does.
+   depth order, ties by index, as the CPU's depth keys and counting sort give them.
+Then every bundle's rays are composited in ONE launch (`result`), one thread per ray (rays in cell order, so a
+warp reads one list), each through its bundle's cell list front to back until its transmittance runs out,
+culling by the caps as the CPU does: a bundle alone is a few thousand rays, too few threads to fill a GPU.
 The grid and each ray's cell are computed on the device too (`bundle_grid` on tensors: only the seam search's
 SEAM_BINS occupancy and the grid's seven numbers come to the host, with the pair count that sizes the sort).
 Outputs are float32 device tensors (the CPU kernel accumulates in float32 too).
@@ -86,7 +88,7 @@ def _caps(rec, scales, group, world_from_group, o_ref, R_ref, margin, tan_div, g
 
 
 @cuda.jit
-def _pairs(rect, depth_bits, offset, n_az, keys, values):
+def _pairs(rect, depth_bits, offset, n_az, keys, values):  # (a bundle's slots: rect and depth_bits are theirs)
     i = cuda.grid(1)
     if i < rect.shape[0]:
         k = offset[i]
@@ -98,25 +100,27 @@ def _pairs(rect, depth_bits, offset, n_az, keys, values):
 
 
 @cuda.jit
-def _composite(cell_start, lst, ray_cell, rays, rec, cap, feats, group, group_from_world, o_ref, origins, dirs,
-              column, inv2, hit, alpha, range_sum, median, normal, feat_sum, cand):
+def _composite(cell_start, lst, src, ray_cell, rays, ray_bundle, rec, cap, feats, group, group_from_world, o_refs,
+               origins, dirs, column, inv2, hit, alpha, range_sum, median, normal, feat_sum, cand):
     t = cuda.grid(1)
     if t >= rays.shape[0]:
         return
-    r, c = rays[t], ray_cell[t]
-    o0, o1, o2 = f32(origins[r, 0] - o_ref[0]), f32(origins[r, 1] - o_ref[1]), f32(origins[r, 2] - o_ref[2])
+    r, c, b = rays[t], ray_cell[t], ray_bundle[t]
+    o0, o1, o2 = (f32(origins[r, 0] - o_refs[b, 0]), f32(origins[r, 1] - o_refs[b, 1]),
+                  f32(origins[r, 2] - o_refs[b, 2]))
     d0, d1, d2 = f32(dirs[r, 0]), f32(dirs[r, 1]), f32(dirs[r, 2])
     T, acc, rs, med, nx, ny, nz, n_cand = ONE, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, 0
     for k in range(cell_start[c], cell_start[c + 1]):
         if T == ZERO:
             break
-        j = lst[k]
-        if d0 * cap[j, 3] + d1 * cap[j, 4] + d2 * cap[j, 5] < cap[j, 6]:
+        q = lst[k]  # the slot in the bundle tables (caps), src[q] the surfel
+        if d0 * cap[q, 3] + d1 * cap[q, 4] + d2 * cap[q, 5] < cap[q, 6]:
             continue  # outside its cap: the ray cannot reach the alpha threshold
+        j = src[q]
         geo = _geometry(rec, j)
         g = group[j]
         if g == 0:
-            al, rng, nd = alpha_range(cap[j, 0] - o0, cap[j, 1] - o1, cap[j, 2] - o2, d0, d1, d2, geo, inv2)
+            al, rng, nd = alpha_range(cap[q, 0] - o0, cap[q, 1] - o1, cap[q, 2] - o2, d0, d1, d2, geo, inv2)
             s = -ONE if nd > ZERO else ONE
             n0, n1, n2 = s * rec[j, 9], s * rec[j, 10], s * rec[j, 11]
         else:
@@ -147,7 +151,8 @@ def _blocks(n: int) -> int:
 
 class Tracer:
     """One `lidar.render.trace` on the device: the surfels (cached on their SurfelGroups, so a scene is uploaded
-    once), the rays and the outputs live there; `bundle` traces one bundle, `result` returns trace's dict."""
+    once), the rays and the outputs live there; `bundle` bins one bundle, `result` composites every bundle's rays
+    in one launch and returns trace's dict."""
 
     def __init__(self, groups, group_from_world: np.ndarray, origins: np.ndarray, dirs: np.ndarray,
                  column: np.ndarray, candidates: int = 0):
@@ -162,13 +167,15 @@ class Tracer:
         z = lambda *shape: torch.zeros(shape, dtype=torch.float32, device=self.device)
         self.out = {"alpha": z(R), "range_sum": z(R), "median": z(R), "normal": z(R, 3), "features": z(R, F),
                     "candidates": torch.full((R, candidates), -1, dtype=torch.int64, device=self.device)}
+        self.inv2 = self.hit = None
+        self.bins = []  # per bundle: cell_start, lst (slots), src (slot -> surfel), cap (slots), rays, cells, o_ref
 
     def tensor(self, x, dtype=None):
         return self.torch.as_tensor(np.ascontiguousarray(x), dtype=dtype, device=self.device)
 
     def bundle(self, world_from_group: np.ndarray, margin: np.ndarray, o_ref: np.ndarray, R_ref: np.ndarray,
                rays: np.ndarray, divergence: float, hit_alpha: float) -> None:
-        """Trace rays ``rays`` (indices) of this trace from the reference (o_ref, R_ref)."""
+        """Bin the surfels for rays ``rays`` (indices) of this trace, seen from the reference (o_ref, R_ref)."""
         torch = self.torch
         s = self.surfels
         rays, o_ref, R_ref = self.tensor(rays), self.tensor(o_ref), self.tensor(R_ref)
@@ -182,26 +189,43 @@ class Tracer:
                                   a(o_ref), a(R_ref), a(self.tensor(margin)),
                                   math.tan(divergence), a(self.tensor(grid)), a(rect), a(depth), a(cap))
         area = (rect[:, 1] - rect[:, 0]) * (rect[:, 3] - rect[:, 2])
+        src = torch.nonzero(area > 0)[:, 0]  # the bundle's slots (a host sync: their count)
+        rect, depth, area = rect[src], depth[src], area[src]
         end = torch.cumsum(area, 0)
-        total = int(end[-1]) if n else 0  # the one host sync of the binning: the pair count sizes the sort
+        total = int(end[-1]) if len(src) else 0  # (a host sync: the pair count sizes the sort)
         keys = torch.empty(total, dtype=torch.int64, device=self.device)
         values = torch.empty(total, dtype=torch.int64, device=self.device)
-        _pairs[_blocks(n), THREADS](a(rect), a(depth.view(torch.int32)), a(end - area), n_az, a(keys), a(values))
+        _pairs[_blocks(len(src)), THREADS](a(rect), a(depth.view(torch.int32)), a(end - area), n_az, a(keys),
+                                           a(values))
         keys, perm = torch.sort(keys, stable=True)
-        lst = values[perm]
         cell_start = torch.searchsorted(keys >> 32, torch.arange(n_cells + 1, device=self.device))
         cell, by_cell = torch.sort(cell, stable=True)
-        o = self.out
-        _composite[_blocks(len(rays)), THREADS](
-            a(cell_start), a(lst), a(cell), a(rays[by_cell]), a(s["rec"]), a(cap),
-            a(s["features"]), a(s["group"]), a(self.gfw), a(o_ref), a(self.origins), a(self.dirs),
-            a(self.column), f32(1.0 / divergence ** 2), f32(hit_alpha), a(o["alpha"]), a(o["range_sum"]),
-            a(o["median"]), a(o["normal"]), a(o["features"]), a(o["candidates"]))
+        self.bins.append((cell_start, values[perm], src, cap[src], rays[by_cell], cell, o_ref))
+        self.inv2, self.hit = f32(1.0 / divergence ** 2), f32(hit_alpha)
 
     def result(self) -> dict:
-        """trace's outputs as numpy arrays (float64, as the CPU kernel's)."""
-        return {k: v.cpu().numpy().astype(np.int64 if k == "candidates" else np.float64)
-                for k, v in self.out.items()}
+        """trace's outputs as numpy arrays (float64, as the CPU kernel's): every bundle's rays composited in one
+        launch, each bundle's cells, list entries and slots offset past the bundles before it."""
+        torch, o = self.torch, self.out
+        if self.bins:
+            starts, lsts, srcs, caps, rays, cells, o_refs = zip(*self.bins)
+            off = lambda sizes: np.cumsum([0] + [len(x) for x in sizes[:-1]])  # noqa: E731
+            pair_off, slot_off, cell_off = off(lsts), off(srcs), off([c[:-1] for c in starts])
+            cat = torch.cat
+            cell_start = cat([st[:-1] + p for st, p in zip(starts, pair_off)]
+                             + [self.tensor([sum(len(x) for x in lsts)], torch.int64)])
+            ray_bundle = cat([torch.full((len(r),), b, dtype=torch.int64, device=self.device)
+                              for b, r in enumerate(rays)])
+            s, a = self.surfels, _array
+            rays = cat(rays)
+            _composite[_blocks(len(rays)), THREADS](
+                a(cell_start), a(cat([x + q for x, q in zip(lsts, slot_off)])), a(cat(srcs)),
+                a(cat([c + q for c, q in zip(cells, cell_off)])), a(rays), a(ray_bundle), a(s["rec"]),
+                a(cat(caps)), a(s["features"]), a(s["group"]), a(self.gfw), a(torch.stack(o_refs)),
+                a(self.origins), a(self.dirs), a(self.column), self.inv2, self.hit, a(o["alpha"]),
+                a(o["range_sum"]), a(o["median"]), a(o["normal"]), a(o["features"]), a(o["candidates"]))
+            self.bins = []
+        return {k: v.cpu().numpy().astype(np.int64 if k == "candidates" else np.float64) for k, v in o.items()}
 
 
 def _array(t):

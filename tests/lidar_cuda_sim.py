@@ -49,6 +49,23 @@ def main():
     assert np.abs(a.range_image - b.range_image).max() < 1e-4
     assert np.abs(a.alpha_image - b.alpha_image).max() < 1e-5
     assert np.abs(a.normals - b.normals).max() < 1e-4
+    # several bundles (each binned from its own pose, all composited in one launch): the ring fired column by
+    # column over the sweep, as numba traces it, ray for ray
+    import gsim.lidar.render as lidar_render
+    from gsim.lidar.kernel_cuda import Tracer
+    times = np.linspace(0, 100_000, 800).astype(np.int64)
+    sensor = _sensor_poses(trajectory, 0, times, True)
+    dirs = np.einsum("cij,cj->ci", sensor[:, :3, :3], ring(800, [-6.0]))
+    lidar_render.MIN_BUNDLE_RAYS = 64  # 800 rays: 12 bundles (the sensor's and the car's paths allow more)
+    binned, real_bundle = [], Tracer.bundle
+    Tracer.bundle = lambda self, *args: binned.append(1) or real_bundle(self, *args)
+    c, d = (trace(_groups(scene), sensor, times, dirs, np.arange(800), 0.5, k, candidates=4)
+            for k in ("numba", "cuda"))
+    Tracer.bundle, lidar_render.MIN_BUNDLE_RAYS = real_bundle, 8192
+    assert len(binned) == 12 and (c["alpha"] > 0.5).sum() > 300, (len(binned), (c["alpha"] > 0.5).sum())
+    for key, tol in (("alpha", 1e-5), ("median", 1e-4), ("normal", 1e-5), ("features", 1e-5)):
+        assert np.abs(c[key] - d[key]).max() < tol, (key, np.abs(c[key] - d[key]).max())
+    assert np.array_equal(c["candidates"], d["candidates"])
     # the raw sums and each ray's first contributors (what training recomposites), on a partial grid
     lay = _layout(RayTableSpec.from_directions("fan", ring(48, [-10.0, -4.0, 2.0]), 0.1, 100.0))
     times = lay.column_us
