@@ -1,7 +1,7 @@
 """The CUDA LiDAR kernel (gsim.lidar.kernel_cuda) against the numba kernels: speed and parity, per scene and sensor.
 
 Usage: python bench/bench_lidar_cuda.py [--surfels 1000000] [--sweeps 10] [--speed 10]
-       [--scene DIR --log LOG] [--specs velodyne-hdl64e,ouster-os1-128] [--out FILE.json]
+       [--scene DIR --log LOG] [--specs velodyne-hdl64e,ouster-os1-128] [--out FILE.json] [--profile]
 Scenes: the demo street (`street_surfels`, with random LiDAR features and a random LiDAR head, so that ray drop
 is decided as in a reconstruction) and, with --scene/--log, a reconstructed scene (its own head) swept from its
 log's LiDAR poses. Sweeps roll: the sensor drives forward at --speed m/s while it spins (the street), or moves
@@ -10,7 +10,8 @@ upload) for each backend, the CUDA kernel's rays/s, and its parity with numba ov
 rays whose return decision (geometry, range window and ray drop) is equal, and the median and 99th percentile
 |range difference| over the rays both return; and the same for the first sweep's rays through `render_rays` with
 numba's ray kernel and the CUDA kernel (the kernels' own agreement: numba's spinning sweeps use its strip kernel).
-Prints a table and a JSON line; --out writes the JSON.
+Prints a table and a JSON line; --out writes the JSON. --profile: torch.profiler's table of three CUDA sweeps of
+the first scene and sensor (kernels by their own GPU time: numba's and torch's alike; the wall time beside it).
 Needs a CUDA GPU (or NUMBA_ENABLE_CUDASIM=1 with a tiny --surfels and a VLP-16: the simulator is very slow).
 """
 from __future__ import annotations
@@ -99,6 +100,16 @@ def ray_parity(scene: Scene, spec: LidarSpec, sweep) -> dict:
             "rays_median_abs_range_diff_mm": float(np.median(diff) * 1e3) if diff.size else None}
 
 
+def profile_sweeps(scene: Scene, spec: LidarSpec, sweeps, rows: int = 14) -> str:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for traj, t in sweeps[1:4]:
+            render_lidar(scene, spec, traj, backend="cuda", timestamp_us=t)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--surfels", type=int, default=1_000_000)
@@ -108,6 +119,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--log", help="the scene's log: its LiDAR poses place the sweeps")
     ap.add_argument("--specs", default="velodyne-hdl64e,ouster-os1-128")
     ap.add_argument("--out")
+    ap.add_argument("--profile", action="store_true")
     a = ap.parse_args(argv)
     if bool(a.scene) != bool(a.log):
         ap.error("--scene and --log go together")
@@ -134,6 +146,8 @@ def main(argv=None) -> dict:
                   f"{row['decisions_equal']:.5f}  |dr| median {row['median_abs_range_diff_mm']} mm, p99 "
                   f"{row['p99_abs_range_diff_mm']} mm; ray kernels: decisions equal {row['rays_decisions_equal']:.5f}, "
                   f"|dr| median {row['rays_median_abs_range_diff_mm']} mm", flush=True)
+            if a.profile and len(rows) == 1:
+                print(profile_sweeps(scene, spec, sweeps), flush=True)
     result = {"rows": rows, "argv": sys.argv[1:] if argv is None else argv}
     print(json.dumps(result))
     if a.out:

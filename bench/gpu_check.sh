@@ -86,7 +86,8 @@ pack
 if [ $(left) -gt 60 ]; then
   el "LiDAR: the CUDA kernel against numba on the street (1M surfels)"
   timeout 60 python3 bench/bench_lidar_cuda.py --surfels 1000000 --sweeps 4 --out "$RES/lidar_cuda_street.json" \
-    2>&1 | grep -v '^{' | tail -5
+    --profile > "$RES/lidar_cuda_street.txt" 2>&1
+  grep -v '^-\|^{\|Warning\|warn(' "$RES/lidar_cuda_street.txt" | tail -20 | cut -c1-200
   pack
 fi
 R=/tmp/gpu_check_log/recon L=$LOG

@@ -156,11 +156,14 @@ class SceneModel:
         Only actor surfels are gathered and moved (one batched rotation by owner), so the cost
         grows with the actors' surfels, not with the background."""
         s = self.activated()
-        act = torch.nonzero(self.owner >= 0)[:, 0]
+        if getattr(self, "_actor_rows", (None,))[0] is not self.owner:  # (owner is replaced, never written to:
+            act = torch.nonzero(self.owner >= 0)[:, 0]  # the rows are looked up once per densification, not
+            self._actor_rows = (self.owner, act, self.owner[act])  # with a host sync every step)
+        _, act, owner = self._actor_rows
         if len(act) == 0:
             return s
         R, t, q = self._poses_at(timestamp_us, s.means.dtype)
-        return move_rows(s, act, self.owner[act], R, t, q)
+        return move_rows(s, act, owner, R, t, q)
 
     def corrected(self, s: Surfels, timestamp_us: int) -> Surfels:
         """``s`` moved by the correction of the training view at ``timestamp_us`` (differentiable in it): rendering
@@ -168,22 +171,22 @@ class SceneModel:
         not turned: the corrections are tenths of a degree.) Unchanged without corrections."""
         if not len(self.view_knots[0]):
             return s
-        R, q, t = self._view_transform(timestamp_us)
-        return Surfels.derived(s.means @ R.T + t, quat_multiply(q.expand_as(s.quats), s.quats), s.scales,
-                               s.opacities, s.colors, s.features)
-
-    def _view_transform(self, timestamp_us: int):
-        """(R (3,3), q (4,), t (3,)): the world's correction x -> R x + t at a knot (other times blend the
-        corrected poses: `Scene.log_pose`)."""
         k = int(np.searchsorted(self.view_knots[0], timestamp_us))
         if k == len(self.view_knots[0]) or self.view_knots[0][k] != timestamp_us:
             raise ValueError(f"no view pose correction is learnt at {timestamp_us} us (not a training view's time)")
+        R, q, t = self._view_transforms(k)
+        return Surfels.derived(s.means @ R.T + t, quat_multiply(q.expand_as(s.quats), s.quats), s.scales,
+                               s.opacities, s.colors, s.features)
+
+    def _view_transforms(self, k):
+        """(R (...,3,3), q (...,4), t (...,3)): the world's correction x -> R x + t at knot k (an index, or a
+        slice: the knots at once; other times blend the corrected poses: `Scene.log_pose`)."""
         rot, trans = self.view_offsets["rot"][k], self.view_offsets["trans"][k]
         c = torch.as_tensor(self.view_knots[1][k], dtype=rot.dtype, device=rot.device)
         # a rotation vector as the quaternion (1, w/2) normalised: exact rotations, first-order in the angle
-        q = torch.nn.functional.normalize(torch.cat([torch.ones_like(rot[:1]), rot / 2]), dim=0)
-        R = quat_to_rotmat(q[None])[0]
-        return R, q, c + trans - R @ c
+        q = torch.nn.functional.normalize(torch.cat([torch.ones_like(rot[..., :1]), rot / 2], -1), dim=-1)
+        R = quat_to_rotmat(q.reshape(-1, 4)).reshape(q.shape[:-1] + (3, 3))
+        return R, q, c + trans - (R @ c[..., None])[..., 0]
 
     def pose_corrections(self) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         """(times (K,), (K,4,4) C) with the corrected camera pose C @ T_world_camera at each knot; None without
@@ -192,10 +195,9 @@ class SceneModel:
         if not len(times):
             return None
         C = np.tile(np.eye(4), (len(times), 1, 1))
-        with torch.no_grad():
-            for k, t in enumerate(times):
-                R, _, tr = (x.double().cpu().numpy() for x in self._view_transform(int(t)))
-                C[k, :3, :3], C[k, :3, 3] = R.T, -R.T @ tr  # the inverse of the world's correction
+        with torch.no_grad():  # every knot in one batch: one copy to the host, not three per knot
+            R, _, tr = (x.double().cpu().numpy() for x in self._view_transforms(slice(None)))
+        C[:, :3, :3], C[:, :3, 3] = R.transpose(0, 2, 1), -np.einsum("kji,kj->ki", R, tr)  # the inverse correction
         return times, C
 
     def _poses_at(self, timestamp_us: int, dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,6 +11,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import copy
+import math
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -341,10 +342,12 @@ def view_loss(run: _Run, view: View) -> float:
 
 
 def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, robust: bool = False,
-               weight: float = 1.0):
+               weight: float = 1.0, sync: bool = True):
     """One iteration on one view (and LiDAR rays of its frame's sweeps); returns (loss, psnr). ``robust``:
     outlier residuals leave the photometric loss (a log whose transients are not all known); ``weight``: of
-    the view's camera losses (below 1 for views whose target is not a real image: `gsim.diffusion.expand`)."""
+    the view's camera losses (below 1 for views whose target is not a real image: `gsim.diffusion.expand`).
+    ``sync`` False: no host synchronisation (a GPU runs ahead): (loss, MSE) come back as device tensors, and the
+    caller checks the loss (`_settled`)."""
     cfg, model = run.cfg, run.model
     on = lambda a: _on(a, model.device)  # noqa: E731
     vt = run.tensors(view)
@@ -376,11 +379,9 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         rng_l, int_l, drop_l = losses.lidar_rays(out, on(rays.range), on(rays.intensity))
         loss = (loss + cfg.lidar_range_weight * rng_l + cfg.lidar_intensity_weight * int_l
                 + cfg.lidar_drop_weight * drop_l)
-    if not torch.isfinite(loss):
+    if sync and not torch.isfinite(loss):
         # the model's surfels skip Surfels' value checks (a tenth of a step): this one catches a diverged run
-        raise Diverged(f"reconstruct: the loss is {float(loss.detach())} at step {run.step} (view of frame "
-                                 f"{view.frame}, {view.sensor}): training diverged; the checkpoint written before "
-                                 f"is the last good one (lower a learning rate and --resume)")
+        raise _diverged(float(loss.detach()), run.step, view)
     loss.backward()
     with torch.no_grad():
         grad = model.params["means"].grad
@@ -393,7 +394,29 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     decay = 0.01 ** min(max(run.step / max(cfg.iterations, 1), run.time_share), 1.0)
     run.adam.step(params, {"means": decay, "view/rot": decay, "view/trans": decay,
                            **{f"pose/{i}": decay for i in model.pose_offsets}})
+    if not sync:
+        return loss.detach(), ((rgb.detach().clamp(0, 1) - target) ** 2).mean()
     return float(loss.detach()), losses.psnr(rgb.detach().clamp(0, 1), target)
+
+
+def _diverged(loss: float, step: int, view: View) -> Diverged:
+    return Diverged(f"reconstruct: the loss is {loss} at step {step} (view of frame {view.frame}, {view.sensor}): "
+                    f"training diverged; the checkpoint written before is the last good one (lower a learning rate "
+                    f"and --resume)")
+
+
+SYNC_EVERY = 16  # a GPU run reads its losses back (and checks them) every this many steps and before a checkpoint
+
+
+def _settled(pending: list) -> List[float]:
+    """The PSNRs of unsynchronised steps [(step, view, loss, mse)] (one copy to the host), after checking their
+    losses: `Diverged` names the first non-finite one (its checkpoint is not written)."""
+    values = torch.stack([torch.stack([loss, mse]) for _, _, loss, mse in pending]).tolist()
+    for (step, view, _, _), (loss, _) in zip(pending, values):
+        if not math.isfinite(loss):
+            raise _diverged(loss, step, view)
+    pending.clear()
+    return [10 * math.log10(1.0 / max(mse, 1e-12)) for _, mse in values]
 
 
 def snapshot(run: _Run) -> dict:
@@ -497,21 +520,31 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
     first_step = run.step  # > 0: resumed from a checkpoint
     bar = tqdm(total=cfg.iterations, initial=run.step, desc="reconstruct", unit="it", disable=not progress)
     t0, psnrs, budget = time.perf_counter(), [], cfg.max_train_s
+    sync, pending = run.model.device.type == "cpu", []  # (a CPU's step waits for its maths anyway)
     while run.step < cfg.iterations:
         if budget is not None:
             run.time_share = (time.perf_counter() - t0) / budget
             if run.time_share >= 1:
+                psnrs += _settled(pending) if pending else []
                 run.save(out)
                 break
         view = t.views[int(run.rng.integers(len(t.views)))]
-        loss, p = train_step(run, view, t.sweeps, t.log, robust=t.robust)
+        loss, p = train_step(run, view, t.sweeps, t.log, robust=t.robust, sync=sync)
+        if sync:
+            psnrs.append(p)
+        else:
+            pending.append((run.step, view, loss, p))
         run.step += 1
-        psnrs = (psnrs + [p])[-50:]
         run.densifier.step(run.model, run.adam, run.step, run.gen)
-        if run.step % cfg.checkpoint_every == 0 or run.step == cfg.iterations:
+        save = run.step % cfg.checkpoint_every == 0 or run.step == cfg.iterations
+        if pending and (save or len(pending) >= SYNC_EVERY):
+            psnrs += _settled(pending)
+        if save:
             run.save(out)
         bar.update(1)
-        bar.set_postfix(loss=f"{loss:.4f}", psnr=f"{np.mean(psnrs):.2f}", surfels=len(run.model))
+        if sync or not pending:
+            psnrs = psnrs[-50:]
+            bar.set_postfix(psnr=f"{np.mean(psnrs):.2f}", surfels=len(run.model))
     bar.close()
     dataclasses.replace(run.model.to_scene(lidar=bool(t.sweeps)), train_downscale=cfg.downscale).save(out / "scene")
     write_json(out / "train.json", {"log": str(Path(log_path).resolve()), "config": cfg.to_dict(),

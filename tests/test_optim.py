@@ -42,6 +42,31 @@ def test_sparse_adam_leaves_rows_without_gradient_alone():
     assert not torch.equal(ours["x"][0], torch.zeros(4)) and ours["x"].grad is None
 
 
+def test_batched_sparse_adam_equals_one_tensor_at_a_time():
+    """Sparse tensors of two row shapes, batched by shape in one step, with dense ones and rate scales: bit for bit
+    what each alone gets (a dense tensor alone is torch's Adam, checked above; a sparse one alone, below)."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"pose/a": (3, 4), "pose/b": (5, 4), "view/rot": (4, 3), "means": (7, 3), "sky": (2, 2, 3)}
+    lrs = {k: 0.01 * (i + 1) for i, k in enumerate(shapes)}
+    sparse = ["pose/a", "pose/b", "view/rot"]
+    together = {k: torch.randn(shape, generator=gen) for k, shape in shapes.items()}
+    alone = {k: v.clone() for k, v in together.items()}
+    adam, singles = Adam(lrs, sparse), {k: Adam({k: lrs[k]}, [k] if k in sparse else []) for k in shapes}
+    for it in range(12):
+        grads = {k: torch.randn(shape, generator=gen) for k, shape in shapes.items()}
+        for k in sparse:
+            grads[k][torch.arange(len(grads[k])) % 3 != it % 3] = 0  # each row seen every third step
+        for k in shapes:
+            together[k].grad, alone[k].grad = grads[k].clone(), grads[k].clone()
+        adam.step(together, {"pose/b": 0.5, "means": 0.25})
+        for k in shapes:
+            singles[k].step({k: alone[k]}, {k: {"pose/b": 0.5, "means": 0.25}.get(k, 1.0)})
+    for k in shapes:
+        assert torch.equal(together[k], alone[k]), k
+        assert torch.equal(adam.m[k], singles[k].m[k]) and torch.equal(adam.v[k], singles[k].v[k]), k
+    assert all(p.grad is None for p in together.values())
+
+
 def _model(n=6):
     rng = np.random.default_rng(0)
     s = Surfels(rng.normal(size=(n, 3)).astype(np.float32), np.tile([1.0, 0, 0, 0], (n, 1)).astype(np.float32),
