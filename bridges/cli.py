@@ -52,11 +52,11 @@ def cmd_closed_loop(a) -> int:
         if sc in SHIPPED:
             ensure_demo(loaded)
     if len(a.scenario) == 1 and len(agents) == 1 and len(seeds) == 1:
-        m = run(a.scenario[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo)
+        m = run(a.scenario[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo, video=not a.no_video)
         print(f"{m['scenario']} / {m['agent']} (seed {m['seed']}): score {m['score']:.3f}, collision {m['collision']}, "
               f"route completion {m['route_completion']:.2f}, {m['steps']} steps in {m['wall_s']:.1f} s -> {a.out}")
         return 0
-    rows = run_batch(a.scenario, agents, seeds, a.out, max_steps=a.steps, client=a.sumo)
+    rows = run_batch(a.scenario, agents, seeds, a.out, max_steps=a.steps, client=a.sumo, video=not a.no_video)
     print(f"{len(rows)} runs -> {Path(a.out) / 'table.md'}")
     return 0
 
@@ -168,6 +168,7 @@ def register(sub) -> None:
     cl.add_argument("--steps", type=int_at_least(1), default=None, help="stop after this many steps")
     cl.add_argument("--sumo", choices=("libsumo", "traci", "gui"), default="libsumo",
                     help="how SUMO runs: in this process (libsumo, default), as a process (traci) or with its GUI")
+    cl.add_argument("--no-video", action="store_true", help="write no video.mp4 (no ffmpeg needed)")
     cl.set_defaults(fn=cmd_closed_loop)
 
     sv = sub.add_parser("serve", formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -31,17 +31,18 @@ class Run:
     process, the network API's sessions with a remote one (the same record either way). ``start()`` gives
     the first observation, ``step(action)`` records a step and returns (observation, step metrics, done),
     ``finish(error)`` writes the run's metrics and closes the record (always call it: it keeps every
-    completed step after a failure). ``max_steps`` truncates the run."""
+    completed step after a failure). ``max_steps`` truncates the run; ``video`` False: no video.mp4 (no
+    ffmpeg needed)."""
 
     def __init__(self, scenario, out, agent_name: str, seed: int = 0, max_steps: Optional[int] = None,
-                 render: bool = True, client: str = "libsumo"):
+                 render: bool = True, client: str = "libsumo", video: bool = True):
         self.scenario = sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
         self.out, self.agent_name, self.seed = Path(out), agent_name, seed
         self.t_start = time.perf_counter()
         self.loop = loop = ClosedLoop(sc, seed=seed, render=render, client=client, workdir=self.out / "sumo")
         self.n = loop.n_steps if max_steps is None else min(loop.n_steps, max_steps)
         try:
-            self.rec = RunRecorder(out, loop)
+            self.rec = RunRecorder(out, loop, video=video)
         except BaseException:
             loop.close()
             raise
@@ -85,7 +86,7 @@ class Run:
 
 
 def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, max_steps: Optional[int] = None,
-        render: bool = True, client: str = "libsumo") -> dict:
+        render: bool = True, client: str = "libsumo", video: bool = True) -> dict:
     """Run ``scenario`` (a file, a shipped name or a `LoopScenario`) with the agent ``agent_name`` into
     ``out``; returns the run's metrics (also written to out/metrics.json). A failure (SUMO, an agent's
     error or bad action, Ctrl-C) is raised after the run directory has been closed with every completed step.
@@ -94,7 +95,7 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
     from tqdm import tqdm
     sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
     agent = load_agent(agent_name)  # an unknown agent fails before anything starts
-    r = Run(sc, out, agent_name, seed=seed, max_steps=max_steps, render=render, client=client)
+    r = Run(sc, out, agent_name, seed=seed, max_steps=max_steps, render=render, client=client, video=video)
     error = None
     try:
         obs = r.start()
@@ -141,13 +142,13 @@ def run_dir(out, scenario_name: str, agent: str, seed: int) -> Path:
 
 
 def batch_run(scenario, agent: str, seed: int, out, progress: bool = True, max_steps: Optional[int] = None,
-              client: str = "libsumo") -> dict:
+              client: str = "libsumo", video: bool = True) -> dict:
     """One run of a batch into `run_dir`: its metrics, or for a run the loop, SUMO or the agent stopped, what it
     recorded and its "error" (the batch goes on). `run_batch` and the Ray batch (`gsim batch closed-loop`) share it."""
     sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
     d = run_dir(out, sc.name, agent, seed)
     try:
-        return run(sc, agent, d, seed=seed, progress=progress, max_steps=max_steps, client=client)
+        return run(sc, agent, d, seed=seed, progress=progress, max_steps=max_steps, client=client, video=video)
     except (LoopError, ActionError, AgentError, SumoError) as e:  # the table shows the failed run
         saved = d / "metrics.json"
         return {**(json.loads(saved.read_text()) if saved.is_file() else
@@ -155,12 +156,14 @@ def batch_run(scenario, agent: str, seed: int, out, progress: bool = True, max_s
 
 
 def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[int], out,
-              progress: bool = True, max_steps: Optional[int] = None, client: str = "libsumo") -> List[dict]:
+              progress: bool = True, max_steps: Optional[int] = None, client: str = "libsumo",
+              video: bool = True) -> List[dict]:
     """Every scenario x agent x seed into `run_dir`, in this process, and out/table.md + table.json."""
     for a in agents:
         load_agent(a)  # unknown agents fail before anything starts
     scs = [load_loop_scenario(s) for s in scenarios]
-    rows = [batch_run(sc, a, seed, out, progress, max_steps, client) for sc in scs for a in agents for seed in seeds]
+    rows = [batch_run(sc, a, seed, out, progress, max_steps, client, video) for sc in scs for a in agents
+            for seed in seeds]
     write_batch_tables(out, rows)
     return rows
 

@@ -117,6 +117,15 @@ def test_a_run_writes_metrics_video_log_and_mcap(loop_street, tmp_path):
     assert recording(out)["complete"] == "true"
 
 
+def test_a_run_without_video_needs_no_ffmpeg(loop_street, tmp_path, monkeypatch):
+    import gsim.bridges.record
+    monkeypatch.setattr(gsim.bridges.record, "write_video", lambda *a, **k: pytest.fail("no video was asked for"))
+    m = run(scenario(loop_street, "novideo", ACROSS), "replay", tmp_path / "nv", progress=False, render=False,
+            max_steps=3, video=False)
+    assert m["steps"] == 3 and (tmp_path / "nv" / "metrics.json").is_file()
+    assert not (tmp_path / "nv" / "video.mp4").exists()
+
+
 def recording(out) -> dict:
     """The MCAP file's gsim.recording metadata (complete, reason)."""
     from mcap.reader import make_reader
