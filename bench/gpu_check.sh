@@ -3,7 +3,7 @@
 # (numpy API, resident, a profile of the resident call), the `cuda` preset on the demo street and on a log side by
 # side with a wall-time budget each (the CUDA tests beside them), then LiDAR on the GPU against numba (speed,
 # parity) on the street, the loop's sensor step, gsim serve with 4 workers, a profile of training steps, and the
-# CUDA LiDAR on the log's reconstruction.
+# CUDA LiDAR on the log's reconstruction. The closed loop with SUMO itself: bench/gpu_loop.sh, right after it.
 #
 #   [WHEELS=DIR] [LOG=DIR] [TRAIN_S=240] [DOWNSCALE=2] [LIMIT=480] [SKIP_CAMERA=1] [OUT=DIR] bash bench/gpu_check.sh
 #

@@ -1,0 +1,144 @@
+"""Pack SUMO and the closed loop's other packages for a machine that has no network and takes little data per
+call (a lent GPU: bench/gpu_loop.sh unpacks and runs them).
+
+    python bench/pack_sumo.py pack OUT [--python 3.12] [--part-mb 60]
+    python bench/pack_sumo.py unpack DEST PARTDIR...      (on the target: DEST/site then holds everything)
+
+Downloads, without dependencies, for that CPython on manylinux x86-64: the `sumo` extra's pinned wheels
+(pyproject.toml), pydantic and trimesh (scenarios and assets) and the few packages they need that a CUDA image
+lacks. Of the two SUMO wheels it keeps what the closed loop loads: libsumo's module and its bundled libraries,
+netconvert (its libraries are libsumo's: the same files, linked, not stored twice) and SUMO's XML schemas and
+type maps, in one xz tar (about 270 MB unpacked, 56 MB packed); the other wheels go beside it. OUT gets parts of
+at most --part-mb MB each (OUT/1, OUT/2, ...: one folder per device call) and a manifest naming them. `unpack`
+joins the tar's pieces from the part folders, extracts it into DEST/site, installs the wheels there (pip, no
+network) and prints the two variables that make them the ones used: PYTHONPATH and SUMO_HOME.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import lzma
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# what the sumo and editing extras need beyond themselves that a CUDA image (numpy, protobuf, pyyaml) lacks
+EXTRA = ["pydantic==2.12.5", "pydantic-core==2.41.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
+         "cloudpickle==3.1.3", "farama-notifications==0.0.6"]
+KEEP_SUMO = re.compile(r"sumo/(bin/netconvert|data/xsd/.*|data/typemap/.*|__init__\.py)$")
+
+
+def pins(extra: str) -> list:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    return [d for d in deps if "==" in d]
+
+
+def download(specs: list, python: str, dest: Path) -> None:
+    platforms = [f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+                                             "manylinux_2_17_x86_64", "manylinux2014_x86_64")]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    f"--python-version={python}", "--implementation=cp", *platforms, "-d", str(dest), *specs],
+                   check=True)
+
+
+def sumo_tar(libsumo_whl: Path, sumo_whl: Path) -> bytes:
+    """The xz tar of libsumo (module and libraries), netconvert, its libraries as links to libsumo's where the
+    bytes are the same, and SUMO's schemas and type maps."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar, zipfile.ZipFile(libsumo_whl) as lib, \
+            zipfile.ZipFile(sumo_whl) as sumo:
+        digests = {}
+        for info in lib.infolist():
+            if info.filename.startswith(("libsumo/", "libsumo.libs/")) and not info.is_dir():
+                data = lib.read(info)
+                digests[Path(info.filename).name] = hashlib.sha256(data).hexdigest()
+                _add(tar, info.filename, data, info)
+        for info in sumo.infolist():
+            name = info.filename
+            if info.is_dir():
+                continue
+            if KEEP_SUMO.match(name):
+                _add(tar, name, sumo.read(info), info)
+            elif name.startswith("eclipse_sumo.libs/"):
+                data, base = sumo.read(info), Path(name).name
+                if digests.get(base) == hashlib.sha256(data).hexdigest():
+                    link = tarfile.TarInfo(name)
+                    link.type, link.linkname = tarfile.SYMTYPE, f"../libsumo.libs/{base}"
+                    tar.addfile(link)
+                else:
+                    _add(tar, name, data, info)
+    return lzma.compress(buf.getvalue(), preset=9)
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, info: zipfile.ZipInfo) -> None:
+    t = tarfile.TarInfo(name)
+    t.size, t.mode = len(data), (info.external_attr >> 16) & 0o777 or 0o644
+    tar.addfile(t, io.BytesIO(data))
+
+
+def unpack(dest: Path, part_dirs: list) -> None:
+    files = sorted((f for d in part_dirs for f in Path(d).iterdir()), key=lambda f: f.name)
+    site = dest / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    tar = b"".join(f.read_bytes() for f in files if f.name.startswith("sumo.tar.xz."))
+    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(tar))) as t:
+        t.extractall(site, filter="tar")  # (the links stay inside: eclipse_sumo.libs -> libsumo.libs)
+    wheels = [str(f) for f in files if f.suffix == ".whl"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(site), *wheels], check=True)
+    print(f"export PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} SUMO_HOME={site / 'sumo'}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pk = sub.add_parser("pack")
+    pk.add_argument("out", type=Path)
+    pk.add_argument("--python", default="3.12", help="the target machine's CPython (major.minor)")
+    pk.add_argument("--part-mb", type=float, default=60.0)
+    up = sub.add_parser("unpack")
+    up.add_argument("dest", type=Path)
+    up.add_argument("parts", nargs="+", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "unpack":
+        unpack(a.dest, a.parts)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels = Path(tmp)
+        download(pins("sumo") + [d for d in pins("editing") if d.startswith("trimesh")] + EXTRA, a.python, wheels)
+        libsumo, sumo = (next(wheels.glob(f"{n}-*.whl")) for n in ("libsumo", "eclipse_sumo"))
+        blobs = [("sumo.tar.xz", sumo_tar(libsumo, sumo))]
+        blobs += [(w.name, w.read_bytes()) for w in sorted(wheels.glob("*.whl")) if w not in (libsumo, sumo)]
+    if a.out.exists():
+        shutil.rmtree(a.out)
+    limit, parts, size = a.part_mb * 1e6, [[]], 0
+    for name, data in blobs:  # the tar is cut where a part fills up; a wheel goes whole into the next part
+        while data:
+            room = int(limit - size)
+            if room <= 0 or (not name.endswith(".xz") and len(data) > room):
+                parts.append([])
+                size, room = 0, int(limit)
+            chunk, data = data[:room], data[room:]
+            piece = f"{name}.{sum(n.startswith(name) for p in parts for n in p):03d}" if name.endswith(".xz") else name
+            d = a.out / str(len(parts))
+            d.mkdir(parents=True, exist_ok=True)
+            (d / piece).write_bytes(chunk)
+            parts[-1].append(piece)
+            size += len(chunk)
+    (a.out / "manifest.json").write_text(json.dumps({"python": a.python, "parts": parts}, indent=1))
+    for i, p in enumerate(parts, 1):
+        print(f"{a.out / str(i)}: {sum((a.out / str(i) / n).stat().st_size for n in p) / 1e6:.1f} MB, {len(p)} files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
