@@ -201,12 +201,15 @@ def _render_tiles(tab, tiles, mask, ids, records, camera, options):
     qb = a10 * du + a11 * dv
     qz = a20 * u + a21 * v + a22
     hit = (qz.abs() > 1e-30) & (det * qz > 0) & (det.abs() > options.near * qz.abs())  # z > near
-    qz_safe = torch.where(hit, qz, torch.ones_like(qz))
-    rho3 = torch.where(hit, (qa * qa + qb * qb) / (qz_safe * qz_safe), torch.full_like(qa, float("inf")))
     pu, pv = du * camera.fx, dv * camera.fy
     rho2 = FILTER_INV_SQUARE * (pu * pu + pv * pv)
-    use3 = rho3 <= rho2
-    rho = torch.where(use3, rho3, rho2)
+    with torch.no_grad():  # which of the two distances counts, then the ray-splat one only where it does: a
+        # division whose result is not taken still back-propagates 0 x (its derivative), NaN where a ray grazes
+        # the surfel's plane (qz near 0: seen on the synthetic street, every surfel NaN after one step)
+        q2 = torch.where(hit, qz * qz, torch.ones_like(qz))
+        use3 = hit & ((qa * qa + qb * qb) / q2 <= rho2)
+    qz_safe = torch.where(use3, qz, torch.ones_like(qz))
+    rho = torch.where(use3, (qa * qa + qb * qb) / (qz_safe * qz_safe), rho2)
     alpha = torch.clamp_max(opac * torch.exp(-0.5 * rho), MAX_ALPHA)
     alpha = torch.where((alpha >= ALPHA_THRESHOLD) & used[:, None] & ok_pix[:, :, None], alpha,
                         torch.zeros_like(alpha))
