@@ -1,16 +1,19 @@
 #!/bin/bash
-# The closed loop on a lent GPU with SUMO itself (issue 32, item 4): SUMO's wheels are larger than a device call
-# carries, so bench/pack_sumo.py packs what the loop loads (libsumo and its libraries, netconvert, SUMO's schemas)
-# and the loop's pure-Python packages into about 57 MB: one carried folder. Run it on the machine that
-# bench/gpu_check.sh just ran on (its street reconstruction and the gsplat build are still there), within the
-# seconds the machine stays warm:
+# The closed loop and gsim serve on a lent GPU, with SUMO itself (issue 32, item 4): SUMO's wheels are larger than
+# a device call carries, so bench/pack_sumo.py packs what the loop loads (libsumo and its libraries, netconvert,
+# SUMO's schemas) and the loop's pure-Python packages into 57 MB (.sumo/1: one call), and the server's grpcio
+# 1.85.1 (the image has 1.84.0; the generated modules refuse it) into .sumo/2 (another). Run it on the machine that
+# bench/gpu_check.sh just ran on (its street reconstruction and gsplat build are still there), within the seconds
+# the machine stays warm; folders carried earlier stay on the machine (ignored paths are kept between calls):
 #
 #   here:   python bench/pack_sumo.py pack .sumo --python 3.12     (once; .sumo is ignored by git)
-#   device: bash bench/gpu_loop.sh     (carry .sumo/1; [STEPS=40] [SCENARIOS="stopped-car lead-car"] [OUT=DIR])
+#   device: bash bench/gpu_loop.sh   carrying .sumo/1: the loop; then NO_LOOP=1, carrying .sumo/2: the server
+#           ([STEPS=40] [SCENARIOS="stopped-car lead-car"] [OUT=DIR])
 #
-# Runs `gsim closed-loop` with the lidar-aeb agent on the street reconstruction (the shipped scenarios' demo
-# street, linked into out/demo) with three cameras on the resident gsplat renderer and the LiDAR on the CUDA
-# kernel, SUMO through libsumo, no video (no ffmpeg there), and prints each run's steps/s and stage times.
+# The loop: `gsim closed-loop` with the lidar-aeb agent on the street reconstruction (the shipped scenarios' demo
+# street, linked into out/demo), three cameras on the resident gsplat renderer, the LiDAR on the CUDA kernel,
+# SUMO through libsumo, no video (no ffmpeg there); each run's steps/s and median stage times. The server:
+# bench/bench_serve.py with gsplat and 4 workers, calls/s with 1, 2, 4 and 8 clients (no sessions: their video).
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out/gpu_loop}
 mkdir -p "$OUT"
@@ -24,12 +27,19 @@ if [ ! -f $STREET/recon/scene/scene.json ]; then
 fi
 mkdir -p out/demo && ln -sfn $STREET/recon out/demo/recon && ln -sfn $STREET out/demo/log
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
-for sc in ${SCENARIOS:-stopped-car lead-car}; do
-  el "closed loop: $sc, lidar-aeb, ${STEPS:-40} steps"
-  timeout 240 python3 -m gsim.cli closed-loop "$sc" --agent lidar-aeb --steps "${STEPS:-40}" --no-video \
-    --out "$OUT/$sc" 2>&1 | grep -v "step/s\]$" | tail -3
-  python3 -c "import json, sys; m = json.load(open(sys.argv[1])); t = m.get('timing_ms', {})
+if [ -z "$NO_LOOP" ]; then
+  for sc in ${SCENARIOS:-stopped-car lead-car}; do
+    el "closed loop: $sc, lidar-aeb, ${STEPS:-40} steps"
+    timeout 240 python3 -m gsim.cli closed-loop "$sc" --agent lidar-aeb --steps "${STEPS:-40}" --no-video \
+      --out "$OUT/$sc" 2>&1 | grep -v "step/s\]$" | tail -3
+    python3 -c "import json, sys; m = json.load(open(sys.argv[1])); t = m.get('timing_ms', {})
 print({k: m.get(k) for k in ('steps', 'wall_s', 'score', 'collision')}, 'steps/s', round(m['steps'] / m['wall_s'], 2),
       'median ms a step by stage', {k: round(v, 1) for k, v in t.items()})" "$OUT/$sc/metrics.json"
-done
+  done
+fi
+if python3 -c "import grpc, sys; sys.exit(grpc.__version__ != '1.85.1')"; then
+  el "gsim serve with gsplat, 4 workers"
+  timeout 150 python3 bench/bench_serve.py --scene $STREET/recon --no-sessions --backend gsplat --workers 4 \
+    --repeats 10 --out "$OUT/serve" 2>&1 | tail -7
+fi
 el done

@@ -8,8 +8,9 @@ Downloads, without dependencies, for that CPython on manylinux x86-64: the `sumo
 (pyproject.toml), pydantic and trimesh (scenarios and assets) and the few packages they need that a CUDA image
 lacks. Of the two SUMO wheels it keeps what the closed loop loads: libsumo's module and its bundled libraries,
 netconvert (its libraries are libsumo's: the same files, linked, not stored twice) and SUMO's XML schemas and
-type maps, in one xz tar (about 270 MB unpacked, 56 MB packed); the other wheels go beside it. OUT gets parts of
-at most --part-mb MB each (OUT/1, OUT/2, ...: one folder per device call) and a manifest naming them. `unpack`
+type maps, in one xz tar (about 270 MB unpacked, 56 MB packed); the other wheels go beside it, and last, so
+that they start a part of their own, the `serve` extra's (gsim serve there: grpcio 1.85.1, 7.7 MB). OUT gets parts
+of at most --part-mb MB each (OUT/1, OUT/2, ...: one folder per device call) and a manifest naming them. `unpack`
 joins the tar's pieces from the part folders, extracts it into DEST/site, installs the wheels there (pip, no
 network) and prints the two variables that make them the ones used: PYTHONPATH and SUMO_HOME.
 """
@@ -118,6 +119,8 @@ def main(argv=None) -> int:
         libsumo, sumo = (next(wheels.glob(f"{n}-*.whl")) for n in ("libsumo", "eclipse_sumo"))
         blobs = [("sumo.tar.xz", sumo_tar(libsumo, sumo))]
         blobs += [(w.name, w.read_bytes()) for w in sorted(wheels.glob("*.whl")) if w not in (libsumo, sumo)]
+        download(pins("serve") + ["protobuf==7.35.1"], a.python, wheels / "serve")
+        blobs += [(w.name, w.read_bytes()) for w in sorted((wheels / "serve").glob("*.whl"))]
     if a.out.exists():
         shutil.rmtree(a.out)
     limit, parts, size = a.part_mb * 1e6, [[]], 0

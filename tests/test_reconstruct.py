@@ -249,6 +249,29 @@ def test_a_diverged_step_is_refused(log_dir):
         train_mod.train_step(run, view, {}, log)
 
 
+def test_unsynchronised_steps_are_checked_when_settled(log_dir):
+    """A GPU run's steps (sync=False) return device tensors and skip the per-step check; `_settled` reads a batch
+    back at once, gives their PSNRs and names the first non-finite loss's step and view."""
+    log = load_log(log_dir)
+    train, _ = split_frames(log)
+    views = make_views(log, train[:2])
+    bg, actors = initial_surfels(log, train, _cfg().init)
+    run = train_mod._Run(_cfg(), SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)), 1.0)
+    pending = []
+    for view in views:
+        loss, mse = train_mod.train_step(run, view, {}, log, sync=False)
+        assert torch.is_tensor(loss) and torch.is_tensor(mse) and loss.dim() == mse.dim() == 0
+        pending.append((run.step, view, loss, mse))
+        run.step += 1
+    psnrs = train_mod._settled(pending)
+    assert not pending and len(psnrs) == len(views) and all(10 < p < 60 for p in psnrs)
+    with torch.no_grad():
+        run.model.params["sh"][:] = float("nan")
+    pending = [(7, views[1], train_mod.train_step(run, views[1], {}, log, sync=False)[0], torch.tensor(0.1))]
+    with pytest.raises(FloatingPointError, match=f"loss is nan at step 7 \\(view of frame {views[1].frame}"):
+        train_mod._settled(pending)
+
+
 def test_resume_after_a_kill_ends_with_the_same_scene(log_dir, tmp_path, monkeypatch):
     cfg = _cfg()
     reconstruct(log_dir, tmp_path / "a", cfg, progress=False)
