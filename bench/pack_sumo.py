@@ -87,7 +87,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, info: zipfile.ZipInfo) ->
 
 
 def unpack(dest: Path, part_dirs: list) -> None:
-    files = sorted((f for d in part_dirs for f in Path(d).iterdir()), key=lambda f: f.name)
+    files = sorted((f for d in part_dirs if Path(d).is_dir() for f in Path(d).iterdir()), key=lambda f: f.name)
     site = dest / "site"
     site.mkdir(parents=True, exist_ok=True)
     tar = b"".join(f.read_bytes() for f in files if f.name.startswith("sumo.tar.xz."))
