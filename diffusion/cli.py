@@ -69,13 +69,14 @@ def cmd_expand(a) -> int:
                          f"model with `gsim diffusion train {a.scene} {a.log} --out MODEL_DIR` and give --model "
                          f"MODEL_DIR, or give local Stable Diffusion weights with --pretrained DIR")
     opts = ExpandOptions(shifts=a.shifts, ahead=a.ahead, iterations=a.iterations, every=a.every,
-                         pseudo_weight=a.pseudo_weight, seed=a.seed, allow_worse=a.allow_worse)
+                         pseudo_weight=a.pseudo_weight, seed=a.seed, allow_worse=a.allow_worse, gate=not a.no_gate)
     s = expand(a.scene, a.log, repair, a.out, opts)
     for st in s["stages"]:
         where = f"{st['shift_m']:g} m beside" if st["shift_m"] else f"{st['ahead_m']:g} m ahead"
         after = st["real_view_loss_after"]
-        print(f"{where}: {st['pseudo_views']} repaired views, {st['surfels_added']} surfels added, real views' loss "
-              f"{st['real_view_loss_before']:.4f} -> {'-' if after is None else f'{after:.4f}'}"
+        gate = "" if st["gate_pass_fraction"] is None else f" ({100 * st['gate_pass_fraction']:.0f}% past the gate)"
+        print(f"{where}: {st['pseudo_views']} repaired views{gate}, {st['surfels_added']} surfels added, real views' "
+              f"loss {st['real_view_loss_before']:.4f} -> {'-' if after is None else f'{after:.4f}'}"
               + ("" if st["kept"] else f": undone ({st['stopped']})"))
     if s["held_out_psnr_before"] is not None:
         print(f"held-out views: {s['held_out_psnr_before']:.2f} -> {s['held_out_psnr_after']:.2f} dB")
@@ -132,6 +133,8 @@ def register(sub) -> None:
     ex.add_argument("--pseudo-weight", type=finite_float(0.0, 1.0, low_open=True), default=0.5,
                     help="the repaired views' loss weight, in (0, 1] (real: 1)")
     ex.add_argument("--seed", type=int_at_least(0), default=0)
+    ex.add_argument("--no-gate", action="store_true", help="distil every pixel a repair changed, not only where "
+                    "two real references agree (the confidence gate)")
     ex.add_argument("--allow-worse", action="store_true", help="write the expanded scene even if it is worse than "
                     "the reconstruction on the log's held-out views by more than 0.2 dB (refused otherwise)")
     ex.set_defaults(fn=cmd_expand)

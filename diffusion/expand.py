@@ -30,9 +30,12 @@ import torch
 from gsim.config import Config
 from gsim.errors import Diverged, GsimError, GsimWarning, InputError
 
+from .references import agreement, references, solid_depth
+
 
 PROBE_VIEWS = 12  # training views whose loss the guard compares before, during and after each stage
 PROBE_EVERY = 50  # distillation steps between the guard's looks
+GATE_REFERENCES = 3  # the nearest training images a pseudo view's confidence is judged by (as the paste's)
 SEEN_SOLID, SEEN_CLEAR = 0.9, 0.1  # a training view's render alpha above which it saw a surface, below it the sky
 
 
@@ -49,7 +52,9 @@ class ExpandOptions(Config):
     more than max_near of its render is nearer than clearance_m (`clear_pose`); the guards
     (`expand`): abort: a stage stops when its real views' loss exceeds this multiple of where it started,
     jump: a stage is undone when it leaves the real views' loss more than this share above where it started,
-    max_worse_db: the held-out PSNR an expanded scene may lose, unless allow_worse."""
+    max_worse_db: the held-out PSNR an expanded scene may lose, unless allow_worse; gate: a pseudo view teaches
+    only where it is confident: where at least two of the GATE_REFERENCES nearest real training images, warped into
+    it, agree (`gsim.diffusion.references.agreement`); the rest of a repair is not distilled."""
 
     shifts: Tuple[float, ...] = (1.0, 2.0, 3.0)
     ahead: Tuple[float, ...] = ()
@@ -69,6 +74,7 @@ class ExpandOptions(Config):
     jump: float = 0.25
     max_worse_db: float = 0.2
     allow_worse: bool = False
+    gate: bool = True
 
     def __post_init__(self):
         for name, most in (("shifts", 10), ("ahead", 50)):
@@ -310,7 +316,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
         start_loss = probe_loss()
         scene = run.model.to_scene(lidar=lidar)
         pseudo: List = []
-        added, changed, blocked = 0, 0.0, 0
+        added, changed, blocked, gated = 0, 0.0, 0, np.zeros(2)  # gated: pixels the repairs proposed, kept
         where = f"{shift:g} m beside" if shift else f"{ahead:g} m ahead"
         moved = [(v, side * shift, 0.0) for v in t.views[::options.every] for side in (1, -1)] if shift else \
             [(v, 0.0, ahead) for v in t.views if v.frame == last]
@@ -330,6 +336,12 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             *fill, filled = fill_points(v.camera, Tc, fixed, alpha, depth, options, seen)
             added += add_surfels(run, *fill)
             taught = corrected(rgb, fixed, filled, options)
+            if options.gate and taught.any():
+                found = references(scene, t.log, v.camera, T, v.timestamp_us, GATE_REFERENCES, v.sensor,
+                                   cfg.holdout_every, cfg.downscale, unseen, target_depth=solid_depth(alpha, depth))
+                proposed = float(taught.sum())
+                taught &= agreement(found)[1]
+                gated += (proposed, float(taught.sum()))
             if taught.any():
                 pseudo.append(pseudo_view(v, Tc, fixed, taught))
                 changed += float(taught.mean())
@@ -359,6 +371,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             end_loss = end_loss if np.isfinite(end_loss) else None  # (expand.json stays strict JSON)
         record = {"shift_m": shift, "ahead_m": ahead, "poses_blocked": blocked, "pseudo_views": len(pseudo),
                   "taught_fraction": changed / max(len(moved), 1), "surfels_added": added,
+                  "gate_pass_fraction": float(gated[1] / gated[0]) if options.gate and gated[0] else None,
                   "loss_first_50": float(np.mean(losses[:50])) if losses else None,
                   "loss_last_50": float(np.mean(losses[-50:])) if losses else None,
                   "real_view_loss_before": start_loss, "real_view_loss_after": end_loss, "kept": stopped is None}

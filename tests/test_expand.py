@@ -156,6 +156,31 @@ def test_expand_distils_and_keeps_the_training_views(recon, tmp_path):
     assert again["stages"][0]["ahead_m"] == 5.0 and again["stages"][0]["pseudo_views"] == 3  # the last frame's cameras
 
 
+def test_pseudo_views_teach_only_where_the_references_agree(recon, tmp_path, monkeypatch):
+    """The confidence gate: a pseudo view's mask is cut to where the real references agree (here, as if they agreed
+    on the left half only), and the stage says what share passed; without the gate the right half teaches too."""
+    import gsim.diffusion.expand as ex
+    log, scene_dir = recon
+    model = RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20))
+    torch.nn.init.normal_(model.unet.conv_out.weight, std=0.05)  # a model that changes what it sees
+    masks, real_view = [], ex.pseudo_view
+    monkeypatch.setattr(ex, "pseudo_view", lambda v, T, image, mask: masks.append(mask.copy()) or
+                        real_view(v, T, image, mask))
+
+    def left_half(found):
+        agreed = np.zeros(found[0][1].shape, bool)
+        agreed[:, :agreed.shape[1] // 2] = True
+        return None, agreed
+    monkeypatch.setattr(ex, "agreement", left_half)
+    opts = ExpandOptions(shifts=(1.0,), iterations=5, every=4)
+    stage = expand(scene_dir, log, model, tmp_path / "x", opts, progress=False)["stages"][0]
+    assert masks and not any(m[:, m.shape[1] // 2:].any() for m in masks)
+    assert 0 < stage["gate_pass_fraction"] < 1
+    masks.clear()
+    stage = expand(scene_dir, log, model, tmp_path / "y", dataclasses.replace(opts, gate=False), progress=False)
+    assert stage["stages"][0]["gate_pass_fraction"] is None and any(m[:, m.shape[1] // 2:].any() for m in masks)
+
+
 def test_a_scene_without_its_checkpoint_is_refused(recon, tmp_path):
     log, scene_dir = recon
     gsim.load_scene(scene_dir).save(tmp_path / "alone" / "scene")
