@@ -30,7 +30,7 @@ import torch
 from gsim.config import Config
 from gsim.errors import Diverged, GsimError, GsimWarning, InputError
 
-from .references import agreement, references, solid_depth
+from .references import agreement, references, solid_depth, training_lidar
 
 
 PROBE_VIEWS = 12  # training views whose loss the guard compares before, during and after each stage
@@ -54,7 +54,8 @@ class ExpandOptions(Config):
     jump: a stage is undone when it leaves the real views' loss more than this share above where it started,
     max_worse_db: the held-out PSNR an expanded scene may lose, unless allow_worse; gate: a pseudo view teaches
     only where it is confident: where at least two of the GATE_REFERENCES nearest real training images, warped into
-    it, agree (`gsim.diffusion.references.agreement`); the rest of a repair is not distilled."""
+    it (through the log's LiDAR where it has one: a hole in the render has no depth of its own), agree
+    (`gsim.diffusion.references.agreement`); the rest of a repair is not distilled."""
 
     shifts: Tuple[float, ...] = (1.0, 2.0, 3.0)
     ahead: Tuple[float, ...] = ()
@@ -311,6 +312,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     # references only from frames the reconstruction trained on (a train_span run leaves later frames unseen)
     trained = {v.frame for v in t.views}
     unseen = tuple(f.index for f in t.log.frames if f.index not in trained)
+    lidar = training_lidar(t.log, cfg.holdout_every, unseen) if options.gate else None
     for shift, ahead in stages:
         good = snapshot(run)
         start_loss = probe_loss()
@@ -338,7 +340,8 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             taught = corrected(rgb, fixed, filled, options)
             if options.gate and taught.any():
                 found = references(scene, t.log, v.camera, T, v.timestamp_us, GATE_REFERENCES, v.sensor,
-                                   cfg.holdout_every, cfg.downscale, unseen, target_depth=solid_depth(alpha, depth))
+                                   cfg.holdout_every, cfg.downscale, unseen, lidar=lidar,
+                                   target_depth=None if lidar is not None else solid_depth(alpha, depth))
                 proposed = float(taught.sum())
                 taught &= agreement(found)[1]
                 gated += (proposed, float(taught.sum()))

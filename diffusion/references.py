@@ -202,6 +202,13 @@ def agreement(found: Sequence[Tuple[np.ndarray, np.ndarray]], tolerance: float =
     return np.where(agreed[..., None], colour, 0.0).astype(np.float32), agreed
 
 
+def training_lidar(log, holdout_every: int = 8, exclude: Sequence[int] = ()) -> Optional[LidarDepth]:
+    """The `LidarDepth` of ``log``'s training frames less those in ``exclude``; None where they have no LiDAR."""
+    skip = {int(i) for i in exclude}
+    frames = [f for f in split_frames(log, holdout_every)[0] if f.index not in skip]
+    return LidarDepth(log, frames) if any(f.lidars for f in frames) else None
+
+
 class ReferencePaste:
     """A repairer without a model: the render with the log's real training images pasted where at least two of
     the ``k`` nearest agree (`agreement`), warped into the view through the log's LiDAR depth (`references` with a
@@ -224,13 +231,10 @@ class ReferencePaste:
                          "of its own to give; render with the log (gsim render --references-log LOG)")
 
     def lidar_of(self, log, holdout_every: int = 8, exclude: Sequence[int] = ()) -> Optional[LidarDepth]:
-        """The `LidarDepth` of ``log``'s training frames less those in ``exclude``, made once; None where they have
-        no LiDAR."""
-        skip = frozenset(int(i) for i in exclude)
-        key = (str(log.root), holdout_every, skip)
+        """`training_lidar`, made once per log, split and exclusion."""
+        key = (str(log.root), holdout_every, frozenset(int(i) for i in exclude))
         if key not in self._lidar:
-            frames = [f for f in split_frames(log, holdout_every)[0] if f.index not in skip]
-            self._lidar[key] = LidarDepth(log, frames) if any(f.lidars for f in frames) else None
+            self._lidar[key] = training_lidar(log, holdout_every, exclude)
         return self._lidar[key]
 
     def repair_view(self, scene, log, camera, T_world_target: np.ndarray, timestamp_us: int, rgb: np.ndarray,
