@@ -254,7 +254,7 @@ def world_surfels(parts: list) -> Surfels:
 
 def save_surfels(s: Surfels, folder: Path) -> None:
     folder.mkdir(parents=True)
-    for k, v in s.numpy()._fields().items():
+    for k, v in s.numpy().arrays().items():
         np.save(folder / f"{k}.npy", np.ascontiguousarray(v))
 
 

@@ -187,12 +187,13 @@ class Surfels:
     def is_torch(self) -> bool:
         return is_tensor(self.means)
 
-    def _fields(self) -> dict:
+    def arrays(self) -> dict:
+        """{name: array} of the fields the surfels have (features only where present)."""
         return {f: getattr(self, f) for f in self._fields_present()}
 
     def subset(self, idx) -> "Surfels":
         """The surfels at ``idx`` (indices, a boolean mask or a slice), in that order."""
-        return Surfels.derived(**{k: v[idx] for k, v in self._fields().items()})
+        return Surfels.derived(**{k: v[idx] for k, v in self.arrays().items()})
 
     def thinned(self, fraction: float, seed: int = 0, at_least: int = 1) -> "Surfels":
         """A uniform random ``fraction`` of the surfels (at least ``at_least``), in their order, their tangent scales
@@ -211,14 +212,14 @@ class Surfels:
         """Detached numpy copy (no-op for numpy surfels)."""
         if not self.is_torch:
             return self
-        return Surfels.derived(**{k: v.detach().cpu().numpy() for k, v in self._fields().items()})
+        return Surfels.derived(**{k: v.detach().cpu().numpy() for k, v in self.arrays().items()})
 
     def torch(self, device=None, dtype=None) -> "Surfels":
         """Torch view; numpy arrays are converted (no gradient), tensors moved/cast."""
         import torch
         conv = (lambda v: v.to(device=device, dtype=dtype)) if self.is_torch else \
             (lambda v: torch.as_tensor(v, device=device, dtype=dtype))
-        return Surfels.derived(**{k: conv(v) for k, v in self._fields().items()})
+        return Surfels.derived(**{k: conv(v) for k, v in self.arrays().items()})
 
     @staticmethod
     def concatenate(parts: list["Surfels"]) -> "Surfels":

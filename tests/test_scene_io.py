@@ -40,7 +40,7 @@ def _scene(seed=0) -> Scene:
 
 
 def _assert_surfels_identical(a: Surfels, b: Surfels):
-    fa, fb = a._fields(), b._fields()
+    fa, fb = a.arrays(), b.arrays()
     assert fa.keys() == fb.keys()
     for k in fa:
         assert fa[k].dtype == fb[k].dtype and fa[k].shape == fb[k].shape, k

@@ -71,7 +71,7 @@ def pick_backend(backend: str, surfels: Surfels) -> Backend:
     if backend == "auto":
         if BACKENDS["gsplat"].probe() is None:
             return BACKENDS["gsplat"]
-        needs_grad = surfels.is_torch and any(getattr(x, "requires_grad", False) for x in surfels._fields().values())
+        needs_grad = surfels.is_torch and any(getattr(x, "requires_grad", False) for x in surfels.arrays().values())
         # numba's backward runs on the CPU; tensors elsewhere take the torch reference
         return BACKENDS["torch" if needs_grad and surfels.means.device.type != "cpu" else "numba"]
     if backend not in BACKENDS:

@@ -443,7 +443,7 @@ def bin_surfels(parts, camera: Camera, T_world_camera: np.ndarray, options: Rend
 
 def _needs_grad(surfels: Surfels) -> bool:
     import torch
-    return torch.is_grad_enabled() and any(x.requires_grad for x in surfels._fields().values())
+    return torch.is_grad_enabled() and any(x.requires_grad for x in surfels.arrays().values())
 
 
 def render(surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:

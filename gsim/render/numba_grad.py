@@ -360,7 +360,7 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
         records = _Projection.apply(*[x.contiguous() for x in fields], rec, order, T_world_camera, float(options.near))
     else:  # view-dependent colours: torch's projection (autograd through the SH basis)
         idx = torch.from_numpy(order).to(s.means.device)
-        seen = Surfels.derived(**{k: v.index_select(0, idx) for k, v in s._fields().items()})
+        seen = Surfels.derived(**{k: v.index_select(0, idx) for k, v in s.arrays().items()})
         records = project(seen, T_world_camera, options.near).records
     binning = (rec.copy(), start, lst)  # kept for the backward: a copy of the binning's scratch records
     acc, dist = _PixelStage.apply(records, binning, camera, options.near)
