@@ -30,7 +30,7 @@ import torch
 from gsim.config import Config
 from gsim.errors import Diverged, GsimError, GsimWarning, InputError
 
-from .references import agreement, references, solid_depth, training_lidar
+from .references import agreed_references, training_lidar
 
 
 PROBE_VIEWS = 12  # training views whose loss the guard compares before, during and after each stage
@@ -312,7 +312,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     # references only from frames the reconstruction trained on (a train_span run leaves later frames unseen)
     trained = {v.frame for v in t.views}
     unseen = tuple(f.index for f in t.log.frames if f.index not in trained)
-    lidar = training_lidar(t.log, cfg.holdout_every, unseen) if options.gate else None
+    gate_lidar = training_lidar(t.log, cfg.holdout_every, unseen) if options.gate else None
     for shift, ahead in stages:
         good = snapshot(run)
         start_loss = probe_loss()
@@ -339,11 +339,10 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             added += add_surfels(run, *fill)
             taught = corrected(rgb, fixed, filled, options)
             if options.gate and taught.any():
-                found = references(scene, t.log, v.camera, T, v.timestamp_us, GATE_REFERENCES, v.sensor,
-                                   cfg.holdout_every, cfg.downscale, unseen, lidar=lidar,
-                                   target_depth=None if lidar is not None else solid_depth(alpha, depth))
                 proposed = float(taught.sum())
-                taught &= agreement(found)[1]
+                taught &= agreed_references(scene, t.log, v.camera, T, v.timestamp_us, GATE_REFERENCES, alpha, depth,
+                                            gate_lidar, sensor=v.sensor, holdout_every=cfg.holdout_every,
+                                            downscale=cfg.downscale, exclude=unseen)[1]
                 gated += (proposed, float(taught.sum()))
             if taught.any():
                 pseudo.append(pseudo_view(v, Tc, fixed, taught))

@@ -202,6 +202,17 @@ def agreement(found: Sequence[Tuple[np.ndarray, np.ndarray]], tolerance: float =
     return np.where(agreed[..., None], colour, 0.0).astype(np.float32), agreed
 
 
+def agreed_references(scene, log, camera: Camera, T_world_target: np.ndarray, timestamp_us: int, k: int,
+                      alpha: np.ndarray, depth: np.ndarray, lidar: Optional[LidarDepth] = None,
+                      tolerance: float = AGREE, **nearest) -> Tuple[np.ndarray, np.ndarray]:
+    """`agreement` of the ``k`` nearest training images warped into a view (`references`): through ``lidar``'s
+    depth where given, else through the render's (``alpha``, ``depth``: the scene's render of the view); ``nearest``:
+    sensor, holdout_every, downscale, exclude, as `references` takes them."""
+    found = references(scene, log, camera, T_world_target, timestamp_us, k, lidar=lidar,
+                       target_depth=None if lidar is not None else solid_depth(alpha, depth), **nearest)
+    return agreement(found, tolerance)
+
+
 def training_lidar(log, holdout_every: int = 8, exclude: Sequence[int] = ()) -> Optional[LidarDepth]:
     """The `LidarDepth` of ``log``'s training frames less those in ``exclude``; None where they have no LiDAR."""
     skip = {int(i) for i in exclude}
@@ -247,10 +258,9 @@ class ReferencePaste:
         if log is None:
             raise InputError("the reference paste needs the log whose training images it pastes")
         lidar = self.lidar_of(log, holdout_every, exclude)
-        found = references(scene, log, camera, T_world_target, timestamp_us, self.k, sensor, holdout_every,
-                           downscale, exclude, target_depth=None if lidar is not None else solid_depth(alpha, depth),
-                           lidar=lidar)
-        colour, agreed = agreement(found, self.tolerance)
+        colour, agreed = agreed_references(scene, log, camera, T_world_target, timestamp_us, self.k, alpha, depth,
+                                           lidar, self.tolerance, sensor=sensor, holdout_every=holdout_every,
+                                           downscale=downscale, exclude=exclude)
         rgb = np.asarray(rgb, np.float32)
         # where the render already agrees with them it stays: it is sharper than resampled real pixels
         pasted = agreed & (np.abs(colour - rgb).mean(-1) > self.tolerance)

@@ -167,11 +167,11 @@ def test_pseudo_views_teach_only_where_the_references_agree(recon, tmp_path, mon
     monkeypatch.setattr(ex, "pseudo_view", lambda v, T, image, mask: masks.append(mask.copy()) or
                         real_view(v, T, image, mask))
 
-    def left_half(found):
-        agreed = np.zeros(found[0][1].shape, bool)
+    def left_half(scene, log, camera, T, t, k, alpha, depth, lidar, **nearest):
+        agreed = np.zeros(alpha.shape, bool)
         agreed[:, :agreed.shape[1] // 2] = True
         return None, agreed
-    monkeypatch.setattr(ex, "agreement", left_half)
+    monkeypatch.setattr(ex, "agreed_references", left_half)
     opts = ExpandOptions(shifts=(1.0,), iterations=5, every=4)
     stage = expand(scene_dir, log, model, tmp_path / "x", opts, progress=False)["stages"][0]
     assert masks and not any(m[:, m.shape[1] // 2:].any() for m in masks)
@@ -179,6 +179,8 @@ def test_pseudo_views_teach_only_where_the_references_agree(recon, tmp_path, mon
     masks.clear()
     stage = expand(scene_dir, log, model, tmp_path / "y", dataclasses.replace(opts, gate=False), progress=False)
     assert stage["stages"][0]["gate_pass_fraction"] is None and any(m[:, m.shape[1] // 2:].any() for m in masks)
+    for out in ("x", "y"):  # the scene keeps the LiDAR head it was trained with, gated or not
+        assert gsim.load_scene(tmp_path / out / "scene").lidar_head is not None
 
 
 def test_a_scene_without_its_checkpoint_is_refused(recon, tmp_path):
@@ -336,7 +338,8 @@ def test_a_model_with_reference_slots_repairs_each_pseudo_view_with_its_referenc
         found.append(real(*args, **kwargs))
         return found[-1]
     monkeypatch.setattr(refs_mod, "references", spy)
-    summary = expand(scene_dir, log, model, tmp_path / "x", ExpandOptions(shifts=(1.0,), iterations=5, every=4),
-                     progress=False)
+    # (without the confidence gate, whose own references would be counted too)
+    summary = expand(scene_dir, log, model, tmp_path / "x", ExpandOptions(shifts=(1.0,), iterations=5, every=4,
+                                                                          gate=False), progress=False)
     assert summary["stages"][0]["pseudo_views"] == 2 * 6 == len(found)  # every repaired view had its references
     assert all(len(r) == 2 for r in found) and any(valid.any() for r in found for _, valid in r)
