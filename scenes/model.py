@@ -68,6 +68,9 @@ class SceneModel:
                              .detach().clone().requires_grad_(True) for t in tracks}
         self.head = {k: v.detach().clone().requires_grad_(True) for k, v in head.items()}
         self.owner = owner.clone()
+        # (owner, its actor rows, their owners): looked up once per densification, not with a host sync every step
+        # (owner is replaced, never written to, so its identity says whether they are current)
+        self._actor_rows = (None, None, None)
         self.tracks: List[ActorTrack] = list(tracks)
         self.sky = sky.detach().clone().requires_grad_(True)
         self.affine = {c: a.detach().clone().requires_grad_(True) for c, a in affine.items()}
@@ -156,9 +159,9 @@ class SceneModel:
         Only actor surfels are gathered and moved (one batched rotation by owner), so the cost
         grows with the actors' surfels, not with the background."""
         s = self.activated()
-        if getattr(self, "_actor_rows", (None,))[0] is not self.owner:  # (owner is replaced, never written to:
-            act = torch.nonzero(self.owner >= 0)[:, 0]  # the rows are looked up once per densification, not
-            self._actor_rows = (self.owner, act, self.owner[act])  # with a host sync every step)
+        if self._actor_rows[0] is not self.owner:
+            act = torch.nonzero(self.owner >= 0)[:, 0]
+            self._actor_rows = (self.owner, act, self.owner[act])
         _, act, owner = self._actor_rows
         if len(act) == 0:
             return s

@@ -11,8 +11,8 @@ uninterrupted one.
 from __future__ import annotations
 
 import copy
-import math
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

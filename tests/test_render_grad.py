@@ -200,4 +200,3 @@ def test_gsplat_refuses_distortion():
     from gsim.render import gsplat_backend
     with pytest.raises(NotImplementedError, match="distortion"):
         gsplat_backend.render(random_scene(5, seed=0), PIN, np.eye(4), RenderOptions(distortion=True))
-
