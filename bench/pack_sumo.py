@@ -6,13 +6,16 @@ call (a lent GPU: bench/gpu_loop.sh unpacks and runs them).
 
 Downloads, without dependencies, for that CPython on manylinux x86-64: the `sumo` extra's pinned wheels
 (pyproject.toml), pydantic and trimesh (scenarios and assets) and the few packages they need that a CUDA image
-lacks. Of the two SUMO wheels it keeps what the closed loop loads: libsumo's module and its bundled libraries,
+lacks (mcap's zstandard and lz4 among them: the recording compresses its chunks). Of the two SUMO wheels it keeps what the closed loop loads: libsumo's module and its bundled libraries,
 netconvert (its libraries are libsumo's: the same files, linked, not stored twice) and SUMO's XML schemas and
 type maps, in one xz tar (about 270 MB unpacked, 56 MB packed); the other wheels go beside it, and last, so
 that they start a part of their own, the `serve` extra's (gsim serve there: grpcio 1.85.1, 7.7 MB). OUT gets parts
 of at most --part-mb MB each (OUT/1, OUT/2, ...: one folder per device call) and a manifest naming them. `unpack`
 joins the tar's pieces from the part folders, extracts it into DEST/site, installs the wheels there (pip, no
-network) and prints the two variables that make them the ones used: PYTHONPATH and SUMO_HOME.
+network; a later call's unpack adds the wheels not yet there) and prints the variables that make them the ones
+used: PYTHONPATH, SUMO_HOME and, where the machine lacks libraries that libsumo's bundled ones link (a CUDA image
+has no libGL or libXrender: SUMO's GUI code, which a headless loop never calls), LD_LIBRARY_PATH with stand-ins
+for them built there: STUB libraries whose functions do nothing, named as stubs in DEST/gui-stubs.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # what the sumo and editing extras need beyond themselves that a CUDA image (numpy, protobuf, pyyaml) lacks
 EXTRA = ["pydantic==2.12.5", "pydantic-core==2.41.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
-         "cloudpickle==3.1.3", "farama-notifications==0.0.6"]
+         "cloudpickle==3.1.3", "farama-notifications==0.0.6", "zstandard==0.25.0", "lz4==4.4.5"]
 KEEP_SUMO = re.compile(r"sumo/(bin/netconvert|data/xsd/.*|data/typemap/.*|__init__\.py)$")
 
 
@@ -90,13 +93,40 @@ def unpack(dest: Path, part_dirs: list) -> None:
     files = sorted((f for d in part_dirs if Path(d).is_dir() for f in Path(d).iterdir()), key=lambda f: f.name)
     site = dest / "site"
     site.mkdir(parents=True, exist_ok=True)
-    tar = b"".join(f.read_bytes() for f in files if f.name.startswith("sumo.tar.xz."))
-    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(tar))) as t:
-        t.extractall(site, filter="tar")  # (the links stay inside: eclipse_sumo.libs -> libsumo.libs)
-    wheels = [str(f) for f in files if f.suffix == ".whl"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--target", str(site), *wheels], check=True)
-    print(f"export PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} SUMO_HOME={site / 'sumo'}")
+    if not (site / "libsumo").is_dir():
+        tar = b"".join(f.read_bytes() for f in files if f.name.startswith("sumo.tar.xz."))
+        with tarfile.open(fileobj=io.BytesIO(lzma.decompress(tar))) as t:
+            t.extractall(site, filter="tar")  # (the links stay inside: eclipse_sumo.libs -> libsumo.libs)
+    installed = {d.name.removesuffix(".dist-info").lower() for d in site.glob("*.dist-info")}
+    wheels = [str(f) for f in files if f.suffix == ".whl" and "-".join(f.name.split("-")[:2]).lower() not in installed]
+    if wheels:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--target", str(site), *wheels], check=True)
+    stubs = gui_stubs(site, dest / "gui-stubs")
+    print(f"export PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} SUMO_HOME={site / 'sumo'}"
+          + (f" LD_LIBRARY_PATH={stubs}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" if stubs else ""))
+
+
+def gui_stubs(site: Path, out: Path):
+    """Stand-ins for the libraries libsumo's bundled ones link that this machine lacks (libGL, libXrender on a
+    CUDA image): one C file defining every GL and X function those libraries import as doing nothing, built as
+    each missing name; SUMO's GUI code alone calls them. The stubs' folder, or None where nothing is missing."""
+    libs = sorted(site.glob("libsumo/_libsumo*.so")) + sorted(site.glob("libsumo.libs/*.so*"))
+    ldd = subprocess.run(["ldd", *map(str, libs)], capture_output=True, text=True).stdout
+    missing = sorted({line.split()[0] for line in ldd.splitlines() if "not found" in line})
+    if not missing:
+        return None
+    nm = subprocess.run(["nm", "-D", "--undefined-only", *map(str, libs)], capture_output=True, text=True).stdout
+    names = sorted({w.split("@")[0] for w in nm.split() if re.fullmatch(r"(gl|X|GLX)\w+(@\S+)?", w)})
+    out.mkdir(parents=True, exist_ok=True)
+    src = out / "gui_stubs.c"
+    src.write_text("/* STUBS: libsumo's GUI libraries link these; a headless SUMO never calls them. */\n"
+                   + "".join(f"void {n}(void) {{}}\n" for n in names))
+    for lib in missing:
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out / lib), str(src)], check=True)
+    print(f"built stub libraries for {', '.join(missing)} ({len(names)} GL/X functions that do nothing) in {out}",
+          file=sys.stderr)
+    return out
 
 
 def main(argv=None) -> int:
