@@ -8,18 +8,20 @@ machines have it installed (NVIDIA Warp's wheel is too big to carry there, and T
 over variable-length lists to speak of).
 
 A bundle of rays (lidar.render's bundles: columns close in time, one reference pose) is binned in three steps,
-gsplat's tile-intersection scheme on the LiDAR's angle grid:
-1. one thread per surfel: its cap and the rectangle of grid cells it can reach (`surfel_cap`); the surfels
-   that reach a cell get a slot in the bundle's table (their caps are the bundle's own: its reference pose);
-2. one thread per slot writes a key per cell it meets, (cell << 32) | its depth's float32 bits, beside
-   its slot, at its offset in the prefix sum of the rectangle areas;
+gsplat's tile-intersection scheme on the LiDAR's angle grid, for as many bundles at once as PASS_SLOTS allows
+(a sweep's 10-15 bundles in one or two passes: binned one by one, the GPU waited on the host's launches and
+syncs for 80% of a sweep on an H200):
+1. one thread per (surfel, bundle): its cap and the rectangle of the bundle's grid cells it can reach
+   (`surfel_cap`); the pairs that reach a cell get a slot (their caps are the bundle's own: its reference pose);
+2. one thread per slot writes a key per cell it meets, (cell << 32) | its depth's float32 bits, beside its
+   slot, at its offset in the prefix sum of the rectangle areas; cells are numbered bundle after bundle;
 3. one device radix sort (torch.sort, stable) orders the keys: each cell's surfels are then a slice in
    depth order, ties by index, as the CPU's depth keys and counting sort give them.
 Then every bundle's rays are composited in ONE launch (`result`), one thread per ray (rays in cell order, so a
 warp reads one list), each through its bundle's cell list front to back until its transmittance runs out,
 culling by the caps as the CPU does: a bundle alone is a few thousand rays, too few threads to fill a GPU.
-The grid and each ray's cell are computed on the device too (`bundle_grid` on tensors: only the seam search's
-SEAM_BINS occupancy and the grid's seven numbers come to the host, with the pair count that sizes the sort).
+The grid and each ray's cell come from the host (`bundle_grid` on the numpy directions: the numba kernel's
+numbers); a pass syncs twice (its slot and pair counts size the sort).
 Outputs are float32 device tensors (the CPU kernel accumulates in float32 too).
 """
 from __future__ import annotations
@@ -82,19 +84,21 @@ def _records(means, quats, scales, opac, rec):
 
 @cuda.jit
 def _caps(rec, scales, group, world_from_group, o_ref, R_ref, margin, tan_div, grid, rect, depth, cap):
-    i = cuda.grid(1)
+    i, b = cuda.grid(1), cuda.blockIdx.y  # surfel i, bundle b (the grid's second axis)
     if i < rec.shape[0]:
-        _cap_of(i, rec, scales, group, world_from_group, o_ref, R_ref, margin, tan_div, grid, rect, depth, cap)
+        _cap_of(i, rec, scales, group, world_from_group[b], o_ref[b], R_ref[b], margin[b], tan_div, grid[b], rect[b],
+                depth[b], cap[b])
 
 
 @cuda.jit
-def _pairs(rect, depth_bits, offset, n_az, keys, values):  # (a bundle's slots: rect and depth_bits are theirs)
+def _pairs(rect, depth_bits, offset, bundle, n_az, cell_offset, keys, values):  # one thread per slot
     i = cuda.grid(1)
     if i < rect.shape[0]:
-        k = offset[i]
+        k, b = offset[i], bundle[i]
+        n, c0 = n_az[b], cell_offset[b]
         for y in range(rect[i, 2], rect[i, 3]):
             for x in range(rect[i, 0], rect[i, 1]):
-                keys[k] = (np.int64(y * n_az + (x - n_az if x >= n_az else x)) << 32) | np.int64(depth_bits[i])
+                keys[k] = (np.int64(c0 + y * n + (x - n if x >= n else x)) << 32) | np.int64(depth_bits[i])
                 values[k] = i
                 k += 1
 
@@ -149,10 +153,17 @@ def _blocks(n: int) -> int:
     return max(1, (n + THREADS - 1) // THREADS)
 
 
+# the most (bundle, surfel) pairs a binning pass holds on the device (64 bytes each): a sweep's bundles are
+# binned together in as few passes as this allows (a 1M-surfel scene: 8 bundles a pass, 512 MB)
+PASS_SLOTS = 8 << 20
+
+
 class Tracer:
     """One `lidar.render.trace` on the device: the surfels (cached on their SurfelGroups, so a scene is uploaded
-    once), the rays and the outputs live there; `bundle` bins one bundle, `result` composites every bundle's rays
-    in one launch and returns trace's dict."""
+    once), the rays and the outputs live there. `bundle` notes a bundle (its grid and ray cells computed on the
+    host, as the numba kernel's: the same numbers); `result` bins the bundles together (a launch per step for
+    as many bundles as PASS_SLOTS allows: each bundle's binning alone was a few small launches and host syncs
+    on a GPU that waited for them) and composites every ray in one launch."""
 
     def __init__(self, groups, group_from_world: np.ndarray, origins: np.ndarray, dirs: np.ndarray,
                  column: np.ndarray, candidates: int = 0):
@@ -160,71 +171,87 @@ class Tracer:
         self.torch = torch
         self.device = torch.device("cpu" if simulated() else "cuda")
         self.surfels = device_surfels(groups, self.device)
+        self.host_dirs = dirs
         t = self.tensor
         self.gfw, self.origins, self.dirs = t(group_from_world), t(origins), t(dirs)
         self.column = t(column, torch.int64)
         R, F = len(dirs), groups.features.shape[1]
-        z = lambda *shape: torch.zeros(shape, dtype=torch.float32, device=self.device)
+        z = lambda *shape: torch.zeros(shape, dtype=torch.float32, device=self.device)  # noqa: E731
         self.out = {"alpha": z(R), "range_sum": z(R), "median": z(R), "normal": z(R, 3), "features": z(R, F),
                     "candidates": torch.full((R, candidates), -1, dtype=torch.int64, device=self.device)}
-        self.inv2 = self.hit = None
-        self.bins = []  # per bundle: cell_start, lst (slots), src (slot -> surfel), cap (slots), rays, cells, o_ref
+        self.bundles = []  # per bundle: world_from_group, margin, o_ref, R_ref, grid, rays, their cells
+        self.tan_div = self.inv2 = self.hit = None
 
     def tensor(self, x, dtype=None):
         return self.torch.as_tensor(np.ascontiguousarray(x), dtype=dtype, device=self.device)
 
     def bundle(self, world_from_group: np.ndarray, margin: np.ndarray, o_ref: np.ndarray, R_ref: np.ndarray,
                rays: np.ndarray, divergence: float, hit_alpha: float) -> None:
-        """Bin the surfels for rays ``rays`` (indices) of this trace, seen from the reference (o_ref, R_ref)."""
-        torch = self.torch
-        s = self.surfels
-        rays, o_ref, R_ref = self.tensor(rays), self.tensor(o_ref), self.tensor(R_ref)
-        grid, cell = bundle_grid(self.dirs, rays, R_ref)
-        n, n_az, n_cells = len(s["rec"]), int(grid[2]), int(grid[2] * grid[5])
-        rect = torch.zeros((n, 4), dtype=torch.int64, device=self.device)
-        depth = torch.zeros(n, dtype=torch.float32, device=self.device)
-        cap = torch.zeros((n, 7), dtype=torch.float32, device=self.device)
-        a = _array
-        _caps[_blocks(n), THREADS](a(s["rec"]), a(s["scales"]), a(s["group"]), a(self.tensor(world_from_group)),
-                                  a(o_ref), a(R_ref), a(self.tensor(margin)),
-                                  math.tan(divergence), a(self.tensor(grid)), a(rect), a(depth), a(cap))
+        """Note the rays ``rays`` (indices) of this trace as a bundle seen from the reference (o_ref, R_ref)."""
+        grid, cell = bundle_grid(self.host_dirs, rays, R_ref)
+        self.bundles.append((world_from_group, margin, o_ref, R_ref, grid, rays, cell))
+        self.tan_div, self.inv2, self.hit = math.tan(divergence), f32(1.0 / divergence ** 2), f32(hit_alpha)
+
+    def _bin(self, bundles, first: int):
+        """Bin ``bundles`` (the sweep's from index ``first`` on) in one pass: per grid cell of theirs (numbered
+        bundle after bundle) a depth-ordered list of slots (a bundle's surfel with its cap). Returns cell_start
+        (cells + 1), the lists, each slot's surfel and cap, the rays in cell order, their cells and bundles."""
+        torch, s, a = self.torch, self.surfels, _array
+        n, B = len(s["rec"]), len(bundles)
+        wfg, margin, o_ref, R_ref, grid, rays, cells = zip(*bundles)
+        grid = np.stack(grid)
+        cells_per = (grid[:, 2] * grid[:, 5]).astype(np.int64)
+        cell_off = np.concatenate([[0], np.cumsum(cells_per)])
+        rect = torch.zeros((B, n, 4), dtype=torch.int64, device=self.device)
+        depth = torch.zeros((B, n), dtype=torch.float32, device=self.device)
+        cap = torch.zeros((B, n, 7), dtype=torch.float32, device=self.device)
+        t = self.tensor
+        _caps[(_blocks(n), B), THREADS](a(s["rec"]), a(s["scales"]), a(s["group"]), a(t(np.stack(wfg))),
+                                       a(t(np.stack(o_ref))), a(t(np.stack(R_ref))), a(t(np.stack(margin))),
+                                       self.tan_div, a(t(grid)), a(rect), a(depth), a(cap))
+        rect, depth, cap = rect.view(B * n, 4), depth.view(-1), cap.view(B * n, 7)
         area = (rect[:, 1] - rect[:, 0]) * (rect[:, 3] - rect[:, 2])
-        src = torch.nonzero(area > 0)[:, 0]  # the bundle's slots (a host sync: their count)
-        rect, depth, area = rect[src], depth[src], area[src]
+        slot = torch.nonzero(area > 0)[:, 0]  # (a host sync: the slot count)
+        rect, depth, area = rect[slot], depth[slot], area[slot]
         end = torch.cumsum(area, 0)
-        total = int(end[-1]) if len(src) else 0  # (a host sync: the pair count sizes the sort)
+        total = int(end[-1]) if len(slot) else 0  # (a host sync: the pair count sizes the sort)
         keys = torch.empty(total, dtype=torch.int64, device=self.device)
         values = torch.empty(total, dtype=torch.int64, device=self.device)
-        _pairs[_blocks(len(src)), THREADS](a(rect), a(depth.view(torch.int32)), a(end - area), n_az, a(keys),
-                                           a(values))
+        bundle = torch.div(slot, n, rounding_mode="floor")
+        _pairs[_blocks(len(slot)), THREADS](a(rect), a(depth.view(torch.int32)), a(end - area), a(bundle),
+                                            a(t(grid[:, 2], torch.int64)), a(t(cell_off[:-1])), a(keys), a(values))
         keys, perm = torch.sort(keys, stable=True)
-        cell_start = torch.searchsorted(keys >> 32, torch.arange(n_cells + 1, device=self.device))
-        cell, by_cell = torch.sort(cell, stable=True)
-        self.bins.append((cell_start, values[perm], src, cap[src], rays[by_cell], cell, o_ref))
-        self.inv2, self.hit = f32(1.0 / divergence ** 2), f32(hit_alpha)
+        cell_start = torch.searchsorted(keys >> 32, torch.arange(int(cell_off[-1]) + 1, device=self.device))
+        ray_cell = np.concatenate([c + o for c, o in zip(cells, cell_off)])
+        ray_bundle = np.repeat(np.arange(first, first + B), [len(r) for r in rays])
+        order = np.argsort(ray_cell, kind="stable")
+        return (cell_start, values[perm], slot % n, cap[slot], t(np.concatenate(rays)[order]), t(ray_cell[order]),
+                t(ray_bundle[order]))
 
     def result(self) -> dict:
-        """trace's outputs as numpy arrays (float64, as the CPU kernel's): every bundle's rays composited in one
-        launch, each bundle's cells, list entries and slots offset past the bundles before it."""
+        """trace's outputs as numpy arrays (float64, as the CPU kernel's): the bundles binned in passes of at
+        most PASS_SLOTS (bundle, surfel) pairs, then every ray composited in one launch, each pass's cells, list
+        entries and slots offset past the passes before it."""
         torch, o = self.torch, self.out
-        if self.bins:
-            starts, lsts, srcs, caps, rays, cells, o_refs = zip(*self.bins)
+        if self.bundles:
+            per = max(1, PASS_SLOTS // max(1, len(self.surfels["rec"])))
+            passes = [self._bin(self.bundles[k:k + per], k) for k in range(0, len(self.bundles), per)]
+            starts, lsts, srcs, caps, rays, cells, ray_bundle = zip(*passes)
             off = lambda sizes: np.cumsum([0] + [len(x) for x in sizes[:-1]])  # noqa: E731
             pair_off, slot_off, cell_off = off(lsts), off(srcs), off([c[:-1] for c in starts])
             cat = torch.cat
             cell_start = cat([st[:-1] + p for st, p in zip(starts, pair_off)]
                              + [self.tensor([sum(len(x) for x in lsts)], torch.int64)])
-            ray_bundle = cat([torch.full((len(r),), b, dtype=torch.int64, device=self.device)
-                              for b, r in enumerate(rays)])
             s, a = self.surfels, _array
             rays = cat(rays)
             _composite[_blocks(len(rays)), THREADS](
                 a(cell_start), a(cat([x + q for x, q in zip(lsts, slot_off)])), a(cat(srcs)),
-                a(cat([c + q for c, q in zip(cells, cell_off)])), a(rays), a(ray_bundle), a(s["rec"]),
-                a(cat(caps)), a(s["features"]), a(s["group"]), a(self.gfw), a(torch.stack(o_refs)),
-                a(self.origins), a(self.dirs), a(self.column), self.inv2, self.hit, a(o["alpha"]),
-                a(o["range_sum"]), a(o["median"]), a(o["normal"]), a(o["features"]), a(o["candidates"]))
-            self.bins = []
+                a(cat([c + q for c, q in zip(cells, cell_off)])), a(rays), a(cat(ray_bundle)), a(s["rec"]),
+                a(cat(caps)), a(s["features"]), a(s["group"]), a(self.gfw),
+                a(self.tensor(np.stack([b[2] for b in self.bundles]))), a(self.origins), a(self.dirs),
+                a(self.column), self.inv2, self.hit, a(o["alpha"]), a(o["range_sum"]), a(o["median"]),
+                a(o["normal"]), a(o["features"]), a(o["candidates"]))
+            self.bundles = []
         return {k: v.cpu().numpy().astype(np.int64 if k == "candidates" else np.float64) for k, v in o.items()}
 
 

@@ -61,11 +61,17 @@ def main():
     Tracer.bundle = lambda self, *args: binned.append(1) or real_bundle(self, *args)
     c, d = (trace(_groups(scene), sensor, times, dirs, np.arange(800), 0.5, k, candidates=4)
             for k in ("numba", "cuda"))
-    Tracer.bundle, lidar_render.MIN_BUNDLE_RAYS = real_bundle, 8192
-    assert len(binned) == 12 and (c["alpha"] > 0.5).sum() > 300, (len(binned), (c["alpha"] > 0.5).sum())
+    # the same bundles binned in passes of 5, 5 and 2 (PASS_SLOTS: a big scene's binning memory)
+    import gsim.lidar.kernel_cuda as kc
+    kc.PASS_SLOTS, passes, real_bin = 5 * len(_groups(scene).rec), [], Tracer._bin
+    Tracer._bin = lambda self, bundles, first: passes.append(len(bundles)) or real_bin(self, bundles, first)
+    e = trace(_groups(scene), sensor, times, dirs, np.arange(800), 0.5, "cuda", candidates=4)
+    Tracer.bundle, Tracer._bin, lidar_render.MIN_BUNDLE_RAYS, kc.PASS_SLOTS = real_bundle, real_bin, 8192, 8 << 20
+    assert len(binned) == 24 and passes == [5, 5, 2] and (c["alpha"] > 0.5).sum() > 300, (binned, passes)
     for key, tol in (("alpha", 1e-5), ("median", 1e-4), ("normal", 1e-5), ("features", 1e-5)):
         assert np.abs(c[key] - d[key]).max() < tol, (key, np.abs(c[key] - d[key]).max())
-    assert np.array_equal(c["candidates"], d["candidates"])
+        assert np.array_equal(d[key], e[key]), key
+    assert np.array_equal(c["candidates"], d["candidates"]) and np.array_equal(d["candidates"], e["candidates"])
     # the raw sums and each ray's first contributors (what training recomposites), on a partial grid
     lay = _layout(RayTableSpec.from_directions("fan", ring(48, [-10.0, -4.0, 2.0]), 0.1, 100.0))
     times = lay.column_us
