@@ -92,7 +92,8 @@ def cmd_diffusion_train(a) -> int:
     from .repair import RepairConfig
     from .train import TrainOptions, train
     opts = TrainOptions(steps=a.steps, seed=a.seed, **({} if a.crop is None else {"crop": a.crop}))
-    card = train(a.scene, a.log, a.out, opts, RepairConfig(loss=a.loss, references=a.references), resume=a.resume)
+    card = train(a.scene, a.log, a.out, opts, RepairConfig(loss=a.loss, references=a.references,
+                                                           reference_depth=a.reference_depth), resume=a.resume)
     print(f"wrote the repair model {a.out}: {card['steps']} steps, loss {card['loss_first_100']:.4f} -> "
           f"{card['loss_last_100']:.4f}, {card['wall_s']:.0f} s (pairs: {card['pairs']})")
     return 0
@@ -112,8 +113,11 @@ def register(sub) -> None:
     dt.add_argument("--seed", type=int_at_least(0), default=0)
     dt.add_argument("--resume", action="store_true", help="go on from OUT-work's checkpoint")
     dt.add_argument("--loss", choices=("l1", "l2"), default="l1", help="the denoising loss")
-    dt.add_argument("--references", type=int_at_least(0), default=0, help="real training images warped into each "
+    dt.add_argument("--references", type=int_at_least(0), default=2, help="real training images warped into each "
                     "view that the model is given beside the render (0: the render alone)")
+    dt.add_argument("--reference-depth", choices=("lidar", "render"), default="lidar",
+                    help="warp the references through the log's LiDAR (a log without LiDAR: the render's depth) or "
+                         "the reconstruction's rendered depth")
     dt.set_defaults(fn=cmd_diffusion_train)
 
     ex = sub.add_parser("expand", help="expand a reconstruction off the driven path: repaired novel views distilled "

@@ -220,6 +220,27 @@ def training_lidar(log, holdout_every: int = 8, exclude: Sequence[int] = ()) -> 
     return LidarDepth(log, frames) if any(f.lidars for f in frames) else None
 
 
+_LIDAR_CACHE: dict = {}  # (id(log), holdout_every) -> (log, its training_lidar): one per log and split
+
+
+def model_references(config, scene, log, camera: Camera, T_world_target: np.ndarray, timestamp_us: int,
+                     alpha: np.ndarray, depth: np.ndarray, **nearest) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """The references a repair model with `RepairConfig` ``config`` takes for a view (its ``config.references``
+    nearest training images, `references`): warped through the log's LiDAR (`training_lidar` of all the training
+    frames, built once per log and split) where ``config.reference_depth`` is "lidar" and the log has LiDAR, else
+    through the render's depth (``alpha``, ``depth``: the scene's render of the view). ``nearest``: sensor,
+    holdout_every, downscale, exclude, as `references` takes them."""
+    lidar = None
+    if config.reference_depth == "lidar":
+        key = (id(log), nearest.get("holdout_every", 8))
+        if key not in _LIDAR_CACHE or _LIDAR_CACHE[key][0] is not log:
+            _LIDAR_CACHE.clear()  # (one log at a time: a LidarDepth holds its sweeps' points)
+            _LIDAR_CACHE[key] = (log, training_lidar(log, key[1]))
+        lidar = _LIDAR_CACHE[key][1]
+    return references(scene, log, camera, T_world_target, timestamp_us, config.references, lidar=lidar,
+                      target_depth=None if lidar is not None else solid_depth(alpha, depth), **nearest)
+
+
 class ReferencePaste:
     """A repairer without a model: the render with the log's real training images pasted where at least two of
     the ``k`` nearest agree (`agreement`), warped into the view through the log's LiDAR depth (`references` with a

@@ -37,7 +37,8 @@ class RepairConfig(Config):
     2^(levels-1)); train_timesteps: the noise schedule's length; repair_t: the noise level repair starts from
     (of train_timesteps); depth_scale_m: the condition's inverse-depth scale; residual: see the field;
     references: the reference slots the UNet takes (0: the render alone; model directories written before the
-    field load as 0); train_input: what the UNet is trained to denoise (see the field)."""
+    field load as 0); reference_depth: what the references are warped through (see the field); train_input: what
+    the UNet is trained to denoise (see the field)."""
 
     channels: Tuple[int, ...] = (32, 64, 64, 128)
     layers_per_block: int = 1
@@ -47,6 +48,10 @@ class RepairConfig(Config):
     residual: bool = True  # the UNet predicts the correction to the render (a fresh model leaves renders as they are)
     loss: str = "l1"  # "l1" or "l2" (the mean correction: L1's gradients cancel where corrections disagree in sign)
     references: int = 0
+    # "render": the reconstruction's rendered depth (models written before the field), which carries its errors off
+    # the path into the warps; "lidar": the log's LiDAR (`LidarDepth` of its training frames; a log without LiDAR:
+    # the render's depth), measured the same from every pose
+    reference_depth: str = "render"
     # "render": the render noised to repair_t, exactly what `repair` gives it (a one-step restoration, as Difix3D's):
     # the correction must come from the render and the condition. "real": the real image noised to a random level
     # (DDPM's objective; models written before the field): at repair_t that input shows the real image through
@@ -62,6 +67,8 @@ class RepairConfig(Config):
             raise InputError(f"RepairConfig.depth_scale_m: expected a finite number > 0, got {self.depth_scale_m!r}")
         if not isinstance(self.references, int) or isinstance(self.references, bool) or self.references < 0:
             raise InputError(f"RepairConfig.references: expected an integer >= 0, got {self.references!r}")
+        if self.reference_depth not in ("render", "lidar"):
+            raise InputError(f"RepairConfig.reference_depth: expected 'render' or 'lidar', got {self.reference_depth!r}")
         if self.train_input not in ("render", "real"):
             raise InputError(f"RepairConfig.train_input: expected 'render' or 'real', got {self.train_input!r}")
         if self.loss not in ("l1", "l2"):
@@ -199,14 +206,14 @@ class RepairModel:
                     holdout_every: int = 8, downscale: Optional[int] = None, exclude: Sequence[int] = ()) -> np.ndarray:
         """`repair_image` of ``scene``'s render of a view of ``log`` (``camera`` at the log pose ``T_world_target``,
         ``timestamp_us``, ``sensor``) given its references: the ``config.references`` nearest training views' real
-        images warped into it through the render's depth (`gsim.diffusion.references.references`, with
-        ``holdout_every``, ``downscale`` and the frame indices to ``exclude``); a model without reference slots, or no
-        ``log``, repairs the render alone."""
+        images warped into it through the render's depth or the log's LiDAR (``config.reference_depth``;
+        `gsim.diffusion.references.model_references`, with ``holdout_every``, ``downscale`` and the frame indices to
+        ``exclude``); a model without reference slots, or no ``log``, repairs the render alone."""
         refs = None
         if self.config.references and log is not None:
-            from .references import references, solid_depth
-            refs = references(scene, log, camera, T_world_target, timestamp_us, self.config.references, sensor,
-                              holdout_every, downscale, exclude, target_depth=solid_depth(alpha, depth))
+            from .references import model_references
+            refs = model_references(self.config, scene, log, camera, T_world_target, timestamp_us, alpha, depth,
+                                    sensor=sensor, holdout_every=holdout_every, downscale=downscale, exclude=exclude)
         return self.repair_image(rgb, alpha, depth, seed, references=refs)
 
     def with_log(self, log) -> "LogReferences":

@@ -5,8 +5,8 @@ views by deliberately degraded reconstructions (trained briefly on a subset of t
 are ones they never saw: the artefacts of novel views) and by the scene itself (good renders the model must
 leave alone), each against the real image. Held-out frames are never used. For a model with reference slots
 (`RepairConfig.references`) each pair also gets that many real training images warped into its view through the
-rendering scene's depth (`gsim.diffusion.references`), never one of the pair's own frame (its real image is the
-target). Random crops, AdamW, a cosine schedule; a checkpoint every ``checkpoint_every`` steps in the work
+rendering scene's depth or the log's LiDAR (`RepairConfig.reference_depth`, `gsim.diffusion.references`), never
+one of the pair's own frame (its real image is the target). Random crops, AdamW, a cosine schedule; a checkpoint every ``checkpoint_every`` steps in the work
 directory (checkpoint.safetensors, `gsim.scenes.checkpoint`: nothing in it runs when read) makes it resumable."""
 from __future__ import annotations
 
@@ -74,19 +74,20 @@ class Pairs:
     valid: np.ndarray
 
 
-def _render_pairs(scene, views, name: str, log, k: int, holdout_every: int, downscale: int):
+def _render_pairs(scene, views, name: str, log, config: RepairConfig, holdout_every: int, downscale: int):
     from gsim.io import to_uint8
     from gsim.images import render_image
 
-    from .references import references, solid_depth
-    out = []
+    from .references import model_references
+    out, k = [], config.references
     for v in views:
         rgb, alpha, depth = render_image(scene, v.camera, scene.log_pose(v.T_world_camera, v.timestamp_us),
                                          v.timestamp_us, v.sensor)
         warped, valid = np.zeros((k,) + rgb.shape, np.uint8), np.zeros((k,) + alpha.shape, bool)
         if k:  # (a log with fewer training views leaves the last slots invalid)
-            refs = references(scene, log, v.camera, v.T_world_camera, v.timestamp_us, k, v.sensor, holdout_every,
-                              downscale, exclude=[v.frame], target_depth=solid_depth(alpha, depth))
+            refs = model_references(config, scene, log, v.camera, v.T_world_camera, v.timestamp_us, alpha, depth,
+                                    sensor=v.sensor, holdout_every=holdout_every, downscale=downscale,
+                                    exclude=[v.frame])
             for i, (w, m) in enumerate(refs):
                 warped[i], valid[i] = to_uint8(w), m
         out.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(v.image), name, warped, valid))
@@ -101,10 +102,10 @@ def degraded_runs(options: TrainOptions) -> Dict[str, dict]:
 
 
 def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_every: int = 8,
-               progress: bool = True, references: int = 0) -> Pairs:
-    """The training pairs with ``references`` references each (cached in work/pairs.npz for the same degraded
-    reconstructions and reference count): each degraded reconstruction is trained into work/degraded-<name>/
-    (kept, so a rerun reuses it)."""
+               progress: bool = True, config: RepairConfig = RepairConfig()) -> Pairs:
+    """The training pairs with ``config.references`` references each, warped through ``config.reference_depth``
+    (cached in work/pairs.npz for the same degraded reconstructions, reference count and depth): each degraded
+    reconstruction is trained into work/degraded-<name>/ (kept, so a rerun reuses it)."""
     from gsim.scene import load_scene
     from gsim.scenes.log import load_log
     from gsim.scenes.train import preset, reconstruct
@@ -114,7 +115,9 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_
     if cache.is_file():
         z = np.load(cache, allow_pickle=False)
         k = z["warped"].shape[1] if "warped" in z else 0  # (caches written before references: none)
-        if sorted(set(str(s) for s in z["source"])) == sorted(["scene", *runs]) and k == references:
+        through = str(z["reference_depth"]) if "reference_depth" in z else "render"  # (before the field: render)
+        if sorted(set(str(s) for s in z["source"])) == sorted(["scene", *runs]) and k == config.references \
+                and (not k or through == config.reference_depth):
             n, H, W = z["rgb"].shape[:3]
             return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]],
                          *((z["warped"], z["valid"]) if k else (np.zeros((n, 0, H, W, 3), np.uint8),
@@ -124,19 +127,20 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_
     downscale = scene.train_downscale or 1
     train_frames, _ = split_frames(log, holdout_every)
     views = make_views(log, train_frames, downscale)
-    items = _render_pairs(scene, views, "scene", log, references, holdout_every, downscale)
+    items = _render_pairs(scene, views, "scene", log, config, holdout_every, downscale)
     for k, (name, overrides) in enumerate(runs.items()):
         d = work / f"degraded-{name}"
         if not (d / "scene" / "scene.json").is_file():
             print(f"degraded reconstruction {k + 1}/{len(runs)} ({name}): {overrides}", flush=True)
             reconstruct(log_path, d, preset("cpu", downscale=downscale, seed=options.seed + k,
                                             **{"holdout_every": holdout_every, **overrides}), progress=progress)
-        items += _render_pairs(load_scene(d / "scene"), views, name, log, references, holdout_every, downscale)
+        items += _render_pairs(load_scene(d / "scene"), views, name, log, config, holdout_every, downscale)
     pairs = Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items],
                   *(np.stack([it[i] for it in items]) for i in (5, 6)))
     with atomic_path(cache, ".npz") as tmp:
         np.savez(tmp, rgb=pairs.rgb, alpha=pairs.alpha, depth=pairs.depth, real=pairs.real,
-                 source=np.array(pairs.source), warped=pairs.warped, valid=pairs.valid)
+                 source=np.array(pairs.source), warped=pairs.warped, valid=pairs.valid,
+                 reference_depth=np.array(config.reference_depth))
     return pairs
 
 
@@ -223,7 +227,7 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
     if found is not None:  # read before the pairs are made: a bad checkpoint fails now, not minutes later
         step, losses = _resume(found, model, opt, rng, gen)
     if pairs is None:
-        pairs = make_pairs(scene_path, log_path, work, options, progress=progress, references=config.references)
+        pairs = make_pairs(scene_path, log_path, work, options, progress=progress, config=config)
     model.unet.train()
     bar = tqdm(range(step, options.steps), desc="train repair model", unit="step", disable=not progress,
                initial=step, total=options.steps)

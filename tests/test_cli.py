@@ -257,4 +257,5 @@ def test_diffusion_train_takes_the_library_defaults():
     from gsim.diffusion.train import TrainOptions
     a = build_parser().parse_args(["diffusion", "train", "scene", "log", "--out", "model"])
     assert a.crop is None and a.steps == TrainOptions().steps
+    assert a.references == 2 and a.reference_depth == "lidar"  # reference-conditioned by default (issue 36)
     assert build_parser().parse_args(["diffusion", "train", "s", "l", "--out", "m", "--crop", "96"]).crop == 96

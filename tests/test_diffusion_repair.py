@@ -293,6 +293,45 @@ def test_training_with_references_is_deterministic_and_never_takes_the_target_fr
     assert np.array_equal(np.load(tmp_path / "b-work" / "pairs.npz")["warped"], z["warped"])
 
 
+
+def test_references_through_the_logs_lidar(tmp_path, monkeypatch):
+    """reference_depth "lidar": the pairs' and the repairs' references are warped through the log's LiDAR (one
+    LidarDepth per log), the pairs' cache says through what and is not reused for the other depth."""
+    from dataclasses import replace
+
+    from gsim.diffusion import references as refs_mod
+    from gsim.street import street_surfels
+    log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
+                                                                      lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
+                     progress=False)
+    gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
+    real, through, built = refs_mod.references, [], []
+    monkeypatch.setattr(refs_mod, "references", lambda *a, **k: through.append(k["lidar"]) or real(*a, **k))
+    real_lidar = refs_mod.training_lidar
+    monkeypatch.setattr(refs_mod, "training_lidar", lambda *a: built.append(1) or real_lidar(*a))
+    cfg = RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2, reference_depth="lidar")
+    opts = TrainOptions(steps=2, batch=2, crop=16, degraded=(), extrapolated=())
+    train(tmp_path / "scene", log, tmp_path / "a", opts, cfg, progress=False)
+    assert len(through) == 21 and all(isinstance(x, refs_mod.LidarDepth) for x in through) and len(built) == 1
+    z = np.load(tmp_path / "a-work" / "pairs.npz")
+    assert str(z["reference_depth"]) == "lidar" and z["valid"].any()
+    m = RepairModel.load(tmp_path / "a")
+    assert m.config.reference_depth == "lidar"
+    through.clear()
+    train(tmp_path / "scene", log, tmp_path / "a", opts, replace(cfg, reference_depth="render"), progress=False)
+    assert len(through) == 21 and all(x is None for x in through)  # the cache was made through the LiDAR: remade
+    assert not np.array_equal(np.load(tmp_path / "a-work" / "pairs.npz")["warped"], z["warped"])
+    from gsim.scenes.log import load_log
+    lg, through[:] = load_log(log), []
+    obs = next(o for f, o in lg.camera_observations() if f.index == 3)
+    cam = lg.cameras[obs.sensor].camera
+    rgb, alpha, depth = np.full((32, 48, 3), 0.5, np.float32), np.ones((32, 48), np.float32), np.full((32, 48), 9.0)
+    m.repair_view(gsim.load_scene(tmp_path / "scene"), lg, cam, lg.T_world_camera(obs), obs.timestamp_us, rgb,
+                  alpha, depth, obs.sensor)
+    assert len(through) == 1 and isinstance(through[0], refs_mod.LidarDepth) and len(built) == 2  # (another log)
+    with pytest.raises(InputError, match="reference_depth"):
+        RepairConfig(reference_depth="exact")
+
 def reference_setup(tmp_path, monkeypatch):
     """A small synthetic log, a street scene, a 2-slot repair model with a non-zero output layer (so references
     change its repairs) and a spy on `references.references`; returns (log path, the spied calls' results)."""
