@@ -2,18 +2,23 @@
 actors replayed on their tracks, through the resident renderer (what `gsim closed-loop` renders each step).
 
 Usage: python bench/bench_loop_sensors.py SCENE LOG [--steps 40] [--hz 10] [--spec velodyne-hdl64e]
-       [--backend auto] [--out FILE.json]
+       [--backend auto] [--out FILE.json] [--profile FILE.txt]
 The cameras: the log's first camera at its mounting and turned 50 degrees either side (a rig of three); the
 LiDAR: the preset at the log's first LiDAR mounting (above the vehicle's origin without one), each sweep
 rolling from the previous step's pose to this one. Per step, as bridges.loop does it: the cameras in one call
 (numpy uint8 out), then the sweep. Prints the median step time and steps/s (and the cameras' and the LiDAR's
 medians); SUMO, the agent, the dynamics, the metrics and the recording are left out (a few ms of a CPU step): on a
 GPU machine SUMO's libraries are larger than what a device call carries, so this is the loop's rate there.
+--profile: ten more steps under cProfile (the host's Python, by cumulative time) and torch.profiler (the
+operations by their own CPU time and, on a GPU, the kernels by theirs), written to FILE.txt.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -47,6 +52,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--spec", default="velodyne-hdl64e")
     ap.add_argument("--backend", default="auto", help="camera backend of the resident renderer")
     ap.add_argument("--out")
+    ap.add_argument("--profile", default=None, metavar="FILE.txt")
     a = ap.parse_args(argv)
     scene, log = load_scene(a.scene), load_log(a.log)
     cam = next(iter(log.cameras.values()))
@@ -61,8 +67,8 @@ def main(argv=None) -> dict:
     t0 = int(log.ego_timestamps_us[0])
     times = t0 + dt * np.arange(1, a.steps + 2)
     times = times[times <= log.ego_timestamps_us[-1]]
-    steps, cams, sweeps = [], [], []
-    for k, t in enumerate(times):
+
+    def step(t):
         T_prev, T = log.T_world_vehicle(int(t) - dt), log.T_world_vehicle(int(t))
         s0 = time.perf_counter()
         r.update(scene)  # (the loop hands the renderer each step's scene: here the same one)
@@ -70,11 +76,15 @@ def main(argv=None) -> dict:
         images = [to_uint8(f.rgb) for f in frames]
         s1 = time.perf_counter()
         sweep = r.lidar(spec, (np.array([t - dt, t]), np.stack([T_prev @ T_vl, T @ T_vl])), int(t) - dt)
-        s2 = time.perf_counter()
+        return s1 - s0, time.perf_counter() - s1, images, sweep
+
+    steps, cams, sweeps = [], [], []
+    for k, t in enumerate(times):
+        cam_s, lidar_s, images, sweep = step(t)
         if k:  # the first step: JIT, uploads
-            steps.append(s2 - s0)
-            cams.append(s1 - s0)
-            sweeps.append(s2 - s1)
+            steps.append(cam_s + lidar_s)
+            cams.append(cam_s)
+            sweeps.append(lidar_s)
     med = statistics.median(steps)
     result = {"scene": a.scene, "backend": r.backend, "lidar_backend": r.lidar_backend, "steps": len(steps),
               "cameras": [f"{c.width}x{c.height}" for c, _, _ in rig], "lidar": a.spec,
@@ -87,7 +97,29 @@ def main(argv=None) -> dict:
     print(json.dumps(result))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
+    if a.profile:
+        Path(a.profile).write_text(profile(step, times[1:11]))
     return result
+
+
+def profile(step, times) -> str:
+    """cProfile's and torch.profiler's tables of the steps at ``times``."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    gpu = torch.cuda.is_available()
+    prof, text = cProfile.Profile(), io.StringIO()
+    prof.enable()
+    for t in times:
+        step(t)
+    prof.disable()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+    with torch_profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as tp:
+        for t in times:
+            step(t)
+    by = "self_cuda_time_total" if gpu else "self_cpu_time_total"
+    return (f"cProfile, {len(times)} steps\n{text.getvalue()}\ntorch.profiler, {len(times)} steps, by {by}\n"
+            + tp.key_averages().table(sort_by=by, row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":
