@@ -14,7 +14,10 @@ and blends with the region as weight; outside the region the render is kept by d
 puts its pixels back there whatever the repairer did (a latent-space model cannot keep pixels exactly).
 
 A repairer is anything with ``repair_image(rgb, alpha, depth, seed=0, mask=None) -> rgb``:
-`gsim.diffusion.repair.RepairModel` or `gsim.diffusion.pretrained.PretrainedRepair`.
+`gsim.diffusion.repair.RepairModel` or `gsim.diffusion.pretrained.PretrainedRepair`. A repair model with
+reference slots (`RepairConfig.references`) given the view (`Harmonizer`'s ``view``) also sees the log's real
+images warped into it, as it does in evaluation: the real ground and light around the insertion. They are marked
+invalid on the inserted objects' silhouettes, where the log saw what the insertion now hides.
 """
 from __future__ import annotations
 
@@ -49,15 +52,16 @@ def region(object_mask: np.ndarray, dilate_px: int = 6, contact_px: int = 8, fea
 
 
 def harmonize(rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, object_mask: np.ndarray, repairer,
-              seed: int = 0, **region_kw) -> Tuple[np.ndarray, np.ndarray]:
+              seed: int = 0, references=None, **region_kw) -> Tuple[np.ndarray, np.ndarray]:
     """(image (H,W,3) float32 in [0,1], region (H,W) float32): the render (rgb (H,W,3) in [0,1], alpha (H,W),
     depth (H,W) metres) repaired by ``repairer`` inside `region` (``object_mask``, ``region_kw``) with the
-    region as its mask; the render's own pixels outside it. An empty object mask returns the render itself
-    (no model call)."""
+    region as its mask, given ``references`` where there are some (a repair model's: [(warped, valid)]); the
+    render's own pixels outside it. An empty object mask returns the render itself (no model call)."""
     w = region(object_mask, **region_kw)
     if not w.any():
         return rgb, w
-    fixed = repairer.repair_image(rgb, alpha, depth, seed=seed, mask=w)
+    more = {} if references is None else {"references": references}
+    fixed = repairer.repair_image(rgb, alpha, depth, seed=seed, mask=w, **more)
     return np.where(w[..., None] > 0, fixed, rgb).astype(np.float32), w
 
 
@@ -72,7 +76,24 @@ class Harmonizer:
     contact_px: int = 8
     feather_px: int = 3
 
-    def __call__(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray,
-                 object_mask: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        return harmonize(rgb, alpha, depth, object_mask, self.repairer, self.seed, dilate_px=self.dilate_px,
+    def __call__(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, object_mask: np.ndarray,
+                 view=None) -> Tuple[np.ndarray, np.ndarray]:
+        """``view``: (scene, log, camera, T_world_camera, timestamp_us, sensor) of the render, for a repair model
+        with reference slots (`references`); other repairers ignore it."""
+        return harmonize(rgb, alpha, depth, object_mask, self.repairer, self.seed,
+                         self.references(view, alpha, depth, object_mask), dilate_px=self.dilate_px,
                          contact_px=self.contact_px, feather_px=self.feather_px)
+
+    def references(self, view, alpha: np.ndarray, depth: np.ndarray, object_mask: np.ndarray):
+        """The repair model's references for ``view`` (`gsim.diffusion.references.model_references`, the log's
+        images at the render's scale), invalid on ``object_mask``; None for a repairer without reference slots
+        or without a view."""
+        config = getattr(self.repairer, "config", None)
+        if view is None or not getattr(config, "references", 0):
+            return None
+        from .references import model_references
+        scene, log, camera, T, t, sensor = view
+        downscale = max(1, round(log.cameras[sensor].camera.width / camera.width))
+        hidden = np.asarray(object_mask) > 0.5
+        return [(warped, valid & ~hidden) for warped, valid in
+                model_references(config, scene, log, camera, T, t, alpha, depth, sensor=sensor, downscale=downscale)]

@@ -168,8 +168,9 @@ def mounted_rig(log, sens) -> Tuple[Dict[str, tuple], Dict[str, tuple]]:
 def render_world(world, scenario, backend: str = "auto", progress: bool = True, harmonizer=None) -> Path:
     """Render ``world`` (`gsim.editing.world.apply`) as the scenario's sensors say, into scenario.output
     (written in a temporary folder and renamed into place). ``harmonizer``: a `gsim.diffusion.harmonize.
-    Harmonizer` (called as ``harmonizer(rgb, alpha, depth, object_mask) -> (image, region)``, with a
-    ``source`` for the log's notes) that repaints the region of the inserted actors visible in an image."""
+    Harmonizer` (called as ``harmonizer(rgb, alpha, depth, object_mask, view=(scene, log, camera,
+    T_world_camera, timestamp_us, sensor)) -> (image, region)``, with a ``source`` for the log's notes) that
+    repaints the region of the inserted actors visible in an image."""
     from tqdm import tqdm
 
     from gsim.lidar import render_lidar
@@ -210,7 +211,8 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True, 
                     shown = [full[k] for k in inserted if k in full and (mask == k + 1).any()]
                     if harmonizer is not None and shown:
                         write_png(child_path(tmp / "render", c, "camera") / f"{i:06d}.png", to_uint8(rgb))
-                        rgb = harmonizer(rgb, alpha, depth, np.logical_or.reduce(shown))[0]
+                        rgb = harmonizer(rgb, alpha, depth, np.logical_or.reduce(shown),
+                                         view=(scene, log, cameras[c], T, t, c))[0]
                     img = to_uint8(rgb)
                     cam_entries[c] = w.image(c, i, t, img)
                     videos[c].append(img)

@@ -101,3 +101,34 @@ def test_render_world_harmonizes_around_inserted_actors_only(edit_street, model,
         # is in it, not in the visible mask)
         assert not changed[region(mask == 2, dilate_px=8, contact_px=10) == 0].any()
         assert changed[mask == 2].mean() > 0.5 and changed[mask != 2].sum() > 10  # the car and around it
+
+
+def test_a_reference_model_harmonizes_with_the_logs_images_around_the_insertion(edit_street, tmp_path):
+    """A repair model with reference slots, given the view, sees the log's real images warped in (through its
+    LiDAR), invalid on the inserted object; without the view, or a model without slots, it sees none."""
+    import gsim
+    from gsim.images import render_image
+    from gsim.scenes.log import load_log
+    root, log_path = edit_street
+    log, scene = load_log(log_path), gsim.load_scene(root / "scene")
+    obs = log.frames[2].cameras["front"]
+    cam, T = log.cameras["front"].camera, log.T_world_camera(obs)
+    rgb, alpha, depth = render_image(scene, cam, T, obs.timestamp_us, "front")
+    obj = box_mask(cam.height, cam.width, (20, 40), (30, 60))
+    seen = []
+
+    class Spy:
+        def __init__(self, config):
+            self.config = config
+
+        def repair_image(self, rgb, alpha, depth, seed=0, mask=None, references=None):
+            seen.append(references)
+            return rgb
+    view = (scene, log, cam, T, obs.timestamp_us, "front")
+    Harmonizer(Spy(RepairConfig(references=2, reference_depth="lidar")), "spy")(rgb, alpha, depth, obj, view=view)
+    refs = seen.pop()
+    assert len(refs) == 2 and all(w.shape == rgb.shape and v.shape == obj.shape for w, v in refs)
+    assert not any(v[obj].any() for _, v in refs) and all(v[~obj].mean() > 0.2 for _, v in refs)
+    Harmonizer(Spy(RepairConfig(references=2)), "spy")(rgb, alpha, depth, obj)  # no view
+    Harmonizer(Spy(RepairConfig()), "spy")(rgb, alpha, depth, obj, view=view)  # no slots
+    assert seen == [None, None]
