@@ -3,6 +3,7 @@ commands: --repair & co on ``render`` and ``eval``, --harmonize on ``scenario`` 
 opener this module sets, so they never import gsim.diffusion themselves). diffusers loads inside the commands."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from gsim.cli_args import distances, finite_float, int_at_least
@@ -21,6 +22,10 @@ def open_render_repairer(a):
     if a.references_log is None:
         if a.paste_references:
             raise InputError("--paste-references pastes a log's images: give the log with --references-log LOG")
+        k = getattr(getattr(repair, "config", None), "references", 0)
+        if k:  # (it runs, but it was trained with real images beside the render)
+            print(f"gsim render: {a.repair} takes {k} reference(s) from a log's images; without --references-log "
+                  f"LOG it repairs from the render alone, its reference slots empty", file=sys.stderr)
         return repair
     from gsim.scenes.log import load_log
 

@@ -380,3 +380,19 @@ def test_gsim_render_repairs_with_references_from_a_log(tmp_path, monkeypatch):
     assert len(calls) == 2
     RepairModel.new(TINY).save(tmp_path / "plain")
     assert main(args + [str(tmp_path / "plain"), "--out", str(tmp_path / "r3"), "--references-log", str(log)]) == 2
+
+
+def test_render_says_when_a_reference_model_gets_no_log(tmp_path, capsys):
+    """`gsim render --repair` of a model with reference slots and no --references-log: said on stderr."""
+    from argparse import Namespace
+
+    from gsim.diffusion.cli import open_render_repairer
+    RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2)).save(tmp_path / "m")
+    a = Namespace(repair=str(tmp_path / "m"), pretrained=None, controlnet=None, strength=0.35, sd_steps=20,
+                  paste_references=False, references_log=None)
+    assert open_render_repairer(a).config.references == 2
+    err = capsys.readouterr().err
+    assert "takes 2 reference(s)" in err and "without --references-log" in err
+    RepairModel.new(RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20)).save(tmp_path / "m0")
+    open_render_repairer(Namespace(**{**vars(a), "repair": str(tmp_path / "m0")}))
+    assert capsys.readouterr().err == ""
