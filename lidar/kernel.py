@@ -38,7 +38,6 @@ from numba import njit, prange
 
 from gsim.render.common import ALPHA_THRESHOLD, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN
 from gsim.render.numba_tiles import FASTMATH, ONE, depth_keys, f32, gaussian, small_chunks, tile_lists
-from gsim.surfels import is_tensor
 
 NEAR = 0.01  # m: hits and centres closer along the ray are ignored
 RAYS_PER_CELL = 16
@@ -374,16 +373,10 @@ _composite_tracked = _make_compositor(True)
 def ray_grid(az, el):
     """A uniform (azimuth, elevation) grid over the rays' directions (radians, reference frame):
     (az_lo, az_step, n_az, el_lo, el_step, n_el, circle) and each ray's cell. The azimuth range is the
-    whole circle when the rays leave no empty arc of SEAM_BINS; else it starts after the largest one.
-    numpy arrays, or torch tensors (lidar.kernel_cuda: the cells stay on their device; the grid's seven numbers
-    and the SEAM_BINS occupancy come to the host)."""
+    whole circle when the rays leave no empty arc of SEAM_BINS; else it starts after the largest one."""
     R = len(az)
-    seam = _int64((az + np.pi) * (SEAM_BINS / (2 * np.pi))) % SEAM_BINS
-    if is_tensor(seam):
-        import torch
-        occupied = (torch.bincount(seam, minlength=SEAM_BINS) > 0).cpu().numpy()
-    else:
-        occupied = np.bincount(seam, minlength=SEAM_BINS) > 0
+    seam = ((az + np.pi) * (SEAM_BINS / (2 * np.pi))).astype(np.int64) % SEAM_BINS
+    occupied = np.bincount(seam, minlength=SEAM_BINS) > 0
     bin_w = 2 * np.pi / SEAM_BINS
     if occupied.all():
         az_lo, span, circle = -np.pi, 2 * np.pi, 1.0
@@ -399,24 +392,15 @@ def ray_grid(az, el):
     n_az = max(1, min(int(math.ceil(span / step)), 1 << 14))
     n_el = max(1, min(int(math.ceil(el_span / step)), 1 << 10))
     az_step, el_step = span / n_az, el_span * (1 + 1e-9) / n_el + 1e-12
-    x = _int64(((az - az_lo) % (2 * np.pi)) // az_step).clip(max=n_az - 1)
-    y = _int64((el - el_lo) // el_step).clip(max=n_el - 1)
+    x = (((az - az_lo) % (2 * np.pi)) // az_step).astype(np.int64).clip(max=n_az - 1)
+    y = ((el - el_lo) // el_step).astype(np.int64).clip(max=n_el - 1)
     return np.array([az_lo, az_step, n_az, el_lo, el_step, n_el, circle]), y * n_az + x
 
 
-def _int64(x):
-    return x.long() if is_tensor(x) else x.astype(np.int64)
-
-
 def bundle_grid(dirs, rays, R_ref):
-    """`ray_grid` of the rays ``rays`` (world directions ``dirs``) in the reference frame R_ref: numpy arrays, or
-    torch tensors on one device."""
-    if is_tensor(dirs):
-        import torch
-        d_ref, xp = dirs[rays] @ R_ref, torch
-    else:  # R_ref^T d (einsum: a BLAS call leaves its threads spinning)
-        d_ref, xp = np.einsum("ji,rj->ri", R_ref, dirs[rays]), np
-    return ray_grid(xp.arctan2(d_ref[:, 1], d_ref[:, 0]), xp.arcsin(xp.clip(d_ref[:, 2], -1.0, 1.0)))
+    """`ray_grid` of the rays ``rays`` (world directions ``dirs``, numpy) in the reference frame R_ref."""
+    d_ref = np.einsum("ji,rj->ri", R_ref, dirs[rays])  # R_ref^T d (einsum: a BLAS call leaves its threads spinning)
+    return ray_grid(np.arctan2(d_ref[:, 1], d_ref[:, 0]), np.arcsin(np.clip(d_ref[:, 2], -1.0, 1.0)))
 
 
 _WORK = threading.local()
