@@ -202,49 +202,57 @@ def agreement(found: Sequence[Tuple[np.ndarray, np.ndarray]], tolerance: float =
     return np.where(agreed[..., None], colour, 0.0).astype(np.float32), agreed
 
 
+def view_references(scene, log, camera: Camera, T_world_target: np.ndarray, timestamp_us: int, k: int,
+                    alpha: np.ndarray, depth: np.ndarray, lidar: Optional[LidarDepth] = None,
+                    **nearest) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """`references` of a view the scene has rendered: the ``k`` nearest training images warped in through
+    ``lidar``'s depth where given, else through the render's (``alpha``, ``depth``); ``nearest``: sensor,
+    holdout_every, downscale, exclude, as `references` takes them."""
+    return references(scene, log, camera, T_world_target, timestamp_us, k, lidar=lidar,
+                      target_depth=None if lidar is not None else solid_depth(alpha, depth), **nearest)
+
+
 def agreed_references(scene, log, camera: Camera, T_world_target: np.ndarray, timestamp_us: int, k: int,
                       alpha: np.ndarray, depth: np.ndarray, lidar: Optional[LidarDepth] = None,
                       tolerance: float = AGREE, **nearest) -> Tuple[np.ndarray, np.ndarray]:
-    """`agreement` of the ``k`` nearest training images warped into a view (`references`): through ``lidar``'s
-    depth where given, else through the render's (``alpha``, ``depth``: the scene's render of the view); ``nearest``:
-    sensor, holdout_every, downscale, exclude, as `references` takes them."""
-    found = references(scene, log, camera, T_world_target, timestamp_us, k, lidar=lidar,
-                       target_depth=None if lidar is not None else solid_depth(alpha, depth), **nearest)
-    return agreement(found, tolerance)
+    """`agreement` of a view's `view_references` (the same arguments)."""
+    return agreement(view_references(scene, log, camera, T_world_target, timestamp_us, k, alpha, depth, lidar,
+                                     **nearest), tolerance)
+
+
+_LIDAR: list = [None, {}]  # the log whose LidarDepths are kept, and those, by (holdout_every, excluded frames)
 
 
 def training_lidar(log, holdout_every: int = 8, exclude: Sequence[int] = ()) -> Optional[LidarDepth]:
-    """The `LidarDepth` of ``log``'s training frames less those in ``exclude``; None where they have no LiDAR."""
-    skip = {int(i) for i in exclude}
-    frames = [f for f in split_frames(log, holdout_every)[0] if f.index not in skip]
-    return LidarDepth(log, frames) if any(f.lidars for f in frames) else None
-
-
-_LIDAR_CACHE: dict = {}  # (id(log), holdout_every) -> (log, its training_lidar): one per log and split
+    """The `LidarDepth` of ``log``'s training frames less those in ``exclude``; None where they have no LiDAR.
+    Built once per log, split and exclusion, for every caller (the paste, the gate, a repair model's references);
+    one log's are kept at a time (a LidarDepth holds its sweeps' points)."""
+    skip = frozenset(int(i) for i in exclude)
+    if _LIDAR[0] is not log:
+        _LIDAR[:] = [log, {}]
+    built = _LIDAR[1]
+    if (holdout_every, skip) not in built:
+        frames = [f for f in split_frames(log, holdout_every)[0] if f.index not in skip]
+        built[holdout_every, skip] = LidarDepth(log, frames) if any(f.lidars for f in frames) else None
+    return built[holdout_every, skip]
 
 
 def model_references(config, scene, log, camera: Camera, T_world_target: np.ndarray, timestamp_us: int,
                      alpha: np.ndarray, depth: np.ndarray, **nearest) -> List[Tuple[np.ndarray, np.ndarray]]:
     """The references a repair model with `RepairConfig` ``config`` takes for a view (its ``config.references``
-    nearest training images, `references`): warped through the log's LiDAR (`training_lidar` of all the training
-    frames, built once per log and split) where ``config.reference_depth`` is "lidar" and the log has LiDAR, else
-    through the render's depth (``alpha``, ``depth``: the scene's render of the view). ``nearest``: sensor,
-    holdout_every, downscale, exclude, as `references` takes them."""
-    lidar = None
-    if config.reference_depth == "lidar":
-        key = (id(log), nearest.get("holdout_every", 8))
-        if key not in _LIDAR_CACHE or _LIDAR_CACHE[key][0] is not log:
-            _LIDAR_CACHE.clear()  # (one log at a time: a LidarDepth holds its sweeps' points)
-            _LIDAR_CACHE[key] = (log, training_lidar(log, key[1]))
-        lidar = _LIDAR_CACHE[key][1]
-    return references(scene, log, camera, T_world_target, timestamp_us, config.references, lidar=lidar,
-                      target_depth=None if lidar is not None else solid_depth(alpha, depth), **nearest)
+    nearest training images, `view_references`): warped through the log's LiDAR (`training_lidar` of all the
+    training frames) where ``config.reference_depth`` is "lidar" and the log has LiDAR, else through the render's
+    depth (``alpha``, ``depth``: the scene's render of the view). ``nearest``: sensor, holdout_every, downscale,
+    exclude, as `references` takes them."""
+    lidar = training_lidar(log, nearest.get("holdout_every", 8)) if config.reference_depth == "lidar" else None
+    return view_references(scene, log, camera, T_world_target, timestamp_us, config.references, alpha, depth, lidar,
+                           **nearest)
 
 
 class ReferencePaste:
     """A repairer without a model: the render with the log's real training images pasted where at least two of
     the ``k`` nearest agree (`agreement`), warped into the view through the log's LiDAR depth (`references` with a
-    `LidarDepth` of the log, built on first use; logs without LiDAR: through the render's depth), unless the render
+    `training_lidar` of the log; logs without LiDAR: through the render's depth), unless the render
     already has their colour or its depth is the LiDAR's (`GEOMETRY_AGREES`: its geometry is right there, and its
     pixels are sharper than resampled ones). Elsewhere the render stays as it is. It needs the view and its log
     (`repair_view`); ``log``: the one to use when a caller has none (``gsim render``)."""
@@ -253,7 +261,6 @@ class ReferencePaste:
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 2:
             raise InputError(f"k: expected an integer >= 2 (references that must agree), got {k!r}")
         self.k, self.tolerance, self.log = int(k), tolerance, log
-        self._lidar: dict = {}
 
     def with_log(self, log) -> "ReferencePaste":
         return ReferencePaste(self.k, self.tolerance, log)
@@ -261,13 +268,6 @@ class ReferencePaste:
     def repair_image(self, rgb, alpha, depth, seed: int = 0, mask=None) -> np.ndarray:
         raise InputError("the reference paste repairs a view of a log (its real training images): it has no image "
                          "of its own to give; render with the log (gsim render --references-log LOG)")
-
-    def lidar_of(self, log, holdout_every: int = 8, exclude: Sequence[int] = ()) -> Optional[LidarDepth]:
-        """`training_lidar`, made once per log, split and exclusion."""
-        key = (str(log.root), holdout_every, frozenset(int(i) for i in exclude))
-        if key not in self._lidar:
-            self._lidar[key] = training_lidar(log, holdout_every, exclude)
-        return self._lidar[key]
 
     def repair_view(self, scene, log, camera, T_world_target: np.ndarray, timestamp_us: int, rgb: np.ndarray,
                     alpha: np.ndarray, depth: np.ndarray, sensor: Optional[str] = None, seed: int = 0,
@@ -278,7 +278,7 @@ class ReferencePaste:
         log = self.log if log is None else log
         if log is None:
             raise InputError("the reference paste needs the log whose training images it pastes")
-        lidar = self.lidar_of(log, holdout_every, exclude)
+        lidar = training_lidar(log, holdout_every, exclude)
         colour, agreed = agreed_references(scene, log, camera, T_world_target, timestamp_us, self.k, alpha, depth,
                                            lidar, self.tolerance, sensor=sensor, holdout_every=holdout_every,
                                            downscale=downscale, exclude=exclude)

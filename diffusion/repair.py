@@ -68,7 +68,8 @@ class RepairConfig(Config):
         if not isinstance(self.references, int) or isinstance(self.references, bool) or self.references < 0:
             raise InputError(f"RepairConfig.references: expected an integer >= 0, got {self.references!r}")
         if self.reference_depth not in ("render", "lidar"):
-            raise InputError(f"RepairConfig.reference_depth: expected 'render' or 'lidar', got {self.reference_depth!r}")
+            raise InputError(f"RepairConfig.reference_depth: expected 'render' or 'lidar', got "
+                             f"{self.reference_depth!r}")
         if self.train_input not in ("render", "real"):
             raise InputError(f"RepairConfig.train_input: expected 'render' or 'real', got {self.train_input!r}")
         if self.loss not in ("l1", "l2"):

@@ -6,8 +6,9 @@ are ones they never saw: the artefacts of novel views) and by the scene itself (
 leave alone), each against the real image. Held-out frames are never used. For a model with reference slots
 (`RepairConfig.references`) each pair also gets that many real training images warped into its view through the
 rendering scene's depth or the log's LiDAR (`RepairConfig.reference_depth`, `gsim.diffusion.references`), never
-one of the pair's own frame (its real image is the target). Random crops, AdamW, a cosine schedule; a checkpoint every ``checkpoint_every`` steps in the work
-directory (checkpoint.safetensors, `gsim.scenes.checkpoint`: nothing in it runs when read) makes it resumable."""
+one of the pair's own frame (its real image is the target). Random crops, AdamW, a cosine schedule; a
+checkpoint every ``checkpoint_every`` steps in the work directory (checkpoint.safetensors, `gsim.scenes.checkpoint`:
+nothing in it runs when read) makes it resumable."""
 from __future__ import annotations
 
 import math

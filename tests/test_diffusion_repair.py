@@ -307,8 +307,12 @@ def test_references_through_the_logs_lidar(tmp_path, monkeypatch):
     gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
     real, through, built = refs_mod.references, [], []
     monkeypatch.setattr(refs_mod, "references", lambda *a, **k: through.append(k["lidar"]) or real(*a, **k))
-    real_lidar = refs_mod.training_lidar
-    monkeypatch.setattr(refs_mod, "training_lidar", lambda *a: built.append(1) or real_lidar(*a))
+
+    class Counted(refs_mod.LidarDepth):  # each LidarDepth built
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+    monkeypatch.setattr(refs_mod, "LidarDepth", Counted)
     cfg = RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2, reference_depth="lidar")
     opts = TrainOptions(steps=2, batch=2, crop=16, degraded=(), extrapolated=())
     train(tmp_path / "scene", log, tmp_path / "a", opts, cfg, progress=False)

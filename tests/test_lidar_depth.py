@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import gsim
-from gsim.diffusion.references import ReferencePaste, agreement
+from gsim.diffusion.references import ReferencePaste, agreement, training_lidar
 from gsim.errors import InputError
 from gsim.scenes.lane_shift import street_of
 from gsim.scenes.lidar_depth import LidarDepth
@@ -158,7 +158,7 @@ def test_excluded_frames_give_no_reference_and_no_lidar(street):
     scene = gsim.Scene(background=plane(extent=60.0, spacing=0.5))
     paste = ReferencePaste()
     train = [f.index for f in split_frames(street, 8)[0]]
-    assert len(paste.lidar_of(street, 8, train[:8]).static) < len(paste.lidar_of(street).static)
+    assert len(training_lidar(street, 8, train[:8]).static) < len(training_lidar(street).static)
     obs = street.frames[3].cameras["front"]
     camera, T = street.cameras["front"].camera, street.T_world_camera(obs)
     rgb, alpha, depth = render_image(scene, camera, T, obs.timestamp_us, "front")
