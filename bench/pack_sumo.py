@@ -5,17 +5,18 @@ call (a lent GPU: bench/gpu_loop.sh unpacks and runs them).
     python bench/pack_sumo.py unpack DEST PARTDIR...      (on the target: DEST/site then holds everything)
 
 Downloads, without dependencies, for that CPython on manylinux x86-64: the `sumo` extra's pinned wheels
-(pyproject.toml), pydantic and trimesh (scenarios and assets) and the few packages they need that a CUDA image
-lacks (mcap's zstandard and lz4 among them: the recording compresses its chunks). Of the two SUMO wheels it
-keeps what the closed loop loads: libsumo's module and its bundled libraries, netconvert (its libraries are
-libsumo's: the same files, linked, not stored twice) and SUMO's XML schemas and type maps, in one xz tar (about 270 MB unpacked, 56 MB packed); the other wheels go beside it, and last, so
-that they start a part of their own, the `serve` extra's (gsim serve there: grpcio 1.85.1, 7.7 MB). OUT gets parts
-of at most --part-mb MB each (OUT/1, OUT/2, ...: one folder per device call) and a manifest naming them. `unpack`
-joins the tar's pieces from the part folders, extracts it into DEST/site, installs the wheels there (pip, no
-network; a later call's unpack adds the wheels not yet there) and prints the variables that make them the ones
-used: PYTHONPATH, SUMO_HOME and, where the machine lacks libraries that libsumo's bundled ones link (a CUDA image
-has no libGL or libXrender: SUMO's GUI code, which a headless loop never calls), LD_LIBRARY_PATH with stand-ins
-for them built there: STUB libraries whose functions do nothing, named as stubs in DEST/gui-stubs.
+(pyproject.toml), pydantic and trimesh (scenarios and assets) and the few packages they need that a CUDA image lacks
+(mcap's zstandard and lz4 among them: the recording compresses its chunks). Of the two SUMO wheels it keeps what the
+closed loop loads: libsumo's module and its bundled libraries, netconvert (its libraries are libsumo's: the same
+files, linked, not stored twice) and SUMO's XML schemas and type maps, in one xz tar (about 270 MB unpacked, 56 MB
+packed); the other wheels go beside it, and last, so that they start a part of their own, the `serve` extra's (gsim
+serve there: grpcio 1.85.1, 7.7 MB). OUT gets parts of at most --part-mb MB each (OUT/1, OUT/2, ...: one folder per
+device call) and a manifest naming them. `unpack` joins the tar's pieces from the part folders, extracts it into
+DEST/site, installs the wheels there (pip, no network; a later call's unpack adds the wheels not yet there) and
+prints the variables that make them the ones used: PYTHONPATH, SUMO_HOME and, where the machine lacks libraries that
+libsumo's bundled ones link (a CUDA image has no libGL or libXrender: SUMO's GUI code, which a headless loop never
+calls), LD_LIBRARY_PATH with stand-ins for them built there: STUB libraries whose functions do nothing, named as
+stubs in DEST/gui-stubs.
 """
 from __future__ import annotations
 
