@@ -57,6 +57,10 @@ def stats(img: np.ndarray, mask: np.ndarray, k: int):
             float(np.log2((luma[band].mean() + eps) / (luma[ring].mean() + eps))))
 
 
+def read(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"), np.float32) / 255
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -77,7 +81,6 @@ def main(argv=None) -> int:
         out = render_world(world, sc, harmonizer=h)
         walls[name] = round(time.perf_counter() - t0, 1)
         inserted = {k + 1 for k, actor in enumerate(world.scene.actors) if actor.id in world.inserted}
-        read = lambda p: np.asarray(Image.open(p).convert("RGB"), np.float32) / 255  # noqa: E731
         for before in sorted((out / "render").glob("*/*.png")):
             cam_frame = before.relative_to(out / "render")
             mask = np.asarray(Image.open(out / "masks" / cam_frame)).astype(np.int64)
