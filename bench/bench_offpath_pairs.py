@@ -5,8 +5,13 @@ are rendered at 0 and +-1, +-2, +-3 m beside the path and paired with the street
 truth`'s); a repair model is trained on those pairs alone. Measure it on seed 7 with
 `gsim eval SEED7/recon/scene SEED7/log --out E --shifts 1,2,3 --repair OUT/model`.
 
+With ``--references K`` each pair also gets the K nearest training images of its street warped into it through
+that street's LiDAR (the pair's own frame left out, as evaluation's held-out frames have no image of their own among
+the sources): the reference-conditioned model trained off the path. The pairs are cached in OUT/pairs-kK.npz.
+The model can then be fine-tuned on a log's own pairs: `gsim diffusion train SCENE LOG --out M --init OUT/model-...`.
+
 Usage: python bench/bench_offpath_pairs.py OUT [--seeds 1,2,3] [--iterations 600] [--steps 2000] [--loss l1]
-       [--lr 5e-4]
+       [--lr 5e-4] [--references 0]
 """
 from __future__ import annotations
 
@@ -17,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from gsim.diffusion import train as repair_training
+from gsim.diffusion.references import model_references
 from gsim.diffusion.repair import RepairConfig
 from gsim.images import render_image
-from gsim.io import to_uint8
+from gsim.io import atomic_path, to_uint8
 from gsim.resident import Renderer
 from gsim.scene import load_scene
 from gsim.scenes.lane_shift import street_of, truth
@@ -32,8 +38,9 @@ from gsim.scenes.views import make_views, split_frames
 OFFSETS_M = (0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0)  # to the left; 0: the view itself against its real image
 
 
-def street_pairs(out: Path, seed: int, iterations: int) -> list:
-    """(rgb, alpha, depth, exact image, source) of a quarter of seed's training views at every offset."""
+def street_pairs(out: Path, seed: int, iterations: int, config: RepairConfig) -> list:
+    """(rgb, alpha, depth, exact image, source, warped (K,H,W,3), valid (K,H,W)) of a quarter of seed's training
+    views at every offset, K = ``config.references``."""
     log_dir, recon = out / f"log{seed}", out / f"recon{seed}"
     if not (log_dir / "log.json").is_file():
         synthesize(log_dir, seed=seed, progress=False)
@@ -51,8 +58,30 @@ def street_pairs(out: Path, seed: int, iterations: int) -> list:
             rgb, alpha, depth = render_image(renderer, v.camera, scene.log_pose(T, v.timestamp_us), v.timestamp_us,
                                              v.sensor)
             real = truth(street, options, log, v.sensor, T, v.timestamp_us) if left else v.image
-            items.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(real), f"seed{seed}"))
+            refs = model_references(config, renderer, log, v.camera, T, v.timestamp_us, alpha, depth,
+                                    sensor=v.sensor, exclude=[v.frame]) if config.references else []
+            warped = np.stack([to_uint8(w) for w, _ in refs]) if refs else np.zeros((0,) + rgb.shape, np.uint8)
+            valid = np.stack([m for _, m in refs]) if refs else np.zeros((0,) + alpha.shape, bool)
+            items.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(real), f"seed{seed}",
+                          warped, valid))
     return items
+
+
+def synthetic_pairs(out: Path, seeds, iterations: int, config: RepairConfig) -> repair_training.Pairs:
+    """`street_pairs` of every seed, cached in out/pairs-kK.npz (K references) for the same seeds."""
+    cache = out / f"pairs-k{config.references}.npz"
+    if cache.is_file():
+        z = np.load(cache, allow_pickle=False)
+        if sorted(set(str(s) for s in z["source"])) == sorted(f"seed{s}" for s in seeds):
+            return repair_training.Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]],
+                                         z["warped"], z["valid"])
+    items = [it for s in seeds for it in street_pairs(out, s, iterations, config)]
+    pairs = repair_training.Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items],
+                                  *(np.stack([it[i] for it in items]) for i in (5, 6)))
+    with atomic_path(cache, ".npz") as tmp:
+        np.savez(tmp, rgb=pairs.rgb, alpha=pairs.alpha, depth=pairs.depth, real=pairs.real,
+                 source=np.array(pairs.source), warped=pairs.warped, valid=pairs.valid)
+    return pairs
 
 
 def main(argv=None) -> dict:
@@ -63,18 +92,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--loss", choices=("l1", "l2"), default="l1")
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--references", type=int, default=0, help="references per pair, through each street's LiDAR")
     a = ap.parse_args(argv)
     out = Path(a.out)
     seeds = [int(s) for s in a.seeds.split(",")]
     if 7 in seeds:
         ap.error("seed 7 is the check: leave it out of training")
-    items = [it for s in seeds for it in street_pairs(out, s, a.iterations)]
-    n, (H, W) = len(items), items[0][0].shape[:2]
-    pairs = repair_training.Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items],
-                                  np.zeros((n, 0, H, W, 3), np.uint8), np.zeros((n, 0, H, W), bool))
-    tag = f"{a.steps}-{a.loss}-{a.lr:g}"
+    config = RepairConfig(loss=a.loss, references=a.references, reference_depth="lidar")
+    t0 = time.perf_counter()
+    pairs = synthetic_pairs(out, seeds, a.iterations, config)
+    n = len(pairs.source)
+    print(f"{n} pairs in {time.perf_counter() - t0:.0f} s", flush=True)
+    tag = f"{a.steps}-{a.loss}-{a.lr:g}-k{a.references}"
     card = repair_training.train(out / f"recon{seeds[0]}" / "scene", out / f"log{seeds[0]}", out / f"model-{tag}",
-                                 repair_training.TrainOptions(steps=a.steps, lr=a.lr), RepairConfig(loss=a.loss),
+                                 repair_training.TrainOptions(steps=a.steps, lr=a.lr), config,
                                  work=out / f"work-{tag}", progress=True, pairs=pairs)
     print(f"{n} pairs; loss {card['loss_first_100']:.4f} -> {card['loss_last_100']:.4f}, {card['wall_s']:.0f} s "
           f"-> {out / f'model-{tag}'}")

@@ -8,7 +8,7 @@ def open_repairer(model=None, pretrained=None, controlnet=None, strength: float 
     ``model``, a repair model directory (`gsim diffusion train`), ``pretrained``, a local Stable Diffusion
     inpainting or img2img directory with an optional depth ``controlnet`` (run at ``strength`` for ``steps``
     steps), or ``paste``: the log's real images pasted where they agree (`references.ReferencePaste`); None for
-    none."""
+    none. A repair model runs on CUDA where there is one."""
     if sum(map(bool, (model, pretrained, paste))) > 1:
         raise InputError("give one repairer: a repair model (--repair), pretrained weights (--pretrained) or "
                          "--paste-references")
@@ -19,7 +19,7 @@ def open_repairer(model=None, pretrained=None, controlnet=None, strength: float 
         raise InputError("--controlnet guides pretrained weights: it needs --pretrained")
     if model:
         from .repair import RepairModel
-        return RepairModel.load(model)
+        return RepairModel.load(model, device="auto")
     if pretrained:
         from .pretrained import PretrainedRepair
         return PretrainedRepair.from_dir(pretrained, controlnet=controlnet, strength=strength, steps=steps)

@@ -94,11 +94,12 @@ def cmd_expand(a) -> int:
 
 
 def cmd_diffusion_train(a) -> int:
-    from .repair import RepairConfig
+    from .repair import RepairConfig, repair_device
     from .train import TrainOptions, train
     opts = TrainOptions(steps=a.steps, seed=a.seed, **({} if a.crop is None else {"crop": a.crop}))
     card = train(a.scene, a.log, a.out, opts, RepairConfig(loss=a.loss, references=a.references,
-                                                           reference_depth=a.reference_depth), resume=a.resume)
+                                                           reference_depth=a.reference_depth), resume=a.resume,
+                 init=a.init, device=repair_device(a.device))
     print(f"wrote the repair model {a.out}: {card['steps']} steps, loss {card['loss_first_100']:.4f} -> "
           f"{card['loss_last_100']:.4f}, {card['wall_s']:.0f} s (pairs: {card['pairs']})")
     return 0
@@ -117,6 +118,10 @@ def register(sub) -> None:
                     help="training crops' side, a multiple of 8 (default: TrainOptions', 64)")
     dt.add_argument("--seed", type=int_at_least(0), default=0)
     dt.add_argument("--resume", action="store_true", help="go on from OUT-work's checkpoint")
+    dt.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="where the model trains (auto: CUDA where there is one)")
+    dt.add_argument("--init", default=None, metavar="MODEL_DIR", help="start from this repair model's weights "
+                    "(fine-tuning a pretrained one); its references and settings must be this training's")
     dt.add_argument("--loss", choices=("l1", "l2"), default="l1", help="the denoising loss")
     dt.add_argument("--references", type=int_at_least(0), default=2, help="real training images warped into each "
                     "view that the model is given beside the render (0: the render alone)")

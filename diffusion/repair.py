@@ -23,12 +23,23 @@ import numpy as np
 import torch
 
 from gsim.config import Config
-from gsim.errors import InputError
+from gsim.errors import InputError, Unavailable
 from gsim.io import atomic_directory, read_manifest
 
 CONDITION_CHANNELS = 5  # rgb, alpha, inverse depth
 REFERENCE_CHANNELS = 4  # per reference: its rgb (0 where not valid) and its valid mask
 SETTINGS = "gsim_repair.json"
+
+
+def repair_device(name: str = "auto") -> torch.device:
+    """Where a repair model runs: "cpu", "cuda" (refused where torch finds no CUDA) or "auto" (CUDA where there is
+    one, else the CPU)."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise InputError(f"device: expected 'auto', 'cpu' or 'cuda', got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise Unavailable("device 'cuda': CUDA is not available here (torch.cuda.is_available() is False); use "
+                          "'cpu' or 'auto'")
+    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,16 @@ class RepairModel:
     def __init__(self, unet, scheduler, config: RepairConfig):
         self.unet, self.scheduler, self.config = unet, scheduler, config
 
+    @property
+    def device(self) -> torch.device:
+        return self.unet.conv_out.weight.device
+
+    def to(self, device) -> "RepairModel":
+        """The model on ``device`` (e.g. "cuda"); `loss` and `repair` then take their tensors there, `repair_image`
+        and `repair_view` move numpy in and out. The noise is drawn on the CPU: a seed gives the same noise anywhere."""
+        self.unet.to(device)
+        return self
+
     @classmethod
     def new(cls, config: RepairConfig = RepairConfig(), seed: int = 0) -> "RepairModel":
         from diffusers import DDPMScheduler, UNet2DModel
@@ -146,12 +167,12 @@ class RepairModel:
         ``weight`` (B,1,H,W): per-pixel weights (None: all 1)."""
         self._check(rgb)
         x0 = real * 2 - 1
-        noise = torch.randn(x0.shape, generator=generator)
+        noise = torch.randn(x0.shape, generator=generator).to(x0.device)
         if self.config.train_input == "render":
-            t = torch.full((len(x0),), self.config.repair_t, dtype=torch.long)
+            t = torch.full((len(x0),), self.config.repair_t, dtype=torch.long, device=x0.device)
             xt = self.scheduler.add_noise(rgb * 2 - 1, noise, t)
         else:
-            t = torch.randint(0, self.config.train_timesteps, (len(x0),), generator=generator)
+            t = torch.randint(0, self.config.train_timesteps, (len(x0),), generator=generator).to(x0.device)
             xt = self.scheduler.add_noise(x0, noise, t)
         err = (self._predict(xt, t, rgb, alpha, depth, references) - x0).abs()
         err = err if self.config.loss == "l1" else err * err
@@ -165,9 +186,9 @@ class RepairModel:
         (partial noising) and outside it the render is kept as it is; None: everywhere."""
         self._check(rgb)
         g = torch.Generator().manual_seed(seed)
-        t = torch.full((len(rgb),), self.config.repair_t, dtype=torch.long)
+        t = torch.full((len(rgb),), self.config.repair_t, dtype=torch.long, device=rgb.device)
         x = rgb * 2 - 1
-        xt = self.scheduler.add_noise(x, torch.randn(rgb.shape, generator=g), t)
+        xt = self.scheduler.add_noise(x, torch.randn(rgb.shape, generator=g).to(rgb.device), t)
         if mask is not None:
             xt = mask * xt + (1 - mask) * x
         out = self._predict(xt, t, rgb, alpha, depth, references).clamp(-1, 1)
@@ -190,7 +211,7 @@ class RepairModel:
         ph, pw = -H % m, -W % m
         pad = lambda a: np.pad(a, ((0, ph), (0, pw)) + ((0, 0),) * (a.ndim - 2), mode="edge")  # noqa: E731
         t = lambda a: torch.from_numpy(np.ascontiguousarray(pad(a), np.float32)).reshape(1, H + ph, W + pw, -1) \
-            .permute(0, 3, 1, 2)  # noqa: E731
+            .permute(0, 3, 1, 2).to(self.device)  # noqa: E731
         refs = None
         if references is not None:
             for i, (warped, valid) in enumerate(references):
@@ -200,7 +221,7 @@ class RepairModel:
             refs = torch.stack([t(np.concatenate([w, np.asarray(v, np.float32)[..., None]], -1))
                                 for w, v in references], 1) if len(references) else None
         out = self.repair(t(rgb), t(alpha), t(depth), seed, None if mask is None else t(mask), refs)
-        return out[0].permute(1, 2, 0).numpy()[:H, :W]
+        return out[0].permute(1, 2, 0).cpu().numpy()[:H, :W]
 
     def repair_view(self, scene, log, camera, T_world_target: np.ndarray, timestamp_us: int, rgb: np.ndarray,
                     alpha: np.ndarray, depth: np.ndarray, sensor: Optional[str] = None, seed: int = 0,
@@ -233,8 +254,10 @@ class RepairModel:
             (tmp / SETTINGS).write_text(json.dumps(self.config.to_dict(), indent=1))
 
     @classmethod
-    def load(cls, path) -> "RepairModel":
-        """A model directory `save` wrote; clear errors for a missing or incomplete one."""
+    def load(cls, path, device: str = "cpu") -> "RepairModel":
+        """A model directory `save` wrote, on ``device`` (`repair_device`'s names); clear errors for a missing or
+        incomplete one."""
+        where = repair_device(device)
         from diffusers import DDPMScheduler, UNet2DModel
         p = Path(path)
         if not (p / SETTINGS).exists():
@@ -260,7 +283,7 @@ class RepairModel:
             raise InputError(f"{p}: unreadable repair model: its UNet takes {unet.config.in_channels} channels, its "
                              f"{SETTINGS} ({config.references} references) {expected}")
         unet.eval()
-        return cls(unet, scheduler, config)
+        return cls(unet, scheduler, config).to(where)
 
 
 class LogReferences:

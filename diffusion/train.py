@@ -206,13 +206,27 @@ def _resume(path: Path, model: RepairModel, opt, rng: np.random.Generator, gen: 
     return step, losses
 
 
+def _pretrained(path, config: RepairConfig) -> RepairModel:
+    """The repair model at ``path``, to be trained further with ``config`` (its loss may differ, nothing else)."""
+    model = RepairModel.load(path)
+    for name, value in config.to_dict().items():
+        if name != "loss" and model.config.to_dict()[name] != value:
+            raise InputError(f"{path}: cannot start from this repair model: its {name} is "
+                             f"{model.config.to_dict()[name]!r} ({Path(path) / 'gsim_repair.json'}), this training's "
+                             f"{value!r}")
+    return RepairModel(model.unet, model.scheduler, config)
+
+
 def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), config: RepairConfig = RepairConfig(),
           work: Optional[Path] = None, resume: bool = False, progress: bool = True,
-          pairs: Optional[Pairs] = None) -> dict:
+          pairs: Optional[Pairs] = None, init=None, device="cpu") -> dict:
     """Trains a repair model on ``log_path`` with the reconstruction ``scene_path`` and writes it to ``out``
     (diffusers' directory format with a model card); returns the card's numbers. ``work`` (default
     out + "-work") holds the pairs, the degraded reconstructions and the resumable checkpoint. ``pairs``: train on
-    these instead of the log's own (bench/bench_offpath_pairs.py: synthetic streets off the path)."""
+    these instead of the log's own (bench/bench_offpath_pairs.py: synthetic streets off the path). ``init``: a
+    repair model directory to start from instead of a fresh model (fine-tuning a pretrained one); every
+    `RepairConfig` field but the loss must be ``config``'s. ``device``: where the model trains (e.g. "cuda"; the
+    pairs, their crops and the noise are drawn on the CPU as anywhere)."""
     from tqdm import tqdm
     out = Path(out)
     work = Path(work) if work is not None else out.parent / f"{out.name}-work"
@@ -220,7 +234,8 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
     if options.crop % config.multiple:
         raise InputError(f"TrainOptions.crop: {options.crop} must be a multiple of {config.multiple} (the UNet's)")
     t0 = time.perf_counter()
-    model = RepairModel.new(config, seed=options.seed)
+    model = RepairModel.new(config, seed=options.seed) if init is None else _pretrained(init, config)
+    model.to(device)
     opt = torch.optim.AdamW(model.unet.parameters(), lr=options.lr, weight_decay=1e-4)
     rng, gen = np.random.default_rng(options.seed), torch.Generator().manual_seed(options.seed)
     step, losses = 0, []
@@ -235,7 +250,7 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
     for step in bar:
         for group in opt.param_groups:  # the cosine schedule
             group["lr"] = options.lr * (0.5 * (1 + math.cos(math.pi * min(step / options.steps, 1))))
-        real, rgb, alpha, depth, refs = _batch(pairs, options, rng)
+        real, rgb, alpha, depth, refs = (None if x is None else x.to(device) for x in _batch(pairs, options, rng))
         loss = model.loss(real, rgb, alpha, depth, generator=gen, references=refs)
         if not torch.isfinite(loss):
             raise Diverged(f"diffusion train: the loss is {loss.item()} at step {step}: training diverged; "
@@ -252,19 +267,23 @@ def train(scene_path, log_path, out, options: TrainOptions = TrainOptions(), con
     card = {"scene": str(Path(scene_path).resolve()), "log": str(Path(log_path).resolve()),
             "pairs": {s: pairs.source.count(s) for s in dict.fromkeys(pairs.source)}, "image_size": [W, H],
             "options": options.to_dict(), "config": config.to_dict(), "steps": options.steps,
+            "init": None if init is None else str(Path(init).resolve()),
             "loss_first_100": float(np.mean(losses[:100])), "loss_last_100": float(np.mean(losses[-100:])),
-            "wall_s": round(time.perf_counter() - t0, 1)}
+            "device": str(model.device), "wall_s": round(time.perf_counter() - t0, 1)}
     model.save(out, _card(card), card)
     return card
 
 
 def _card(c: dict) -> str:
+    init = f", starting from the model `{c['init']}` (its card says what it learnt from)" if c.get("init") else ""
     return (f"# gsim repair model\n\nA conditional diffusion model (diffusers UNet2DModel + DDPMScheduler, pixel space) "
             f"that repairs renders of a reconstruction; one network pass from the render noised to step "
             f"{c['config']['repair_t']} of {c['config']['train_timesteps']}.\n\n"
             f"- Data: log `{c['log']}`, scene `{c['scene']}`; pairs (render, real image) of the training views "
             f"(held-out frames never used): {c['pairs']}\n"
             f"- Training: {c['steps']} steps of {c['options']['batch']} random {c['options']['crop']}-pixel crops of "
-            f"{c['image_size'][0]}x{c['image_size'][1]} images; L1 denoising loss {c['loss_first_100']:.4f} (first 100 "
-            f"steps) -> {c['loss_last_100']:.4f} (last 100); {c['wall_s']:.0f} s in all\n"
+            f"{c['image_size'][0]}x{c['image_size'][1]} images{init}; "
+            f"{c['config']['loss'].upper()} denoising loss {c['loss_first_100']:.4f} (first 100 "
+            f"steps) -> {c['loss_last_100']:.4f} (last 100); {c['wall_s']:.0f} s in all on "
+            f"{c.get('device', 'cpu')}\n"
             f"- Made by `gsim diffusion train`; settings in card.json and gsim_repair.json\n")

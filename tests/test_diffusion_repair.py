@@ -1,6 +1,7 @@
 """The repair model (a small conditional diffusion model from diffusers' components): its loss falls, one-pass
 repair keeps shapes and ranges, it saves and loads in diffusers' format, and `train` runs end to end on a
 tiny synthetic log (degraded reconstructions, pairs, checkpoints, resume, the model card)."""
+import dataclasses
 import json
 import shutil
 
@@ -12,9 +13,9 @@ pytest.importorskip("diffusers")
 
 import gsim  # noqa: E402
 from gsim.diffusion import train as train_mod  # noqa: E402
-from gsim.diffusion.repair import RepairConfig, RepairModel  # noqa: E402
+from gsim.diffusion.repair import RepairConfig, RepairModel, repair_device  # noqa: E402
 from gsim.diffusion.train import TrainOptions, train  # noqa: E402
-from gsim.errors import InputError  # noqa: E402
+from gsim.errors import InputError, Unavailable  # noqa: E402
 from gsim.scenes.synth import SynthOptions, synthesize  # noqa: E402
 
 TINY = RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20)
@@ -25,6 +26,14 @@ def batch(seed=0, n=2, s=16):
     real = torch.rand(n, 3, s, s, generator=g)
     return real, (real + 0.2 * torch.randn(n, 3, s, s, generator=g)).clamp(0, 1), torch.ones(n, 1, s, s), \
         torch.full((n, 1, s, s), 4.0)
+
+
+def random_pairs(sources, s=16):
+    """Pairs of random 16x16 images without references, one per entry of ``sources``."""
+    rng, n = np.random.default_rng(0), len(sources)
+    return train_mod.Pairs(rng.integers(0, 255, (n, s, s, 3), np.uint8), np.full((n, s, s), 255, np.uint8),
+                           np.full((n, s, s), 4.0, np.float16), rng.integers(0, 255, (n, s, s, 3), np.uint8),
+                           list(sources), np.zeros((n, 0, s, s, 3), np.uint8), np.zeros((n, 0, s, s), bool))
 
 
 def test_the_loss_falls_and_repair_keeps_shapes_and_ranges():
@@ -84,6 +93,36 @@ def test_save_and_load_round_trip(tmp_path):
         RepairModel.load(tmp_path / "model")
 
 
+def test_the_device_is_chosen_by_name_and_cuda_refused_without_it(tmp_path):
+    assert repair_device("cpu") == torch.device("cpu")
+    assert repair_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(InputError, match="device: expected 'auto', 'cpu' or 'cuda', got 'gpu'"):
+        repair_device("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(Unavailable, match="CUDA is not available here"):
+            repair_device("cuda")
+    RepairModel.new(TINY).save(tmp_path / "m")
+    assert RepairModel.load(tmp_path / "m").device == torch.device("cpu")
+
+
+@pytest.mark.cuda
+def test_training_and_repair_on_cuda_match_the_cpu(tmp_path):
+    """The same seed on the GPU: the same noise and crops (drawn on the CPU), so the losses and the repairs agree
+    with the CPU's to float tolerance."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA here")
+    pairs = random_pairs(["seed1"] * 3)
+    opts = TrainOptions(steps=5, batch=2, crop=16)
+    cards = [train(tmp_path / "scene", tmp_path / "log", tmp_path / d, opts, TINY, progress=False, pairs=pairs,
+                   device=d) for d in ("cpu", "cuda")]
+    assert cards[1]["device"].startswith("cuda")
+    assert cards[0]["loss_first_100"] == pytest.approx(cards[1]["loss_first_100"], rel=1e-3)
+    real, rgb, alpha, depth = batch(2)
+    on = [RepairModel.load(tmp_path / d, device=d).repair(rgb.to(d), alpha.to(d), depth.to(d), seed=1).cpu()
+          for d in ("cpu", "cuda")]
+    assert torch.allclose(on[0], on[1], atol=1e-3)
+
+
 def test_train_end_to_end_resumes_and_writes_a_card(tmp_path, monkeypatch):
     log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
                                                                       lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
@@ -131,16 +170,35 @@ def test_train_on_given_pairs_makes_none_of_its_own(tmp_path, monkeypatch):
     """bench/bench_offpath_pairs.py's path: pairs from elsewhere (synthetic streets off the path) are trained on as
     they are; no degraded reconstruction is made."""
     monkeypatch.setattr(train_mod, "make_pairs", lambda *a, **k: pytest.fail("made pairs of its own"))
-    rng = np.random.default_rng(0)
-    n = 3
-    pairs = train_mod.Pairs(rng.integers(0, 255, (n, 16, 16, 3), np.uint8), np.full((n, 16, 16), 255, np.uint8),
-                            np.full((n, 16, 16), 4.0, np.float16), rng.integers(0, 255, (n, 16, 16, 3), np.uint8),
-                            ["seed1", "seed1", "seed2"], np.zeros((n, 0, 16, 16, 3), np.uint8),
-                            np.zeros((n, 0, 16, 16), bool))
+    pairs = random_pairs(["seed1", "seed1", "seed2"])
     card = train(tmp_path / "scene", tmp_path / "log", tmp_path / "m", TrainOptions(steps=2, batch=2, crop=16), TINY,
                  progress=False, pairs=pairs)
     assert card["pairs"] == {"seed1": 2, "seed2": 1} and card["image_size"] == [16, 16]
     assert RepairModel.load(tmp_path / "m").config == TINY
+
+
+def test_training_can_start_from_a_model_with_the_same_settings(tmp_path):
+    """``init`` (`gsim diffusion train --init`): fine-tuning a pretrained model starts from its weights (at a
+    learning rate of 0 they stay as they were), says so in the card, and refuses a model of other settings."""
+    pairs = random_pairs(["seed1"] * 3)
+    train(tmp_path / "scene", tmp_path / "log", tmp_path / "pre", TrainOptions(steps=3, batch=2, crop=16), TINY,
+          progress=False, pairs=pairs)
+    pre = RepairModel.load(tmp_path / "pre").unet.state_dict()
+    assert any(v.abs().sum() > 0 for k, v in pre.items() if k.startswith("conv_out"))  # (it moved off zero)
+    l2 = dataclasses.replace(TINY, loss="l2")
+    card = train(tmp_path / "scene", tmp_path / "log", tmp_path / "fine",
+                 TrainOptions(steps=2, batch=2, crop=16, lr=0.0), l2, progress=False, pairs=pairs, init=tmp_path / "pre")
+    fine = RepairModel.load(tmp_path / "fine")
+    assert fine.config == l2 and all(torch.equal(v, fine.unet.state_dict()[k]) for k, v in pre.items())
+    assert card["init"] == str((tmp_path / "pre").resolve()) and "starting from the model" in \
+        (tmp_path / "fine" / "README.md").read_text()
+    with pytest.raises(InputError, match=r"pre: cannot start from this repair model: its references is 0 .*, this "
+                                         r"training's 1"):
+        train(tmp_path / "scene", tmp_path / "log", tmp_path / "other", TrainOptions(steps=1, batch=2, crop=16),
+              dataclasses.replace(TINY, references=1), progress=False, pairs=pairs, init=tmp_path / "pre")
+    with pytest.raises(FileNotFoundError, match="no repair model here"):
+        train(tmp_path / "scene", tmp_path / "log", tmp_path / "other", TrainOptions(steps=1, batch=2, crop=16), TINY,
+              progress=False, pairs=pairs, init=tmp_path / "nothing")
 
 
 def test_gsim_render_repair_writes_repaired_frames_beside_the_renders(tmp_path):
