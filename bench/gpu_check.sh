@@ -37,6 +37,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit
 python3 -c "import os, sys, torch; from importlib.metadata import version as v
 print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cpus', os.cpu_count(),
       *[f'{p} {v(p)}' for p in ('numba', 'numba-cuda', 'gsplat', 'numpy', 'grpcio', 'protobuf')])" | tee -a "$RES/gpu.txt"
+python3 -m pip list --format=freeze > "$RES/pip_list.txt" 2>/dev/null  # (the image's packages: what to pack)
 el "gsplat build (beside it: the log unpacked)"
 PACKED=$([ -n "$LOG" ] && find "$LOG" -name '*.xz' -print -quit)  # a packed log holds .xz sweeps
 if [ -n "$PACKED" ]; then python3 bench/pack_log.py unpack "$LOG" /tmp/gpu_check_log; fi &

@@ -1,13 +1,13 @@
 #!/bin/bash
-# The closed loop and gsim serve on a lent GPU, with SUMO itself (issue 32, item 4): SUMO's wheels are larger than
-# a device call carries, so bench/pack_sumo.py packs what the loop loads (libsumo and its libraries, netconvert,
-# SUMO's schemas) and the loop's pure-Python packages into 57 MB (.sumo/1: one call), and the server's grpcio
-# 1.85.1 (the image has 1.84.0; the generated modules refuse it) into .sumo/2 (another). Run it on the machine that
-# bench/gpu_check.sh just ran on (its street reconstruction and gsplat build are still there), within the seconds
-# the machine stays warm; folders carried earlier stay on the machine (ignored paths are kept between calls), and
-# each call runs what the parts there so far allow and has not run yet (the loop: SUMO and the recording's
-# packages; the server: grpcio 1.85.1). The image lacks libGL and libXrender, which libsumo's bundled libraries
-# link for SUMO's GUI: the unpack builds stub libraries for them (functions that do nothing; never called here).
+# The closed loop and gsim serve on a lent GPU, with SUMO itself (issue 32, item 4): SUMO's wheels are larger than a
+# device call carries, so bench/pack_sumo.py packs what the loop loads (libsumo and its libraries, netconvert, SUMO's
+# schemas) and the loop's pure-Python packages into 57 MB (.sumo/1: one call), and the server's grpcio 1.85.1 (the image
+# has 1.84.0; the generated modules refuse it) and diffusers into .sumo/2 (another). Run it on the machine that
+# bench/gpu_check.sh just ran on (its street reconstruction and gsplat build are still there), within the seconds the
+# machine stays warm; folders carried earlier stay on the machine (ignored paths are kept between calls), and each call
+# runs what the parts there so far allow and has not run yet (the loop: SUMO and the recording's packages; the server:
+# grpcio 1.85.1). The image lacks libGL and libXrender, which libsumo's bundled libraries link for SUMO's GUI: the
+# unpack builds stub libraries for them (functions that do nothing; never called here).
 #
 #   here:   python bench/pack_sumo.py pack .sumo --python 3.12     (once; .sumo is ignored by git)
 #   device: bash bench/gpu_loop.sh   carrying .sumo/1, then again carrying .sumo/2
@@ -17,6 +17,8 @@
 # street, linked into out/demo), three cameras on the resident gsplat renderer, the LiDAR on the CUDA kernel,
 # SUMO through libsumo, no video (no ffmpeg there); each run's steps/s and median stage times. The server:
 # bench/bench_serve.py with gsplat and 4 workers, calls/s with 1, 2, 4 and 8 clients (no sessions: their video).
+# The repair model (issue 36): bench/bench_repair_speed.py on CUDA (its training step and a 640x360 repair), with
+# diffusers from .sumo/2.
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out/gpu_loop}
 mkdir -p "$OUT"
@@ -46,5 +48,10 @@ if [ ! -f /tmp/gpu_serve_done ] && python3 -c "import grpc, sys; sys.exit(grpc._
   el "gsim serve with gsplat, 4 workers"
   timeout 150 python3 bench/bench_serve.py --scene $STREET/recon --no-sessions --backend gsplat --workers 4 \
     --repeats 10 --out "$OUT/serve" 2>&1 | tail -7
+fi
+if [ ! -f /tmp/gpu_repair_done ] && python3 -c "import diffusers"; then
+  touch /tmp/gpu_repair_done
+  el "the repair model on CUDA: a training step, a 640x360 repair"
+  timeout 90 python3 bench/bench_repair_speed.py --device cuda --out "$OUT/repair_speed.json" 2>&1 | tail -2
 fi
 el done

@@ -10,13 +10,14 @@ Downloads, without dependencies, for that CPython on manylinux x86-64: the `sumo
 closed loop loads: libsumo's module and its bundled libraries, netconvert (its libraries are libsumo's: the same
 files, linked, not stored twice) and SUMO's XML schemas and type maps, in one xz tar (about 270 MB unpacked, 56 MB
 packed); the other wheels go beside it, and last, so that they start a part of their own, the `serve` extra's (gsim
-serve there: grpcio 1.85.1, 7.7 MB). OUT gets parts of at most --part-mb MB each (OUT/1, OUT/2, ...: one folder per
-device call) and a manifest naming them. `unpack` joins the tar's pieces from the part folders, extracts it into
-DEST/site, installs the wheels there (pip, no network; a later call's unpack adds the wheels not yet there) and
-prints the variables that make them the ones used: PYTHONPATH, SUMO_HOME and, where the machine lacks libraries that
-libsumo's bundled ones link (a CUDA image has no libGL or libXrender: SUMO's GUI code, which a headless loop never
-calls), LD_LIBRARY_PATH with stand-ins for them built there: STUB libraries whose functions do nothing, named as
-stubs in DEST/gui-stubs.
+serve there: grpcio 1.85.1, 7.7 MB) and diffusers with what it imports that the image may lack (the repair
+model's speed there: bench/bench_repair_speed.py). OUT gets parts of at most --part-mb MB each (OUT/1, OUT/2, ...:
+one folder per device call) and a manifest naming them. `unpack` joins the tar's pieces from the part folders,
+extracts it into DEST/site, installs the wheels there (pip, no network; a later call's unpack adds the wheels not
+yet there) and prints the variables that make them the ones used: PYTHONPATH, SUMO_HOME and, where the machine lacks
+libraries that libsumo's bundled ones link (a CUDA image has no libGL or libXrender: SUMO's GUI code, which a headless
+loop never calls), LD_LIBRARY_PATH with stand-ins for them built there: STUB libraries whose functions do nothing, named
+as stubs in DEST/gui-stubs.
 """
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # what the sumo and editing extras need beyond themselves that a CUDA image (numpy, protobuf, pyyaml) lacks
 EXTRA = ["pydantic==2.12.5", "pydantic-core==2.41.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
          "cloudpickle==3.1.3", "farama-notifications==0.0.6", "zstandard==0.25.0", "lz4==4.4.5"]
+# what diffusers 0.42.1 imports beyond a CUDA image's torch (filelock, fsspec, typing-extensions), numpy, pillow,
+# packaging, pyyaml, tqdm and safetensors: its dependency closure as installed on 2026-11-27
+DIFFUSERS_DEPS = ["huggingface-hub==2.4.0", "hf-xet==1.8.0", "httpx2==2.16.2", "httpcore2==2.16.2", "anyio==4.16.0",
+                  "h11==0.16.0", "certifi==2026.10.19.post1", "idna==3.20", "click==8.5.1", "regex==2026.11.19",
+                  "requests==2.34.2", "urllib3==2.8.0", "charset-normalizer==3.5.3", "importlib-metadata==10.2.0",
+                  "zipp==4.1.2", "lazy-importer==0.1.0", "truststore==0.10.5"]
 KEEP_SUMO = re.compile(r"sumo/(bin/netconvert|data/xsd/.*|data/typemap/.*|__init__\.py)$")
 
 
@@ -152,6 +159,9 @@ def main(argv=None) -> int:
         blobs += [(w.name, w.read_bytes()) for w in sorted(wheels.glob("*.whl")) if w not in (libsumo, sumo)]
         download(pins("serve") + ["protobuf==7.35.1"], a.python, wheels / "serve")
         blobs += [(w.name, w.read_bytes()) for w in sorted((wheels / "serve").glob("*.whl"))]
+        download([d for d in pins("diffusion") if d.startswith("diffusers")] + DIFFUSERS_DEPS, a.python,
+                 wheels / "diffusion")
+        blobs += [(w.name, w.read_bytes()) for w in sorted((wheels / "diffusion").glob("*.whl"))]
     if a.out.exists():
         shutil.rmtree(a.out)
     limit, parts, size = a.part_mb * 1e6, [[]], 0
