@@ -59,7 +59,7 @@ def street_pairs(out: Path, seed: int, iterations: int, config: RepairConfig) ->
                                              v.sensor)
             real = truth(street, options, log, v.sensor, T, v.timestamp_us) if left else v.image
             refs = model_references(config, renderer, log, v.camera, T, v.timestamp_us, alpha, depth,
-                                    sensor=v.sensor, exclude=[v.frame]) if config.references else []
+                                    sensor=v.sensor, exclude=[v.frame], lidar_exclude=()) if config.references else []
             warped = np.stack([to_uint8(w) for w, _ in refs]) if refs else np.zeros((0,) + rgb.shape, np.uint8)
             valid = np.stack([m for _, m in refs]) if refs else np.zeros((0,) + alpha.shape, bool)
             items.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(real), f"seed{seed}",

@@ -238,13 +238,17 @@ def training_lidar(log, holdout_every: int = 8, exclude: Sequence[int] = ()) -> 
 
 
 def model_references(config, scene, log, camera: Camera, T_world_target: np.ndarray, timestamp_us: int,
-                     alpha: np.ndarray, depth: np.ndarray, **nearest) -> List[Tuple[np.ndarray, np.ndarray]]:
+                     alpha: np.ndarray, depth: np.ndarray, lidar_exclude: Optional[Sequence[int]] = None,
+                     **nearest) -> List[Tuple[np.ndarray, np.ndarray]]:
     """The references a repair model with `RepairConfig` ``config`` takes for a view (its ``config.references``
-    nearest training images, `view_references`): warped through the log's LiDAR (`training_lidar` of all the
-    training frames) where ``config.reference_depth`` is "lidar" and the log has LiDAR, else through the render's
-    depth (``alpha``, ``depth``: the scene's render of the view). ``nearest``: sensor, holdout_every, downscale,
-    exclude, as `references` takes them."""
-    lidar = training_lidar(log, nearest.get("holdout_every", 8)) if config.reference_depth == "lidar" else None
+    nearest training images, `view_references`): warped through the log's LiDAR (`training_lidar` of the training
+    frames less ``lidar_exclude``, by default the excluded images' frames) where ``config.reference_depth`` is
+    "lidar" and the log has LiDAR, else through the render's depth (``alpha``, ``depth``: the scene's render of the
+    view). ``nearest``: sensor, holdout_every, downscale, exclude, as `references` takes them."""
+    if lidar_exclude is None:
+        lidar_exclude = nearest.get("exclude", ())
+    lidar = training_lidar(log, nearest.get("holdout_every", 8), lidar_exclude) \
+        if config.reference_depth == "lidar" else None
     return view_references(scene, log, camera, T_world_target, timestamp_us, config.references, alpha, depth, lidar,
                            **nearest)
 

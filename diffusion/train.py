@@ -11,6 +11,7 @@ checkpoint every ``checkpoint_every`` steps in the work directory (checkpoint.sa
 nothing in it runs when read) makes it resumable."""
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -75,7 +76,8 @@ class Pairs:
     valid: np.ndarray
 
 
-def _render_pairs(scene, views, name: str, log, config: RepairConfig, holdout_every: int, downscale: int):
+def _render_pairs(scene, views, name: str, log, config: RepairConfig, holdout_every: int, downscale: int,
+                  unseen: Tuple[int, ...]):
     from gsim.io import to_uint8
     from gsim.images import render_image
 
@@ -88,7 +90,7 @@ def _render_pairs(scene, views, name: str, log, config: RepairConfig, holdout_ev
         if k:  # (a log with fewer training views leaves the last slots invalid)
             refs = model_references(config, scene, log, v.camera, v.T_world_camera, v.timestamp_us, alpha, depth,
                                     sensor=v.sensor, holdout_every=holdout_every, downscale=downscale,
-                                    exclude=[v.frame])
+                                    exclude=[v.frame, *unseen], lidar_exclude=unseen)
             for i, (w, m) in enumerate(refs):
                 warped[i], valid[i] = to_uint8(w), m
         out.append((to_uint8(rgb), to_uint8(alpha), depth.astype(np.float16), to_uint8(v.image), name, warped, valid))
@@ -102,46 +104,88 @@ def degraded_runs(options: TrainOptions) -> Dict[str, dict]:
     return runs
 
 
-def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, holdout_every: int = 8,
-               progress: bool = True, config: RepairConfig = RepairConfig()) -> Pairs:
+def trained_frames(scene_path) -> Tuple[int, Optional[List[int]]]:
+    """(holdout_every, the log frame indices) the reconstruction whose scene folder is ``scene_path`` trained on,
+    from its training record (`gsim reconstruct`'s train.json beside the folder); (8, None: all the training
+    frames) for a scene without one."""
+    record = Path(scene_path).parent / "train.json"
+    if not record.is_file():
+        return 8, None
+    try:
+        d = json.loads(record.read_text())
+        frames = d.get("train_frames")
+        return int(d["config"]["holdout_every"]), None if frames is None else [int(i) for i in frames]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{record}: expected a training record (JSON) with config.holdout_every and train_frames "
+                         f"({type(e).__name__}: {e})") from None
+
+
+def _within(split: list, seen: List[int], share: Tuple[float, float]) -> Tuple[float, float]:
+    """The `TrainConfig.train_span` over ``split`` (a list of frames) that selects the ``share`` part of those of
+    its frames that lie between the first and the last of ``seen`` (frame indices): a degraded reconstruction of a
+    reconstruction that saw part of the drive sees no more of it."""
+    inside = [i for i, f in enumerate(split) if min(seen) <= f.index <= max(seen)]
+    if not inside:
+        raise InputError(f"the reconstruction's training frames {min(seen)}-{max(seen)} leave no frame to train a "
+                         f"degraded reconstruction on")
+    n = len(inside)
+    first, last = inside[0] + int(round(share[0] * n)), inside[0] + max(int(round(share[1] * n)), 1)
+    return first / len(split), last / len(split)
+
+
+def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, progress: bool = True,
+               config: RepairConfig = RepairConfig()) -> Pairs:
     """The training pairs with ``config.references`` references each, warped through ``config.reference_depth``
-    (cached in work/pairs.npz for the same degraded reconstructions, reference count and depth): each degraded
-    reconstruction is trained into work/degraded-<name>/ (kept, so a rerun reuses it)."""
+    (cached in work/pairs.npz for the same degraded reconstructions, reference count, depth and frames): each
+    degraded reconstruction is trained into work/degraded-<name>/ (kept, so a rerun reuses it). Only the frames the
+    reconstruction trained on (`trained_frames`) take part: a reconstruction of the first part of a drive (`gsim
+    reconstruct --train-span`) gets a model that has seen nothing of the rest, neither image nor LiDAR, so that
+    the rest still measures extrapolation."""
     from gsim.scene import load_scene
     from gsim.scenes.log import load_log
     from gsim.scenes.train import preset, reconstruct
     from gsim.scenes.views import make_views, split_frames
     cache = work / "pairs.npz"
     runs = degraded_runs(options)
+    log = load_log(log_path)
+    holdout_every, seen = trained_frames(scene_path)
+    train_frames, _ = split_frames(log, holdout_every)
+    unseen = tuple(f.index for f in train_frames if seen is not None and f.index not in set(seen))
+    if unseen:
+        train_frames = [f for f in train_frames if f.index not in set(unseen)]
     if cache.is_file():
         z = np.load(cache, allow_pickle=False)
         k = z["warped"].shape[1] if "warped" in z else 0  # (caches written before references: none)
         through = str(z["reference_depth"]) if "reference_depth" in z else "render"  # (before the field: render)
+        frames = [int(i) for i in z["frames"]] if "frames" in z else None  # (before the field: all)
         if sorted(set(str(s) for s in z["source"])) == sorted(["scene", *runs]) and k == config.references \
-                and (not k or through == config.reference_depth):
+                and (not k or through == config.reference_depth) and frames == (seen if unseen else None):
             n, H, W = z["rgb"].shape[:3]
             return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]],
                          *((z["warped"], z["valid"]) if k else (np.zeros((n, 0, H, W, 3), np.uint8),
                                                                 np.zeros((n, 0, H, W), bool))))
-    log = load_log(log_path)
     scene = load_scene(scene_path)
     downscale = scene.train_downscale or 1
-    train_frames, _ = split_frames(log, holdout_every)
     views = make_views(log, train_frames, downscale)
-    items = _render_pairs(scene, views, "scene", log, config, holdout_every, downscale)
+    items = _render_pairs(scene, views, "scene", log, config, holdout_every, downscale, unseen)
     for k, (name, overrides) in enumerate(runs.items()):
         d = work / f"degraded-{name}"
+        overrides = {"holdout_every": holdout_every, **overrides}
+        if unseen:
+            overrides["train_span"] = _within(split_frames(log, overrides["holdout_every"])[0], seen,
+                                              overrides.get("train_span", (0.0, 1.0)))
         if not (d / "scene" / "scene.json").is_file():
             print(f"degraded reconstruction {k + 1}/{len(runs)} ({name}): {overrides}", flush=True)
-            reconstruct(log_path, d, preset("cpu", downscale=downscale, seed=options.seed + k,
-                                            **{"holdout_every": holdout_every, **overrides}), progress=progress)
-        items += _render_pairs(load_scene(d / "scene"), views, name, log, config, holdout_every, downscale)
+            reconstruct(log_path, d, preset("cpu", downscale=downscale, seed=options.seed + k, **overrides),
+                        progress=progress)
+        items += _render_pairs(load_scene(d / "scene"), views, name, log, config, holdout_every, downscale, unseen)
     pairs = Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items],
                   *(np.stack([it[i] for it in items]) for i in (5, 6)))
     with atomic_path(cache, ".npz") as tmp:
         np.savez(tmp, rgb=pairs.rgb, alpha=pairs.alpha, depth=pairs.depth, real=pairs.real,
                  source=np.array(pairs.source), warped=pairs.warped, valid=pairs.valid,
-                 reference_depth=np.array(config.reference_depth))
+                 reference_depth=np.array(config.reference_depth),
+                 **({"frames": np.array(seen, np.int64)} if unseen else {}))
     return pairs
 
 

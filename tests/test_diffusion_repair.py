@@ -351,6 +351,43 @@ def test_training_with_references_is_deterministic_and_never_takes_the_target_fr
     assert np.array_equal(np.load(tmp_path / "b-work" / "pairs.npz")["warped"], z["warped"])
 
 
+def test_a_model_of_a_reconstruction_of_part_of_the_drive_sees_nothing_of_the_rest(tmp_path, monkeypatch):
+    """A reconstruction trained on frames 1-4 of 1-7 (`gsim reconstruct --train-span`; its train.json says which):
+    the pairs are of those frames, their degraded reconstructions see no others, and no reference comes from
+    frames 5-7, neither their images nor their LiDAR: the frames after the span still measure extrapolation."""
+    from gsim.diffusion import references as refs_mod
+    from gsim.diffusion.train import trained_frames
+    from gsim.street import street_surfels
+    log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
+                                                                      lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
+                     progress=False)
+    gsim.Scene(background=street_surfels(2000)).save(tmp_path / "r" / "scene")
+    record = {"config": {"holdout_every": 8}, "train_frames": [1, 2, 3, 4]}
+    (tmp_path / "r" / "train.json").write_text(json.dumps(record))
+    assert trained_frames(tmp_path / "r" / "scene") == (8, [1, 2, 3, 4])
+    assert trained_frames(tmp_path / "scene") == (8, None)  # (no record: every training frame)
+    nearest, lidar, found, lidars = refs_mod.nearest_training_views, refs_mod.training_lidar, [], []
+
+    def spy(*a, **k):
+        out = nearest(*a, **k)
+        found.extend(f.index for f, _ in out)
+        return out
+
+    def spy_lidar(log, holdout_every=8, exclude=()):
+        lidars.append(tuple(exclude))
+        return lidar(log, holdout_every, exclude)
+    monkeypatch.setattr(refs_mod, "nearest_training_views", spy)
+    monkeypatch.setattr(refs_mod, "training_lidar", spy_lidar)
+    cfg = RepairConfig(channels=(8, 16), train_timesteps=100, repair_t=20, references=2, reference_depth="lidar")
+    opts = TrainOptions(steps=2, batch=2, crop=16, degraded=((2, 3),), extrapolated=((0, 0.5, 3),))
+    card = train(tmp_path / "r" / "scene", log, tmp_path / "m", opts, cfg, progress=False)
+    assert card["pairs"] == {"scene": 12, "every2-3": 12, "span0-0.5-3": 12}  # frames 1-4 x 3 cameras
+    assert set(found) <= {1, 2, 3, 4} and set(lidars) == {(5, 6, 7)}
+    seen = {n: json.loads((tmp_path / "m-work" / f"degraded-{n}" / "train.json").read_text())["train_frames"]
+            for n in ("every2-3", "span0-0.5-3")}
+    assert seen == {"every2-3": [1, 3], "span0-0.5-3": [1, 2]}
+    assert list(np.load(tmp_path / "m-work" / "pairs.npz")["frames"]) == [1, 2, 3, 4]
+
 
 def test_references_through_the_logs_lidar(tmp_path, monkeypatch):
     """reference_depth "lidar": the pairs' and the repairs' references are warped through the log's LiDAR (one
