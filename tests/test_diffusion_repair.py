@@ -123,6 +123,22 @@ def test_training_and_repair_on_cuda_match_the_cpu(tmp_path):
     assert torch.allclose(on[0], on[1], atol=1e-3)
 
 
+def test_a_failed_save_keeps_the_previous_model_and_its_card(tmp_path, monkeypatch):
+    """The model directory and its card are written atomically: a save that fails half-way (its UNet written, its
+    scheduler not) leaves the previous model, card included, and no temporary folder."""
+    RepairModel.new(TINY).save(tmp_path / "m", "card one", {"steps": 1})
+    other = RepairModel.new(dataclasses.replace(TINY, repair_t=30))
+
+    def disk_full(*args, **kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(type(other.scheduler), "save_pretrained", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        other.save(tmp_path / "m", "card two", {"steps": 2})
+    assert (tmp_path / "m" / "README.md").read_text() == "card one"
+    assert json.loads((tmp_path / "m" / "card.json").read_text()) == {"steps": 1}
+    assert RepairModel.load(tmp_path / "m").config == TINY and [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
 def test_train_end_to_end_resumes_and_writes_a_card(tmp_path, monkeypatch):
     log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
                                                                       lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
