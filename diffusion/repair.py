@@ -110,8 +110,9 @@ class RepairModel:
 
     def to(self, device) -> "RepairModel":
         """The model on ``device`` (e.g. "cuda"); `loss` and `repair` then take their tensors there, `repair_image`
-        and `repair_view` move numpy in and out. The noise is drawn on the CPU: a seed gives the same noise anywhere."""
-        self.unet.to(device)
+        and `repair_view` move numpy in and out. The noise is drawn on the CPU: a seed gives the same noise anywhere.
+        The weights go channels-last (a 640x360 repair on 2 CPU cores: 23% faster, BENCHMARKS.md)."""
+        self.unet.to(device=device, memory_format=torch.channels_last)
         return self
 
     @classmethod
