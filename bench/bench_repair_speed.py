@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -106,8 +107,7 @@ def main(argv=None) -> dict:
         result.update(references_ms=result_refs, frame_ms=round(result["repair_ms"] + result_refs, 1))
     print(json.dumps(result))
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
+        Path(a.out).write_text(json.dumps(result, indent=1))
     return result
 
 

@@ -203,7 +203,8 @@ def test_training_can_start_from_a_model_with_the_same_settings(tmp_path):
     assert any(v.abs().sum() > 0 for k, v in pre.items() if k.startswith("conv_out"))  # (it moved off zero)
     l2 = dataclasses.replace(TINY, loss="l2")
     card = train(tmp_path / "scene", tmp_path / "log", tmp_path / "fine",
-                 TrainOptions(steps=2, batch=2, crop=16, lr=0.0), l2, progress=False, pairs=pairs, init=tmp_path / "pre")
+                 TrainOptions(steps=2, batch=2, crop=16, lr=0.0), l2, progress=False, pairs=pairs,
+                 init=tmp_path / "pre")
     fine = RepairModel.load(tmp_path / "fine")
     assert fine.config == l2 and all(torch.equal(v, fine.unet.state_dict()[k]) for k, v in pre.items())
     assert card["init"] == str((tmp_path / "pre").resolve()) and "starting from the model" in \
