@@ -25,7 +25,7 @@ from gsim.diffusion import train as repair_training
 from gsim.diffusion.references import model_references
 from gsim.diffusion.repair import RepairConfig
 from gsim.images import render_image
-from gsim.io import atomic_path, to_uint8
+from gsim.io import to_uint8
 from gsim.resident import Renderer
 from gsim.scene import load_scene
 from gsim.scenes.lane_shift import street_of, truth
@@ -71,16 +71,11 @@ def synthetic_pairs(out: Path, seeds, iterations: int, config: RepairConfig) -> 
     """`street_pairs` of every seed, cached in out/pairs-kK.npz (K references) for the same seeds."""
     cache = out / f"pairs-k{config.references}.npz"
     if cache.is_file():
-        z = np.load(cache, allow_pickle=False)
-        if sorted(set(str(s) for s in z["source"])) == sorted(f"seed{s}" for s in seeds):
-            return repair_training.Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]],
-                                         z["warped"], z["valid"])
-    items = [it for s in seeds for it in street_pairs(out, s, iterations, config)]
-    pairs = repair_training.Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items],
-                                  *(np.stack([it[i] for it in items]) for i in (5, 6)))
-    with atomic_path(cache, ".npz") as tmp:
-        np.savez(tmp, rgb=pairs.rgb, alpha=pairs.alpha, depth=pairs.depth, real=pairs.real,
-                 source=np.array(pairs.source), warped=pairs.warped, valid=pairs.valid)
+        pairs = repair_training.Pairs.read(np.load(cache, allow_pickle=False))
+        if sorted(set(pairs.source)) == sorted(f"seed{s}" for s in seeds):
+            return pairs
+    pairs = repair_training.Pairs.stacked([it for s in seeds for it in street_pairs(out, s, iterations, config)])
+    pairs.save(cache)
     return pairs
 
 

@@ -75,6 +75,28 @@ class Pairs:
     warped: np.ndarray
     valid: np.ndarray
 
+    @classmethod
+    def stacked(cls, items) -> "Pairs":
+        """The pairs of ``items``: (rgb, alpha, depth, real, source, warped, valid) tuples, one per pair."""
+        return cls(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items],
+                   *(np.stack([it[i] for it in items]) for i in (5, 6)))
+
+    @classmethod
+    def read(cls, z) -> "Pairs":
+        """The pairs of an npz `save` wrote (``z``, opened without pickle); one written before references has none."""
+        if "warped" in z:
+            return cls(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]], z["warped"],
+                       z["valid"])
+        n, H, W = z["rgb"].shape[:3]
+        return cls(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]],
+                   np.zeros((n, 0, H, W, 3), np.uint8), np.zeros((n, 0, H, W), bool))
+
+    def save(self, path: Path, **extra) -> None:
+        """The pairs (and ``extra`` arrays) as an npz at ``path``, written atomically."""
+        with atomic_path(path, ".npz") as tmp:
+            np.savez(tmp, rgb=self.rgb, alpha=self.alpha, depth=self.depth, real=self.real,
+                     source=np.array(self.source), warped=self.warped, valid=self.valid, **extra)
+
 
 def _render_pairs(scene, views, name: str, log, config: RepairConfig, holdout_every: int, downscale: int,
                   unseen: Tuple[int, ...]):
@@ -150,9 +172,8 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, progress
     log = load_log(log_path)
     holdout_every, seen = trained_frames(scene_path)
     train_frames, _ = split_frames(log, holdout_every)
-    unseen = tuple(f.index for f in train_frames if seen is not None and f.index not in set(seen))
-    if unseen:
-        train_frames = [f for f in train_frames if f.index not in set(unseen)]
+    unseen = () if seen is None else tuple(f.index for f in train_frames if f.index not in set(seen))
+    train_frames = [f for f in train_frames if f.index not in unseen]
     if cache.is_file():
         z = np.load(cache, allow_pickle=False)
         k = z["warped"].shape[1] if "warped" in z else 0  # (caches written before references: none)
@@ -160,10 +181,7 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, progress
         frames = [int(i) for i in z["frames"]] if "frames" in z else None  # (before the field: all)
         if sorted(set(str(s) for s in z["source"])) == sorted(["scene", *runs]) and k == config.references \
                 and (not k or through == config.reference_depth) and frames == (seen if unseen else None):
-            n, H, W = z["rgb"].shape[:3]
-            return Pairs(z["rgb"], z["alpha"], z["depth"], z["real"], [str(s) for s in z["source"]],
-                         *((z["warped"], z["valid"]) if k else (np.zeros((n, 0, H, W, 3), np.uint8),
-                                                                np.zeros((n, 0, H, W), bool))))
+            return Pairs.read(z)
     scene = load_scene(scene_path)
     downscale = scene.train_downscale or 1
     views = make_views(log, train_frames, downscale)
@@ -179,13 +197,9 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, progress
             reconstruct(log_path, d, preset("cpu", downscale=downscale, seed=options.seed + k, **overrides),
                         progress=progress)
         items += _render_pairs(load_scene(d / "scene"), views, name, log, config, holdout_every, downscale, unseen)
-    pairs = Pairs(*(np.stack([it[i] for it in items]) for i in range(4)), [it[4] for it in items],
-                  *(np.stack([it[i] for it in items]) for i in (5, 6)))
-    with atomic_path(cache, ".npz") as tmp:
-        np.savez(tmp, rgb=pairs.rgb, alpha=pairs.alpha, depth=pairs.depth, real=pairs.real,
-                 source=np.array(pairs.source), warped=pairs.warped, valid=pairs.valid,
-                 reference_depth=np.array(config.reference_depth),
-                 **({"frames": np.array(seen, np.int64)} if unseen else {}))
+    pairs = Pairs.stacked(items)
+    pairs.save(cache, reference_depth=np.array(config.reference_depth),
+               **({"frames": np.array(seen, np.int64)} if unseen else {}))
     return pairs
 
 
@@ -253,11 +267,11 @@ def _resume(path: Path, model: RepairModel, opt, rng: np.random.Generator, gen: 
 def _pretrained(path, config: RepairConfig) -> RepairModel:
     """The repair model at ``path``, to be trained further with ``config`` (its loss may differ, nothing else)."""
     model = RepairModel.load(path)
+    theirs = model.config.to_dict()
     for name, value in config.to_dict().items():
-        if name != "loss" and model.config.to_dict()[name] != value:
-            raise InputError(f"{path}: cannot start from this repair model: its {name} is "
-                             f"{model.config.to_dict()[name]!r} ({Path(path) / 'gsim_repair.json'}), this training's "
-                             f"{value!r}")
+        if name != "loss" and theirs[name] != value:
+            raise InputError(f"{path}: cannot start from this repair model: its {name} is {theirs[name]!r} "
+                             f"({Path(path) / 'gsim_repair.json'}), this training's {value!r}")
     return RepairModel(model.unet, model.scheduler, config)
 
 
