@@ -70,10 +70,15 @@ class LidarHead:
         return LidarHead(rng.normal(0, 1 / np.sqrt(INPUTS), (INPUTS, HIDDEN)), np.zeros(HIDDEN),
                          np.zeros((HIDDEN, 2)), np.zeros(2))
 
-    def __call__(self, acc: dict, dirs: np.ndarray):
-        """(intensity (R,), drop probability (R,)) in [0,1] of traced rays (see `head_inputs`)."""
-        z = mlp(head_inputs(acc, dirs), self.w1, self.b1, self.w2, self.b2)
-        p = 1.0 / (1.0 + np.exp(-z))
+    def __call__(self, acc: dict, dirs):
+        """(intensity (R,), drop probability (R,)) in [0,1] of traced rays (see `head_inputs`): numpy, or torch
+        tensors on their device (a trace left on the GPU)."""
+        x = head_inputs(acc, dirs)
+        if isinstance(x, np.ndarray):
+            p = 1.0 / (1.0 + np.exp(-mlp(x, self.w1, self.b1, self.w2, self.b2)))
+        else:
+            import torch
+            p = torch.sigmoid(mlp(x.float(), *(torch.as_tensor(getattr(self, k), device=x.device) for k in WEIGHTS)))
         return p[:, 0], p[:, 1]
 
     def to_dict(self) -> dict:

@@ -372,11 +372,24 @@ _composite_tracked = _make_compositor(True)
 
 def ray_grid(az, el):
     """A uniform (azimuth, elevation) grid over the rays' directions (radians, reference frame):
-    (az_lo, az_step, n_az, el_lo, el_step, n_el, circle) and each ray's cell. The azimuth range is the
-    whole circle when the rays leave no empty arc of SEAM_BINS; else it starts after the largest one."""
-    R = len(az)
-    seam = ((az + np.pi) * (SEAM_BINS / (2 * np.pi))).astype(np.int64) % SEAM_BINS
-    occupied = np.bincount(seam, minlength=SEAM_BINS) > 0
+    (az_lo, az_step, n_az, el_lo, el_step, n_el, circle) and each ray's cell (`grid_of`, `grid_cells`)."""
+    grid = grid_of(np.bincount(seam_bins(az), minlength=SEAM_BINS) > 0, float(el.min()), float(el.max()), len(az))
+    return grid, grid_cells(az, el, grid)
+
+
+def _int64(x):
+    return x.astype(np.int64) if isinstance(x, np.ndarray) else x.long()
+
+
+def seam_bins(az):
+    """Each azimuth's bin of SEAM_BINS around the circle (numpy or torch alike: the CUDA kernel's grids)."""
+    return _int64((az + np.pi) * (SEAM_BINS / (2 * np.pi))) % SEAM_BINS
+
+
+def grid_of(occupied: np.ndarray, el_min: float, el_max: float, n_rays: int) -> np.ndarray:
+    """`ray_grid`'s numbers from its rays' occupied seam bins (SEAM_BINS,) bool, elevation range and count. The
+    azimuth range is the whole circle when the rays leave no empty arc of SEAM_BINS; else it starts after the
+    largest one."""
     bin_w = 2 * np.pi / SEAM_BINS
     if occupied.all():
         az_lo, span, circle = -np.pi, 2 * np.pi, 1.0
@@ -387,14 +400,19 @@ def ray_grid(az, el):
         k = int(np.argmax(np.minimum(ends - starts, SEAM_BINS)))
         az_lo = -np.pi + (ends[k] % SEAM_BINS) * bin_w
         span, circle = (SEAM_BINS - min(ends[k] - starts[k], SEAM_BINS)) * bin_w, 0.0
-    el_lo, el_span = float(el.min()), max(float(el.max() - el.min()), 1e-9)
-    step = min(max(math.sqrt(span * el_span * RAYS_PER_CELL / R), 1e-6), MAX_CELL_RAD)
+    el_lo, el_span = el_min, max(el_max - el_min, 1e-9)
+    step = min(max(math.sqrt(span * el_span * RAYS_PER_CELL / n_rays), 1e-6), MAX_CELL_RAD)
     n_az = max(1, min(int(math.ceil(span / step)), 1 << 14))
     n_el = max(1, min(int(math.ceil(el_span / step)), 1 << 10))
-    az_step, el_step = span / n_az, el_span * (1 + 1e-9) / n_el + 1e-12
-    x = (((az - az_lo) % (2 * np.pi)) // az_step).astype(np.int64).clip(max=n_az - 1)
-    y = ((el - el_lo) // el_step).astype(np.int64).clip(max=n_el - 1)
-    return np.array([az_lo, az_step, n_az, el_lo, el_step, n_el, circle]), y * n_az + x
+    return np.array([az_lo, span / n_az, n_az, el_lo, el_span * (1 + 1e-9) / n_el + 1e-12, n_el, circle])
+
+
+def grid_cells(az, el, grid):
+    """Each direction's cell in ``grid`` (ray_grid's 7 numbers, or a row of them per direction), numpy or torch
+    alike (the CUDA kernel's cells are the numba kernel's)."""
+    x = _int64(((az - grid[..., 0]) % (2 * np.pi)) // grid[..., 1]).clip(max=_int64(grid[..., 2]) - 1)
+    y = _int64((el - grid[..., 3]) // grid[..., 4]).clip(max=_int64(grid[..., 5]) - 1)
+    return y * _int64(grid[..., 2]) + x
 
 
 def bundle_grid(dirs, rays, R_ref):

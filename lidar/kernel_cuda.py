@@ -20,8 +20,9 @@ syncs for 80% of a sweep on an H200):
 Then every bundle's rays are composited in ONE launch (`result`), one thread per ray (rays in cell order, so a
 warp reads one list), each through its bundle's cell list front to back until its transmittance runs out,
 culling by the caps as the CPU does: a bundle alone is a few thousand rays, too few threads to fill a GPU.
-The grid and each ray's cell come from the host (`bundle_grid` on the numpy directions: the numba kernel's
-numbers); a pass syncs twice (its slot and pair counts size the sort).
+Each bundle's grid and its rays' cells are computed on the device for all bundles at once, by the numba
+kernel's own functions (`seam_bins`, `grid_cells`; `grid_of` on the host from their extents: one sync); a pass
+syncs twice more (its slot and pair counts size the sort).
 Outputs are float32 device tensors (the CPU kernel accumulates in float32 too).
 """
 from __future__ import annotations
@@ -39,8 +40,8 @@ from numba import cuda  # noqa: E402
 
 from gsim.render.numba_tiles import ONE
 
-from .kernel import (N_REC, ZERO, actor_hit, alpha_range, bundle_grid, composite_step, f32, surfel_cap,
-                     surfel_geometry, surfel_record)
+from .kernel import (N_REC, SEAM_BINS, ZERO, actor_hit, alpha_range, composite_step, f32, grid_cells, grid_of,
+                     seam_bins, surfel_cap, surfel_geometry, surfel_record)
 
 THREADS = 128
 
@@ -160,46 +161,71 @@ PASS_SLOTS = 8 << 20
 
 class Tracer:
     """One `lidar.render.trace` on the device: the surfels (cached on their SurfelGroups, so a scene is uploaded
-    once), the rays and the outputs live there. `bundle` notes a bundle (its grid and ray cells computed on the
-    host, as the numba kernel's: the same numbers); `result` bins the bundles together (a launch per step for
-    as many bundles as PASS_SLOTS allows: each bundle's binning alone was a few small launches and host syncs
-    on a GPU that waited for them) and composites every ray in one launch."""
+    once), the rays and the outputs live there. `bundle` notes a bundle (a range of the rays in column order);
+    `result` grids every bundle's rays at once on the device (one host sync brings the grids' extents back:
+    the host's numpy grid of every bundle was a third of a sweep's time), bins the bundles together (a launch
+    per step for as many bundles as PASS_SLOTS allows: each bundle's binning alone was a few small launches and
+    host syncs on a GPU that waited for them) and composites every ray in one launch."""
 
-    def __init__(self, groups, group_from_world: np.ndarray, origins: np.ndarray, dirs: np.ndarray,
-                 column: np.ndarray, candidates: int = 0):
+    def __init__(self, groups, group_from_world: np.ndarray, sensor: np.ndarray, dirs, column: np.ndarray,
+                 candidates: int = 0):
         import torch
         self.torch = torch
-        self.device = torch.device("cpu" if simulated() else "cuda")
+        self.device = device()
         self.surfels = device_surfels(groups, self.device)
-        self.host_dirs = dirs
         t = self.tensor
-        self.gfw, self.origins, self.dirs = t(group_from_world), t(origins), t(dirs)
-        self.column = t(column, torch.int64)
-        R, F = len(dirs), groups.features.shape[1]
+        self.gfw, self.column = t(group_from_world), t(column, torch.int64)
+        self.origins = t(sensor[:, :3, 3])[self.column]
+        self.dirs = t(dirs, torch.float64)  # (world directions, numpy or already on the device)
+        self.by_column = torch.argsort(self.column, stable=True)
+        R, F = len(column), groups.features.shape[1]
         z = lambda *shape: torch.zeros(shape, dtype=torch.float32, device=self.device)  # noqa: E731
         self.out = {"alpha": z(R), "range_sum": z(R), "median": z(R), "normal": z(R, 3), "features": z(R, F),
                     "candidates": torch.full((R, candidates), -1, dtype=torch.int64, device=self.device)}
-        self.bundles = []  # per bundle: world_from_group, margin, o_ref, R_ref, grid, rays, their cells
+        self.bundles = []  # per bundle: world_from_group, margin, o_ref, R_ref, its rays' range in column order
         self.tan_div = self.inv2 = self.hit = None
 
     def tensor(self, x, dtype=None):
+        if self.torch.is_tensor(x):
+            return x.to(self.device, dtype)
         return self.torch.as_tensor(np.ascontiguousarray(x), dtype=dtype, device=self.device)
 
     def bundle(self, world_from_group: np.ndarray, margin: np.ndarray, o_ref: np.ndarray, R_ref: np.ndarray,
-               rays: np.ndarray, divergence: float, hit_alpha: float) -> None:
-        """Note the rays ``rays`` (indices) of this trace as a bundle seen from the reference (o_ref, R_ref)."""
-        grid, cell = bundle_grid(self.host_dirs, rays, R_ref)
-        self.bundles.append((world_from_group, margin, o_ref, R_ref, grid, rays, cell))
+               start: int, stop: int, divergence: float, hit_alpha: float) -> None:
+        """Note the rays start:stop of this trace in column order (a bundle follows the one before it) as a
+        bundle seen from the reference (o_ref, R_ref)."""
+        self.bundles.append((world_from_group, margin, o_ref, R_ref, start, stop))
         self.tan_div, self.inv2, self.hit = math.tan(divergence), f32(1.0 / divergence ** 2), f32(hit_alpha)
 
-    def _bin(self, bundles, first: int):
-        """Bin ``bundles`` (the sweep's from index ``first`` on) in one pass: per grid cell of theirs (numbered
-        bundle after bundle) a depth-ordered list of slots (a bundle's surfel with its cap). Returns cell_start
-        (cells + 1), the lists, each slot's surfel and cap, the rays in cell order, their cells and bundles."""
+    def _cells(self):
+        """Every bundle's `ray_grid` at once: the grids (B,7) on the host, and the rays sorted by cell (cells
+        numbered bundle after bundle) with their cells and bundles, on the device."""
+        torch, t = self.torch, self.tensor
+        _, _, _, R_ref, start, stop = zip(*self.bundles)
+        count = np.subtract(stop, start)
+        B, R = len(count), int(count.sum())
+        rays = self.by_column[start[0]:stop[-1]]
+        bundle = torch.repeat_interleave(torch.arange(B, device=self.device), t(count), output_size=R)
+        d = torch.einsum("rji,rj->ri", t(np.stack(R_ref))[bundle], self.dirs[rays])  # R_ref^T d, as bundle_grid
+        az, el = torch.atan2(d[:, 1], d[:, 0]), torch.asin(d[:, 2].clamp(-1.0, 1.0))
+        occupied = torch.zeros(B * SEAM_BINS, dtype=torch.float64, device=self.device)
+        occupied[bundle * SEAM_BINS + seam_bins(az)] = 1.0
+        inf = torch.full((B,), math.inf, dtype=torch.float64, device=self.device)
+        extent = torch.cat([occupied.view(B, SEAM_BINS), inf.scatter_reduce(0, bundle, el, "amin")[:, None],
+                            (-inf).scatter_reduce(0, bundle, el, "amax")[:, None]], 1).cpu().numpy()  # (a sync)
+        grids = np.stack([grid_of(e[:SEAM_BINS] > 0, e[SEAM_BINS], e[SEAM_BINS + 1], n) for e, n in zip(extent, count)])
+        first_cell = np.concatenate([[0], np.cumsum((grids[:, 2] * grids[:, 5]).astype(np.int64))])
+        cell = grid_cells(az, el, t(grids)[bundle]) + t(first_cell[:-1])[bundle]
+        order = torch.argsort(cell, stable=True)
+        return grids, rays[order], cell[order], bundle[order]
+
+    def _bin(self, bundles, grid: np.ndarray):
+        """Bin ``bundles`` (their grids ``grid``) in one pass: per grid cell of theirs (numbered bundle after
+        bundle) a depth-ordered list of slots (a bundle's surfel with its cap). Returns cell_start (cells + 1),
+        the lists, each slot's surfel and its cap."""
         torch, s, a = self.torch, self.surfels, _array
         n, B = len(s["rec"]), len(bundles)
-        wfg, margin, o_ref, R_ref, grid, rays, cells = zip(*bundles)
-        grid = np.stack(grid)
+        wfg, margin, o_ref, R_ref, _, _ = zip(*bundles)
         cells_per = (grid[:, 2] * grid[:, 5]).astype(np.int64)
         cell_off = np.concatenate([[0], np.cumsum(cells_per)])
         rect = torch.zeros((B, n, 4), dtype=torch.int64, device=self.device)
@@ -222,37 +248,65 @@ class Tracer:
                                             a(t(grid[:, 2], torch.int64)), a(t(cell_off[:-1])), a(keys), a(values))
         keys, perm = torch.sort(keys, stable=True)
         cell_start = torch.searchsorted(keys >> 32, torch.arange(int(cell_off[-1]) + 1, device=self.device))
-        ray_cell = np.concatenate([c + o for c, o in zip(cells, cell_off)])
-        ray_bundle = np.repeat(np.arange(first, first + B), [len(r) for r in rays])
-        order = np.argsort(ray_cell, kind="stable")
-        return (cell_start, values[perm], slot % n, cap[slot], t(np.concatenate(rays)[order]), t(ray_cell[order]),
-                t(ray_bundle[order]))
+        return cell_start, values[perm], slot % n, cap[slot]
 
-    def result(self) -> dict:
-        """trace's outputs as numpy arrays (float64, as the CPU kernel's): the bundles binned in passes of at
-        most PASS_SLOTS (bundle, surfel) pairs, then every ray composited in one launch, each pass's cells, list
-        entries and slots offset past the passes before it."""
+    def result(self, device: bool = False) -> dict:
+        """trace's outputs: numpy arrays (float64, as the CPU kernel's), or with ``device`` float32 tensors left
+        on the device. The bundles are binned in passes of at most PASS_SLOTS (bundle, surfel) pairs, then every
+        ray is composited in one launch, each pass's list entries and slots offset past the passes before it."""
         torch, o = self.torch, self.out
         if self.bundles:
+            grids, rays, ray_cell, ray_bundle = self._cells()
             per = max(1, PASS_SLOTS // max(1, len(self.surfels["rec"])))
-            passes = [self._bin(self.bundles[k:k + per], k) for k in range(0, len(self.bundles), per)]
-            starts, lsts, srcs, caps, rays, cells, ray_bundle = zip(*passes)
+            passes = [self._bin(self.bundles[k:k + per], grids[k:k + per]) for k in range(0, len(self.bundles), per)]
+            starts, lsts, srcs, caps = zip(*passes)
             off = lambda sizes: np.cumsum([0] + [len(x) for x in sizes[:-1]])  # noqa: E731
-            pair_off, slot_off, cell_off = off(lsts), off(srcs), off([c[:-1] for c in starts])
+            pair_off, slot_off = off(lsts), off(srcs)
             cat = torch.cat
             cell_start = cat([st[:-1] + p for st, p in zip(starts, pair_off)]
                              + [self.tensor([sum(len(x) for x in lsts)], torch.int64)])
             s, a = self.surfels, _array
-            rays = cat(rays)
             _composite[_blocks(len(rays)), THREADS](
-                a(cell_start), a(cat([x + q for x, q in zip(lsts, slot_off)])), a(cat(srcs)),
-                a(cat([c + q for c, q in zip(cells, cell_off)])), a(rays), a(cat(ray_bundle)), a(s["rec"]),
-                a(cat(caps)), a(s["features"]), a(s["group"]), a(self.gfw),
+                a(cell_start), a(cat([x + q for x, q in zip(lsts, slot_off)])), a(cat(srcs)), a(ray_cell), a(rays),
+                a(ray_bundle), a(s["rec"]), a(cat(caps)), a(s["features"]), a(s["group"]), a(self.gfw),
                 a(self.tensor(np.stack([b[2] for b in self.bundles]))), a(self.origins), a(self.dirs),
                 a(self.column), self.inv2, self.hit, a(o["alpha"]), a(o["range_sum"]), a(o["median"]),
                 a(o["normal"]), a(o["features"]), a(o["candidates"]))
             self.bundles = []
+        if device:
+            return dict(o)
         return {k: v.cpu().numpy().astype(np.int64 if k == "candidates" else np.float64) for k, v in o.items()}
+
+
+def device():
+    """The kernels' torch device: the GPU, or the host under the simulator."""
+    import torch
+    return torch.device("cpu" if simulated() else "cuda")
+
+
+@functools.lru_cache(maxsize=8)
+def _directions(lay):
+    import torch
+    return torch.as_tensor(lay.directions, device=device())
+
+
+def sweep_directions(lay, sensor: np.ndarray):
+    """A sweep's world ray directions (L*C,3) float64 on the device: its layout's (lidar.render's, uploaded once
+    per layout) turned by each column's sensor rotation (C,3,3 of sensor), as render_lidar turns them on the host."""
+    import torch
+    rot = torch.as_tensor(np.ascontiguousarray(sensor[:, :3, :3]), device=device())
+    return torch.einsum("cij,lcj->lci", rot, _directions(lay)).reshape(-1, 3)
+
+
+def download(out: dict, hit, intensity, drop):
+    """What a LiDAR frame is made of, from a trace left on the device and its returns (lidar.render._returns),
+    in one copy to the host: (out's alpha, range_sum, median and normal, hit, intensity, drop) as numpy."""
+    import torch
+    cols = [out["alpha"], out["range_sum"], out["median"], hit] + ([intensity, drop] if intensity is not None else [])
+    host = torch.cat([c.float()[:, None] for c in cols] + [out["normal"].float()], 1).cpu().numpy()
+    flat = [np.ascontiguousarray(host[:, k]) for k in range(len(cols))] + [None, None]
+    sums = {"alpha": flat[0], "range_sum": flat[1], "median": flat[2], "normal": np.ascontiguousarray(host[:, -3:])}
+    return sums, flat[3] > 0, flat[4], flat[5]
 
 
 def _array(t):

@@ -216,13 +216,20 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     L, C = lay.directions.shape[:2]
     head = _head(scene_or_surfels, head, groups)
     sweep = name == "numba" and lay.rows is not None  # the strip kernel turns the directions itself
-    dirs = None if sweep and head is None else \
-        np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
+    if name == "cuda":  # the rays, the trace and the head on the GPU, one download for the frame
+        from .kernel_cuda import sweep_directions
+        dirs = sweep_directions(lay, sensor)
+    else:
+        dirs = None if sweep and head is None else \
+            np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
     if sweep:
         out = trace_sweep(groups, lay, sensor, times, hit_alpha)
     else:
-        out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name)
+        out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name, device=name == "cuda")
     hit, intensity, drop = _returns(out, dirs, hit_alpha, spec.min_range_m, spec.max_range_m, head)
+    if name == "cuda":
+        from .kernel_cuda import download
+        out, hit, intensity, drop = download(out, hit, intensity, drop)
     return _frame(lay, out, sensor, hit, intensity, drop)
 
 
@@ -239,13 +246,16 @@ def _head(scene_or_surfels, head, groups: SurfelGroups):
 def _returns(out: dict, dirs: np.ndarray, hit_alpha: float, min_range_m: float, max_range_m: float, head):
     """Which traced rays return (alpha reaches hit_alpha, the first-return range within the sensor's, and the
     head, if any, does not drop them), with the head's intensity and drop probability (1 where nothing was
-    hit; both None without a head)."""
+    hit; both None without a head). numpy, or torch tensors on their device."""
     alpha, median = out["alpha"], out["median"]
     hit = (alpha >= hit_alpha) & (median >= min_range_m) & (median <= max_range_m)
     if head is None:
         return hit, None, None
     intensity, p = head(out, dirs)
-    drop = np.where(alpha >= hit_alpha, p, 1.0).astype(np.float32)
+    if isinstance(p, np.ndarray):
+        drop = np.where(alpha >= hit_alpha, p, 1.0).astype(np.float32)
+    else:
+        drop = p.float().masked_fill(alpha < hit_alpha, 1.0)
     return hit & (drop < 0.5), intensity, drop
 
 
@@ -294,38 +304,41 @@ def trace_rays(groups: SurfelGroups, T_world_lidar: np.ndarray, times_us: np.nda
     return out, order, poses, world
 
 
-def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs: np.ndarray, column: np.ndarray,
-          hit_alpha: float, backend: str = "numba", candidates: int = 0) -> dict:
+def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs, column: np.ndarray,
+          hit_alpha: float, backend: str = "numba", candidates: int = 0, device: bool = False) -> dict:
     """Composite rays fired from "columns": sensor (C,4,4) the pose of each column (its origin), times_us (C,)
-    its time (the actors' poses), columns in time order; dirs (R,3) unit world directions, column (R,) each
-    ray's column. Returns (R,) arrays (see lidar.kernel: alpha, range_sum, median, normal, features) plus
-    group_from_world (G,C,3,4) and, with ``candidates`` K > 0 (numba), each ray's first K contributors."""
+    its time (the actors' poses), columns in time order; dirs (R,3) unit world directions (cuda: numpy or a
+    tensor on the GPU), column (R,) each ray's column. Returns (R,) arrays (see lidar.kernel: alpha, range_sum,
+    median, normal, features) plus group_from_world (G,C,3,4) and, with ``candidates`` K > 0, each ray's first K
+    contributors. ``device`` (cuda): the arrays are float32 tensors left on the GPU."""
     C, R = len(sensor), len(dirs)
     world_from_group, group_from_world = _group_poses(groups, times_us)
-    origins = np.ascontiguousarray(sensor[column, :3, 3])
-    dirs = np.ascontiguousarray(dirs, np.float64)
-    by_column = np.argsort(column, kind="stable")
-    bounds = np.searchsorted(column[by_column], np.arange(C + 1))
-    if backend == "cuda":  # its outputs live on the device until `result`
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(column, minlength=C))])  # each column's rays, by column
+    if backend == "cuda":  # the rays and outputs live on the device until `result`
         from .kernel_cuda import Tracer
-        tracer = Tracer(groups, group_from_world, origins, dirs, column, candidates)
+        tracer = Tracer(groups, group_from_world, sensor, dirs, column, candidates)
     else:
+        origins = np.ascontiguousarray(sensor[column, :3, 3])
+        dirs = np.ascontiguousarray(dirs, np.float64)
+        by_column = np.argsort(column, kind="stable")
         out = _outputs(R, groups.features.shape[1], candidates)
     for cols in _bundles(sensor[:, :3, 3], world_from_group[1:], R):
-        rays = by_column[bounds[cols[0]]:bounds[cols[-1] + 1]]
-        if len(rays) == 0:
+        start, stop = bounds[cols[0]], bounds[cols[-1] + 1]
+        if start == stop:
             continue
         o_ref, R_ref, margin, ref = _bundle_frame(groups, sensor, world_from_group, cols)
         if backend == "numba":
             from .kernel import render_bundle
             render_bundle(groups.rec, groups.scales, groups.features, groups.group, ref, group_from_world, margin,
-                          origins, dirs, column, o_ref, R_ref, BEAM_DIVERGENCE_RAD, hit_alpha, out, rays)
+                          origins, dirs, column, o_ref, R_ref, BEAM_DIVERGENCE_RAD, hit_alpha, out,
+                          by_column[start:stop])
         elif backend == "cuda":
-            tracer.bundle(ref, margin, o_ref, R_ref, rays, BEAM_DIVERGENCE_RAD, hit_alpha)
+            tracer.bundle(ref, margin, o_ref, R_ref, start, stop, BEAM_DIVERGENCE_RAD, hit_alpha)
         else:
-            _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, hit_alpha, out, rays)
+            _torch_bundle(groups, ref, group_from_world, margin, origins, dirs, column, o_ref, hit_alpha, out,
+                          by_column[start:stop])
     if backend == "cuda":
-        out = tracer.result()
+        out = tracer.result(device)
     out["group_from_world"] = group_from_world
     return out
 

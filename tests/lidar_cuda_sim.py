@@ -49,6 +49,20 @@ def main():
     assert np.abs(a.range_image - b.range_image).max() < 1e-4
     assert np.abs(a.alpha_image - b.alpha_image).max() < 1e-5
     assert np.abs(a.normals - b.normals).max() < 1e-4
+    # with a LiDAR head: intensity and ray drop decoded on the device as numba's are on the host
+    from dataclasses import replace
+
+    from gsim.lidar.heads import FEATURES, HIDDEN, INPUTS, LidarHead
+    wide = lambda s: replace(s, features=rng.uniform(-1, 1, (len(s.means), FEATURES)))  # noqa: E731
+    head = LidarHead(rng.normal(0, 0.6, (INPUTS, HIDDEN)), rng.normal(0, 0.1, HIDDEN), rng.normal(0, 0.6, (HIDDEN, 2)),
+                     np.zeros(2))
+    headed = gsim.Scene(background=wide(scene.background), actors=(replace(car, surfels=wide(car.surfels)),),
+                        lidar_head=head)
+    a, b = (render_lidar(headed, spec, trajectory, backend=k, timestamp_us=0) for k in ("numba", "cuda"))
+    drop = a.drop_probability_image
+    assert 0.02 < (drop[drop < 1] > 0.5).mean() < 0.98, "the head should drop some rays and keep others"
+    assert np.array_equal(a.range_image > 0, b.range_image > 0) and len(a.intensity) > 100
+    assert np.abs(a.intensity - b.intensity).max() < 1e-4 and np.abs(drop - b.drop_probability_image).max() < 1e-4
     # several bundles (each binned from its own pose, all composited in one launch): the ring fired column by
     # column over the sweep, as numba traces it, ray for ray
     import gsim.lidar.render as lidar_render
@@ -64,7 +78,7 @@ def main():
     # the same bundles binned in passes of 5, 5 and 2 (PASS_SLOTS: a big scene's binning memory)
     import gsim.lidar.kernel_cuda as kc
     kc.PASS_SLOTS, passes, real_bin = 5 * len(_groups(scene).rec), [], Tracer._bin
-    Tracer._bin = lambda self, bundles, first: passes.append(len(bundles)) or real_bin(self, bundles, first)
+    Tracer._bin = lambda self, bundles, grid: passes.append(len(bundles)) or real_bin(self, bundles, grid)
     e = trace(_groups(scene), sensor, times, dirs, np.arange(800), 0.5, "cuda", candidates=4)
     Tracer.bundle, Tracer._bin, lidar_render.MIN_BUNDLE_RAYS, kc.PASS_SLOTS = real_bundle, real_bin, 8192, 8 << 20
     assert len(binned) == 24 and passes == [5, 5, 2] and (c["alpha"] > 0.5).sum() > 300, (binned, passes)
