@@ -32,11 +32,24 @@ class Sky:
     envmap: Any
 
     def __post_init__(self):
+        self._check_shape()
+        e = self.envmap
+        if not bool(e.detach().isfinite().all() if is_tensor(e) else np.isfinite(e).all()):
+            raise InputError("Sky.envmap: contains NaN or inf")
+
+    @classmethod
+    def derived(cls, envmap) -> "Sky":
+        """A sky computed by gsim itself (a trainer's map, every step): its shape is checked, its values are not
+        (on a GPU that check is a host synchronisation a step)."""
+        s = object.__new__(cls)
+        object.__setattr__(s, "envmap", envmap)
+        s._check_shape()
+        return s
+
+    def _check_shape(self) -> None:
         e = self.envmap
         if tuple(e.shape[2:]) != (3,) or e.ndim != 3 or e.shape[0] < 1 or e.shape[1] < 1:
             raise InputError(f"Sky.envmap: expected shape (H,W,3), got {tuple(e.shape)}")
-        if not bool(e.detach().isfinite().all() if is_tensor(e) else np.isfinite(e).all()):
-            raise InputError("Sky.envmap: contains NaN or inf")
 
     def color(self, dirs_world):
         """(...,3) directions (any length) in the world frame -> (...,3) sky RGB."""

@@ -50,14 +50,17 @@ def lidar_depth(depth: torch.Tensor, alpha: torch.Tensor, pix: torch.Tensor, z: 
 def lidar_rays(out: dict, target_range: torch.Tensor, target_intensity: torch.Tensor):
     """(range, intensity, ray-drop) losses of rendered LiDAR rays (scenes.lidar_fit.render_rays) against a
     sweep's rays (range 0 = dropped): range L1 (m) + (1 - alpha) on returns; MSE of the head's intensity on
-    returns; BCE of its ray-drop logit on the rays where the scene has a surface (alpha >= 0.5)."""
+    returns; BCE of its ray-drop logit on the rays where the scene has a surface (alpha >= 0.5); 0 where there are
+    no such rays. Means over masks, not over selected rays: no host synchronisation on a GPU."""
     ret = target_range > 0
-    zero = out["alpha"].sum() * 0
-    rng = (out["range"][ret] - target_range[ret]).abs().mean() + (1 - out["alpha"][ret]).mean() if ret.any() else zero
-    inten = ((torch.sigmoid(out["logits"][ret, 0]) - target_intensity[ret]) ** 2).mean() if ret.any() else zero
+    n_ret = ret.sum().clamp_min(1)
+    on_returns = lambda x: torch.where(ret, x, 0.0).sum() / n_ret  # noqa: E731
+    rng = on_returns((out["range"] - target_range).abs() + 1 - out["alpha"])
+    # (a dropped ray's intensity is moot, and may be NaN: zeroed before it meets a gradient)
+    inten = on_returns((torch.sigmoid(out["logits"][:, 0]) - torch.where(ret, target_intensity, 0.0)) ** 2)
     surf = out["alpha"].detach() >= 0.5
-    drop = (F.binary_cross_entropy_with_logits(out["logits"][surf, 1], (~ret[surf]).float()) if surf.any() else zero)
-    return rng, inten, drop
+    bce = F.binary_cross_entropy_with_logits(out["logits"][:, 1], (~ret).float(), reduction="none")
+    return rng, inten, torch.where(surf, bce, 0.0).sum() / surf.sum().clamp_min(1)
 
 
 def depth_normals(depth: torch.Tensor, rays: torch.Tensor) -> torch.Tensor:

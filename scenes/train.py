@@ -329,7 +329,7 @@ def _render(run: _Run, view: View, options: RenderOptions):
     if run.cfg.refines_views and not view.pose_corrected:
         surfels = model.corrected(surfels, view.timestamp_us)
     frame = render_camera(surfels, view.camera, view.T_world_camera, backend=run.cfg.backend, options=options)
-    return frame, compose(frame.rgb, frame.alpha, Sky(model.sky), run.tensors(view)["dirs"], model.affine[view.sensor])
+    return frame, compose(frame.rgb, frame.alpha, Sky.derived(model.sky), run.tensors(view)["dirs"], model.affine[view.sensor])
 
 
 def view_loss(run: _Run, view: View) -> float:

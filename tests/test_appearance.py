@@ -62,6 +62,10 @@ def test_bad_sky_and_appearance():
         Sky(np.zeros((4, 4)))
     with pytest.raises(ValueError, match="NaN"):
         Sky(np.full((2, 2, 3), np.nan))
+    # a trainer's own map: its shape is checked, its values are not (a host synchronisation on a GPU)
+    with pytest.raises(ValueError, match="envmap"):
+        Sky.derived(np.zeros((4, 4)))
+    assert np.isnan(Sky.derived(np.full((2, 2, 3), np.nan)).envmap).all()
     s = Surfels(np.zeros((1, 3)), [[1.0, 0, 0, 0]], np.ones((1, 2)), [0.5], [[0.5, 0.5, 0.5]])
     with pytest.raises(ValueError, match="appearance"):
         Scene(background=s, appearance={"front": np.eye(3)})

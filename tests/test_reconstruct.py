@@ -422,3 +422,29 @@ def test_demo_main_job_writes_every_output(tmp_path):
     from gsim.scenes.synth import made_by
     log = load_log(tmp_path / "log")
     assert made_by(log, 1, TINY) and not made_by(log, 2, TINY) and not made_by(log, 1, SynthOptions())
+
+
+def test_lidar_ray_losses_are_means_over_their_rays():
+    """The LiDAR ray losses, written without a host synchronisation (masked sums), are the means over the
+    returned rays (range, intensity) and over the rays with a surface (ray drop), whatever the other rays hold;
+    0 where no ray qualifies."""
+    import torch.nn.functional as F
+
+    from gsim.scenes.losses import lidar_rays
+    g = torch.Generator().manual_seed(0)
+    R = 400
+    alpha = torch.rand(R, generator=g, requires_grad=True)
+    logits = torch.randn(R, 2, generator=g).requires_grad_()
+    out = {"alpha": alpha, "range": torch.rand(R, generator=g) * 30, "logits": logits}
+    target = torch.where(torch.rand(R, generator=g) > 0.3, torch.rand(R, generator=g) * 30, 0.0)
+    intensity = torch.where(target > 0, torch.rand(R, generator=g), torch.nan)  # a dropped ray's is moot
+    ret, surf = target > 0, alpha.detach() >= 0.5
+    want = ((out["range"][ret] - target[ret]).abs().mean() + (1 - alpha[ret]).mean(),
+            ((torch.sigmoid(out["logits"][ret, 0]) - intensity[ret]) ** 2).mean(),
+            F.binary_cross_entropy_with_logits(out["logits"][surf, 1], (~ret[surf]).float()))
+    got = lidar_rays(out, target, intensity)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want)), (got, want)
+    sum(got).backward()
+    assert torch.isfinite(alpha.grad).all() and (alpha.grad[~ret] == 0).all() and torch.isfinite(logits.grad).all()
+    none = lidar_rays({**out, "alpha": alpha.detach() * 0}, torch.zeros(R), intensity)
+    assert [float(x.detach()) for x in none] == [0.0, 0.0, 0.0]
