@@ -345,7 +345,7 @@ class ClosedLoop:
                 try:
                     with self.timer("cameras"):  # every camera of the step in one call (gsplat: one batch)
                         views = [(cam, T @ T_vc, n) for n, (cam, T_vc) in self.cameras.items()]
-                        frames = self._renderer.cameras(views, t, numpy=True)
+                        frames = self._renderer.cameras(views, t)  # (on a GPU: 8 bits of rgb come back, no more)
                         cams = {n: to_uint8(f.rgb) for n, f in zip(self.cameras, frames)}
                 finally:  # a camera's error waits for the sweeps too: nothing renders on past the step
                     if sweeps is not None:

@@ -26,9 +26,10 @@ import grpc
 import numpy as np
 
 from gsim.errors import GsimError, InputError, NotFound, Unavailable, check_name
-from gsim.io import child_path
+from gsim.io import child_path, to_uint8
 from gsim.lidar import LidarSpec, render_lidar
 from gsim.render import available_backends, backend_report, render_camera
+from gsim.render.common import to_numpy
 
 from . import sensor_pb2 as pb
 from . import sensor_pb2_grpc as pb_grpc
@@ -399,11 +400,15 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                 f = render_camera(scene, camera, pose, backend=backend, timestamp_us=t, sensor=sensor,
                                   readout_us=int(request.readout_us))
             else:
-                f = self._renderer(s, scene, backend).camera(camera, pose, t, sensor, numpy=True)
+                f = self._renderer(s, scene, backend).camera(camera, pose, t, sensor)
+            # only what the reply carries comes to the host (from a GPU: 8-bit rgb unless RAW is asked for)
+            rgb = to_numpy(f.rgb) if request.encoding == pb.RAW else to_uint8(f.rgb)
+            depth, alpha = (to_numpy(x) if want else None for x, want in ((f.depth, request.depth),
+                                                                          (f.alpha, request.alpha)))
             ms = (time.perf_counter() - t0) * 1e3
-        return pb.RenderCameraResponse(rgb=encode_image(f.rgb, request.encoding, request.jpeg_quality or 90),
-                                       depth=to_array(f.depth) if request.depth else None,
-                                       alpha=to_array(f.alpha) if request.alpha else None, render_ms=ms)
+        return pb.RenderCameraResponse(rgb=encode_image(rgb, request.encoding, request.jpeg_quality or 90),
+                                       depth=None if depth is None else to_array(depth),
+                                       alpha=None if alpha is None else to_array(alpha), render_ms=ms)
 
     @_rpc
     def RenderLidar(self, request, context):

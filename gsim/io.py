@@ -120,8 +120,13 @@ def write_json(path, obj) -> None:
     write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
-def to_uint8(rgb: np.ndarray) -> np.ndarray:
-    """(H,W,3) float RGB in [0,1] -> uint8."""
+def to_uint8(rgb) -> np.ndarray:
+    """(H,W,3) float RGB in [0,1] -> uint8 numpy. A torch tensor is converted where it lies (a frame on a GPU: a
+    byte a channel comes back, not four)."""
+    from .surfels import is_tensor
+    if is_tensor(rgb):
+        import torch
+        return (rgb.detach().float().clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
     return (np.clip(np.asarray(rgb, dtype=np.float32), 0, 1) * 255 + 0.5).astype(np.uint8)
 
 

@@ -40,6 +40,9 @@ def test_device_path_renders_what_render_camera_renders():
     # the actor really moved between the two times, and tensors stay tensors without numpy=True
     a, b = (r.camera(PIN, np.eye(4), t) for t in (0, 400_000))
     assert hasattr(a.rgb, "device") and float((a.alpha - b.alpha).abs().max()) > 0.1
+    # a device frame's 8-bit image (what the loop and the server take) is made on the device, as on the host
+    from gsim.io import to_uint8
+    assert np.array_equal(to_uint8(a.rgb), to_uint8(a.rgb.numpy())) and to_uint8(a.rgb).std() > 5
 
 
 def test_actors_are_composed_once_per_time():

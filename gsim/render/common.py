@@ -159,8 +159,13 @@ def map_frame(frame: CameraFrame, fn) -> CameraFrame:
                        distortion=None if frame.distortion is None else fn(frame.distortion))
 
 
+def to_numpy(x):
+    """An image as numpy: a tensor brought to the host, an array as it is."""
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else x
+
+
 def frame_to_numpy(frame: CameraFrame) -> CameraFrame:
-    return map_frame(frame, lambda x: x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+    return map_frame(frame, to_numpy)
 
 
 def resolve_options(options: Optional[RenderOptions]) -> RenderOptions:
