@@ -17,9 +17,13 @@ syncs for 80% of a sweep on an H200):
    slot, at its offset in the prefix sum of the rectangle areas; cells are numbered bundle after bundle;
 3. one device radix sort (torch.sort, stable) orders the keys: each cell's surfels are then a slice in
    depth order, ties by index, as the CPU's depth keys and counting sort give them.
-Then every bundle's rays are composited in ONE launch (`result`), one thread per ray (rays in cell order, so a
-warp reads one list), each through its bundle's cell list front to back until its transmittance runs out,
-culling by the caps as the CPU does: a bundle alone is a few thousand rays, too few threads to fill a GPU.
+Then every bundle's rays are composited in ONE launch (`result`: a bundle alone is a few thousand rays, too few
+threads to fill a GPU), a thread per ray through its cell's list front to back until its transmittance runs out,
+culling by the caps as the CPU does. A cell's rays (16 on average in a sweep) share a block, whose threads load the
+list's next entries into shared memory together (`_composite_cells`): a sweep's time is its slowest warps', and
+along a street they walk tens of thousands of entries (36766 at most on the 1M-surfel street, HDL-64E: counted on
+the CPU), one dependent load after another when each thread read its own; cells of one ray (a sparse batch) take
+a thread each (`_composite_rays`).
 Each bundle's grid and its rays' cells are computed on the device for all bundles at once, by the numba
 kernel's own functions (`seam_bins`, `grid_cells`; `grid_of` on the host from their extents: one sync); a pass
 syncs twice more (its slot and pair counts size the sort).
@@ -49,6 +53,10 @@ THREADS = 128
 def simulated() -> bool:
     """True under numba's CUDA simulator (kernels run as Python on the CPU: for tests on tiny inputs)."""
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+# the rays of one cell a block composites together, and the list entries it loads at a time
+WARP = 32
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,50 +112,120 @@ def _pairs(rect, depth_bits, offset, bundle, n_az, cell_offset, keys, values):  
                 k += 1
 
 
-@cuda.jit
-def _composite(cell_start, lst, src, ray_cell, rays, ray_bundle, rec, cap, feats, group, group_from_world, o_refs,
-               origins, dirs, column, inv2, hit, alpha, range_sum, median, normal, feat_sum, cand):
-    t = cuda.grid(1)
-    if t >= rays.shape[0]:
-        return
-    r, c, b = rays[t], ray_cell[t], ray_bundle[t]
-    o0, o1, o2 = (f32(origins[r, 0] - o_refs[b, 0]), f32(origins[r, 1] - o_refs[b, 1]),
-                  f32(origins[r, 2] - o_refs[b, 2]))
-    d0, d1, d2 = f32(dirs[r, 0]), f32(dirs[r, 1]), f32(dirs[r, 2])
-    T, acc, rs, med, nx, ny, nz, n_cand = ONE, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, 0
-    for k in range(cell_start[c], cell_start[c + 1]):
-        if T == ZERO:
-            break
-        q = lst[k]  # the slot in the bundle tables (caps), src[q] the surfel
-        if d0 * cap[q, 3] + d1 * cap[q, 4] + d2 * cap[q, 5] < cap[q, 6]:
-            continue  # outside its cap: the ray cannot reach the alpha threshold
-        j = src[q]
-        geo = _geometry(rec, j)
-        g = group[j]
-        if g == 0:
-            al, rng, nd = alpha_range(cap[q, 0] - o0, cap[q, 1] - o1, cap[q, 2] - o2, d0, d1, d2, geo, inv2)
-            s = -ONE if nd > ZERO else ONE
-            n0, n1, n2 = s * rec[j, 9], s * rec[j, 10], s * rec[j, 11]
-        else:
-            al, rng, n0, n1, n2 = _actor(group_from_world, g, column[r], origins[r, 0], origins[r, 1],
-                                            origins[r, 2], dirs[r, 0], dirs[r, 1], dirs[r, 2], rec, j, geo,
-                                            inv2)
-        T, w, crossed = composite_step(T, acc, al, hit)
-        if w > ZERO:
-            acc += w
-            rs += w * rng
-            if crossed:
-                med = rng
-            nx += w * n0
-            ny += w * n1
-            nz += w * n2
-            for f in range(feats.shape[1]):
-                feat_sum[r, f] += w * feats[j, f]
-            if n_cand < cand.shape[1]:
-                cand[r, n_cand] = j
-                n_cand += 1
+@cuda.jit(device=True)
+def _take(state, ray, c0, c1, c2, c3, c4, c5, c6, geo, j, g, group_from_world, column, origins, dirs, rec, feats,
+          inv2, hit, feat_sum, cand):
+    """One list entry (its cap c0..c6, geometry, surfel j, group g) composited into a ray's state (T, acc, range
+    sum, median, normal, candidates taken); ray = (r, the origin relative to the bundle's reference, the direction).
+    Returns the new state."""
+    T, acc, rs, med, nx, ny, nz, n_cand = state
+    r, o0, o1, o2, d0, d1, d2 = ray
+    if d0 * c3 + d1 * c4 + d2 * c5 < c6:
+        return state  # outside its cap: the ray cannot reach the alpha threshold
+    if g == 0:
+        al, rng, nd = alpha_range(c0 - o0, c1 - o1, c2 - o2, d0, d1, d2, geo, inv2)
+        s = -ONE if nd > ZERO else ONE
+        n0, n1, n2 = s * geo[6], s * geo[7], s * geo[8]
+    else:
+        al, rng, n0, n1, n2 = _actor(group_from_world, g, column[r], origins[r, 0], origins[r, 1], origins[r, 2],
+                                     dirs[r, 0], dirs[r, 1], dirs[r, 2], rec, j, geo, inv2)
+    T, w, crossed = composite_step(T, acc, al, hit)
+    if w > ZERO:
+        acc += w
+        rs += w * rng
+        if crossed:
+            med = rng
+        nx += w * n0
+        ny += w * n1
+        nz += w * n2
+        for f in range(feats.shape[1]):
+            feat_sum[r, f] += w * feats[j, f]
+        if n_cand < cand.shape[1]:
+            cand[r, n_cand] = j
+            n_cand += 1
+    return T, acc, rs, med, nx, ny, nz, n_cand
+
+
+@cuda.jit(device=True)
+def _ray(t, rays, ray_bundle, o_refs, origins, dirs):
+    """Ray t of the cell order: (its index r, its origin relative to its bundle's reference, its direction)."""
+    r, b = rays[t], ray_bundle[t]
+    return (r, f32(origins[r, 0] - o_refs[b, 0]), f32(origins[r, 1] - o_refs[b, 1]), f32(origins[r, 2] - o_refs[b, 2]),
+            f32(dirs[r, 0]), f32(dirs[r, 1]), f32(dirs[r, 2]))
+
+
+@cuda.jit(device=True)
+def _store(state, r, alpha, range_sum, median, normal):
+    T, acc, rs, med, nx, ny, nz, n_cand = state
     alpha[r], range_sum[r], median[r] = acc, rs, med
     normal[r, 0], normal[r, 1], normal[r, 2] = nx, ny, nz
+
+
+@cuda.jit
+def _composite_rays(unit_cell, unit_first, cell_start, lst, src, rays, ray_bundle, rec, cap, feats, group,
+                    group_from_world, o_refs, origins, dirs, column, inv2, hit, alpha, range_sum, median, normal,
+                    feat_sum, cand):
+    """Cells of one ray each (a sparse batch): a thread per cell, each reading its list itself."""
+    u = cuda.grid(1)
+    if u >= unit_cell.shape[0]:
+        return
+    c = unit_cell[u]
+    ray = _ray(unit_first[u], rays, ray_bundle, o_refs, origins, dirs)
+    state = (ONE, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, 0)
+    for k in range(cell_start[c], cell_start[c + 1]):
+        if state[0] == ZERO:
+            break
+        q = lst[k]  # the slot in the bundle tables (caps), src[q] the surfel
+        j = src[q]
+        state = _take(state, ray, cap[q, 0], cap[q, 1], cap[q, 2], cap[q, 3], cap[q, 4], cap[q, 5], cap[q, 6],
+                      _geometry(rec, j), j, group[j], group_from_world, column, origins, dirs, rec, feats, inv2, hit,
+                      feat_sum, cand)
+    _store(state, ray[0], alpha, range_sum, median, normal)
+
+
+@cuda.jit
+def _composite_cells(unit_cell, unit_first, unit_count, cell_start, lst, src, rays, ray_bundle, rec, cap, feats,
+                     group, group_from_world, o_refs, origins, dirs, column, inv2, hit, alpha, range_sum, median,
+                     normal, feat_sum, cand):
+    """A block per unit (up to its width, at most WARP, rays of one cell, a thread per ray): the threads load the
+    next width entries of the cell's list into shared memory together, then each ray composites them in order
+    (a long list's entries cost one load latency a round, not one each: the sweep's slowest warps walk tens of
+    thousands)."""
+    lane, u, width = cuda.threadIdx.x, cuda.blockIdx.x, cuda.blockDim.x
+    sh_cap = cuda.shared.array((WARP, 7), np.float32)
+    sh_geo = cuda.shared.array((WARP, N_REC - 3), np.float32)  # surfel_geometry's numbers
+    sh_src = cuda.shared.array(WARP, np.int64)
+    sh_grp = cuda.shared.array(WARP, np.int64)
+    c, n = unit_cell[u], unit_count[u]
+    ray = _ray(unit_first[u] + min(lane, n - 1), rays, ray_bundle, o_refs, origins, dirs)
+    state = (ONE, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, 0)
+    done = lane >= n
+    k0, k1 = cell_start[c], cell_start[c + 1]
+    while k0 < k1:
+        if cuda.syncthreads_and(1 if done else 0):  # the block's rays all done (the barrier also guards the shared loads)
+            break
+        if k0 + lane < k1:
+            q = lst[k0 + lane]
+            j = src[q]
+            for i in range(7):
+                sh_cap[lane, i] = cap[q, i]
+            geo = _geometry(rec, j)
+            for i in range(N_REC - 3):
+                sh_geo[lane, i] = geo[i]
+            sh_src[lane], sh_grp[lane] = j, group[j]
+        cuda.syncthreads()
+        for e in range(min(width, k1 - k0)):
+            if done or state[0] == ZERO:
+                done = True
+                break
+            geo = (sh_geo[e, 0], sh_geo[e, 1], sh_geo[e, 2], sh_geo[e, 3], sh_geo[e, 4], sh_geo[e, 5], sh_geo[e, 6],
+                   sh_geo[e, 7], sh_geo[e, 8], sh_geo[e, 9])
+            state = _take(state, ray, sh_cap[e, 0], sh_cap[e, 1], sh_cap[e, 2], sh_cap[e, 3], sh_cap[e, 4],
+                          sh_cap[e, 5], sh_cap[e, 6], geo, sh_src[e], sh_grp[e], group_from_world, column, origins,
+                          dirs, rec, feats, inv2, hit, feat_sum, cand)
+        k0 += width
+    if lane < n:
+        _store(state, ray[0], alpha, range_sum, median, normal)
 
 
 def _blocks(n: int) -> int:
@@ -250,6 +328,19 @@ class Tracer:
         cell_start = torch.searchsorted(keys >> 32, torch.arange(int(cell_off[-1]) + 1, device=self.device))
         return cell_start, values[perm], slot % n, cap[slot]
 
+    def _units(self, ray_cell, n_cells: int):
+        """The composite's units: up to ``width`` rays of one cell each (the rays sorted by cell), ``width`` the
+        most rays a cell has, at most WARP (width 1: `_composite_rays`, a thread per cell; else `_composite_cells`,
+        a block per unit). Returns the width and each unit's cell, first ray and ray count, on the device (one
+        sync: the cells' ray counts)."""
+        per_cell = self.torch.bincount(ray_cell, minlength=n_cells).cpu().numpy()
+        width = int(min(WARP, max(1, per_cell.max())))
+        chunks = -(-per_cell // width)
+        cell = np.repeat(np.arange(n_cells), chunks)
+        k = np.arange(len(cell)) - np.repeat(np.cumsum(chunks) - chunks, chunks)  # the block's chunk in its cell
+        first = np.repeat(np.cumsum(per_cell) - per_cell, chunks) + width * k
+        return width, self.tensor(cell), self.tensor(first), self.tensor(np.minimum(per_cell[cell] - width * k, width))
+
     def result(self, device: bool = False) -> dict:
         """trace's outputs: numpy arrays (float64, as the CPU kernel's), or with ``device`` float32 tensors left
         on the device. The bundles are binned in passes of at most PASS_SLOTS (bundle, surfel) pairs, then every
@@ -266,12 +357,17 @@ class Tracer:
             cell_start = cat([st[:-1] + p for st, p in zip(starts, pair_off)]
                              + [self.tensor([sum(len(x) for x in lsts)], torch.int64)])
             s, a = self.surfels, _array
-            _composite[_blocks(len(rays)), THREADS](
-                a(cell_start), a(cat([x + q for x, q in zip(lsts, slot_off)])), a(cat(srcs)), a(ray_cell), a(rays),
-                a(ray_bundle), a(s["rec"]), a(cat(caps)), a(s["features"]), a(s["group"]), a(self.gfw),
-                a(self.tensor(np.stack([b[2] for b in self.bundles]))), a(self.origins), a(self.dirs),
-                a(self.column), self.inv2, self.hit, a(o["alpha"]), a(o["range_sum"]), a(o["median"]),
-                a(o["normal"]), a(o["features"]), a(o["candidates"]))
+            width, unit_cell, unit_first, unit_count = self._units(ray_cell, len(cell_start) - 1)
+            args = (cell_start, cat([x + q for x, q in zip(lsts, slot_off)]), cat(srcs), rays, ray_bundle, s["rec"],
+                    cat(caps), s["features"], s["group"], self.gfw, self.tensor(np.stack([b[2] for b in self.bundles])),
+                    self.origins, self.dirs, self.column)
+            outs = (o["alpha"], o["range_sum"], o["median"], o["normal"], o["features"], o["candidates"])
+            if width == 1:
+                _composite_rays[_blocks(len(unit_cell)), THREADS](a(unit_cell), a(unit_first), *map(a, args), self.inv2,
+                                                                  self.hit, *map(a, outs))
+            else:
+                _composite_cells[len(unit_cell), width](a(unit_cell), a(unit_first), a(unit_count), *map(a, args),
+                                                        self.inv2, self.hit, *map(a, outs))
             self.bundles = []
         if device:
             return dict(o)

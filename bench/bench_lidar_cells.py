@@ -1,0 +1,111 @@
+"""How much list the CUDA LiDAR composite walks, counted on the CPU: per ray and per warp of 32 rays in cell order.
+
+Usage: python bench/bench_lidar_cells.py [--surfels 1000000] [--speed 10] [--spec velodyne-hdl64e]
+       [--rays-per-cell 16] [--out FILE.json]
+One rolling sweep of the demo street (bench_lidar_cuda's scene and poses) binned as lidar.kernel_cuda bins it
+(lidar.kernel's grid, caps, depth order: the numba functions both kernels share); then each ray's walk through its
+cell's list as the composite walks it (the cap test, alpha, front to back until its transmittance runs out: this
+script's own loop over lidar.kernel's functions). A GPU runs a warp as long as its longest ray, so the sweep takes
+as long as its slowest warps: the max and the share of the walk the top 1% of warps hold say how uneven it is.
+Prints one JSON line (--out writes it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+from numba import njit
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_lidar_cuda import street_poses, street_scene  # noqa: E402
+
+import gsim.lidar.kernel as K  # noqa: E402
+import gsim.lidar.render as lr  # noqa: E402
+from gsim.lidar import LidarSpec  # noqa: E402
+from gsim.render.numba_tiles import ONE  # noqa: E402
+
+
+@njit(cache=True)
+def _walk(cell_start, lst, ray_cell, rays, cap, rec, origins, dirs, o_ref, inv2, hit, steps, taken):
+    """Per ray (in cell order): the list entries it visits (steps) and those inside their caps (taken)."""
+    for t in range(rays.shape[0]):
+        r, c = rays[t], ray_cell[t]
+        o0, o1, o2 = K.f32(origins[r, 0] - o_ref[0]), K.f32(origins[r, 1] - o_ref[1]), K.f32(origins[r, 2] - o_ref[2])
+        d0, d1, d2 = K.f32(dirs[r, 0]), K.f32(dirs[r, 1]), K.f32(dirs[r, 2])
+        T, acc = ONE, K.ZERO
+        for k in range(cell_start[c], cell_start[c + 1]):
+            if T == K.ZERO:
+                break
+            steps[t] += 1
+            j = lst[k]
+            if d0 * cap[j, 3] + d1 * cap[j, 4] + d2 * cap[j, 5] < cap[j, 6]:
+                continue
+            taken[t] += 1
+            al, _, _ = K.alpha_range(cap[j, 0] - o0, cap[j, 1] - o1, cap[j, 2] - o2, d0, d1, d2,
+                                     K.surfel_geometry(rec, j), inv2)
+            T, w, _ = K.composite_step(T, acc, al, hit)
+            acc += w
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--surfels", type=int, default=1_000_000)
+    ap.add_argument("--speed", type=float, default=10.0)
+    ap.add_argument("--spec", default="velodyne-hdl64e")
+    ap.add_argument("--rays-per-cell", type=float, default=K.RAYS_PER_CELL)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    K.RAYS_PER_CELL = args.rays_per_cell  # (read by grid_of at each call)
+    spec = LidarSpec.preset(args.spec)
+    groups, lay = lr._groups(street_scene(args.surfels)), lr._layout(spec)
+    (trajectory, t0), = street_poses(spec, 0, args.speed)
+    times = t0 + lay.column_us
+    sensor = lr._sensor_poses(trajectory, t0, times, True)
+    dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
+    column = np.tile(np.arange(len(times)), lay.directions.shape[0])
+    origins = np.ascontiguousarray(sensor[column, :3, 3])
+    wfg, _ = lr._group_poses(groups, times)
+    by_column = np.argsort(column, kind="stable")
+    bounds = np.searchsorted(column[by_column], np.arange(len(times) + 1))
+    n, steps, taken, lengths, pairs = len(groups.rec), [], [], [], 0
+    for cols in lr._bundles(sensor[:, :3, 3], wfg[1:], len(dirs)):
+        rays = by_column[bounds[cols[0]]:bounds[cols[-1] + 1]]
+        o_ref, R_ref, margin, ref = lr._bundle_frame(groups, sensor, wfg, cols)
+        grid, cell = K.bundle_grid(dirs, rays, R_ref)
+        rect, depth, cap = np.zeros((n, 4), np.int64), np.zeros(n, np.float32), np.zeros((n, 7), np.float32)
+        K._caps(groups.rec, groups.scales, groups.group, ref, o_ref, R_ref, margin,
+                math.tan(lr.BEAM_DIVERGENCE_RAD), grid, rect, depth, cap)
+        keys = K.depth_keys(depth, rect)
+        keys.sort()
+        n_cells = int(grid[2] * grid[5])
+        cell_start, lst = K.tile_lists(keys & 0xFFFFFFFF, rect, rect[:0], np.empty((n_cells, 0)), int(grid[2]),
+                                       numba.get_num_threads(), True)
+        order = np.argsort(cell, kind="stable")
+        s, k = np.zeros(len(rays), np.int64), np.zeros(len(rays), np.int64)
+        _walk(cell_start, lst, cell[order], rays[order], cap, groups.rec, origins, dirs, o_ref,
+              K.f32(1.0 / lr.BEAM_DIVERGENCE_RAD ** 2), K.f32(0.5), s, k)
+        steps.append(s)
+        taken.append(k)
+        lengths.append(np.diff(cell_start)[cell[order]])
+        pairs += int(cell_start[-1])
+    s, k, ln = np.concatenate(steps), np.concatenate(taken), np.concatenate(lengths)
+    warp = np.r_[s, np.zeros(-len(s) % 32, np.int64)].reshape(-1, 32).max(1)
+    res = {"surfels": args.surfels, "spec": args.spec, "speed_mps": args.speed, "rays_per_cell": args.rays_per_cell,
+           "rays": len(s), "bundles": len(steps), "pairs": pairs, "list_mean": float(ln.mean()),
+           "list_max": int(ln.max()), "steps_mean": float(s.mean()), "steps_median": float(np.median(s)),
+           "steps_p99": float(np.percentile(s, 99)), "steps_max": int(s.max()), "in_cap_mean": float(k.mean()),
+           "warp_steps_max": int(warp.max()), "warp_padding": float(warp.sum() * 32 / s.sum()),
+           "top1pct_warps_share": float(np.sort(warp)[-max(1, len(warp) // 100):].sum() / warp.sum())}
+    print(json.dumps(res))
+    if args.out:
+        args.out.write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()
