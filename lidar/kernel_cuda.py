@@ -40,7 +40,7 @@ import numpy as np
 
 if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 overloads this alias of vstack on its first compile, and
     np.row_stack = np.vstack  # numpy 2.5 removed it: without it every CUDA kernel fails to compile (seen on an H200)
-from numba import cuda  # noqa: E402
+from numba import cuda, njit  # noqa: E402
 
 from gsim.render.numba_tiles import ONE
 
@@ -57,6 +57,7 @@ def simulated() -> bool:
 
 # the rays of one cell a block composites together, and the list entries it loads at a time
 WARP = 32
+N_GEO = N_REC - 3  # surfel_geometry's numbers (a literal for the shared arrays' shapes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -112,7 +113,7 @@ def _pairs(rect, depth_bits, offset, bundle, n_az, cell_offset, keys, values):  
                 k += 1
 
 
-@cuda.jit(device=True)
+@njit(inline="always")  # (inlined into the kernels: numba-cuda compiles no separate device function)
 def _take(state, ray, c0, c1, c2, c3, c4, c5, c6, geo, j, g, group_from_world, column, origins, dirs, rec, feats,
           inv2, hit, feat_sum, cand):
     """One list entry (its cap c0..c6, geometry, surfel j, group g) composited into a ray's state (T, acc, range
@@ -146,7 +147,7 @@ def _take(state, ray, c0, c1, c2, c3, c4, c5, c6, geo, j, g, group_from_world, c
     return T, acc, rs, med, nx, ny, nz, n_cand
 
 
-@cuda.jit(device=True)
+@njit(inline="always")  # (inlined into the kernels: numba-cuda compiles no separate device function)
 def _ray(t, rays, ray_bundle, o_refs, origins, dirs):
     """Ray t of the cell order: (its index r, its origin relative to its bundle's reference, its direction)."""
     r, b = rays[t], ray_bundle[t]
@@ -154,11 +155,15 @@ def _ray(t, rays, ray_bundle, o_refs, origins, dirs):
             f32(dirs[r, 0]), f32(dirs[r, 1]), f32(dirs[r, 2]))
 
 
-@cuda.jit(device=True)
+@njit(inline="always")  # (inlined into the kernels: numba-cuda compiles no separate device function)
 def _store(state, r, alpha, range_sum, median, normal):
     T, acc, rs, med, nx, ny, nz, n_cand = state
     alpha[r], range_sum[r], median[r] = acc, rs, med
     normal[r, 0], normal[r, 1], normal[r, 2] = nx, ny, nz
+
+
+if simulated():  # (see _record above)
+    _take, _ray, _store = _take.py_func, _ray.py_func, _store.py_func
 
 
 @cuda.jit
@@ -193,7 +198,7 @@ def _composite_cells(unit_cell, unit_first, unit_count, cell_start, lst, src, ra
     thousands)."""
     lane, u, width = cuda.threadIdx.x, cuda.blockIdx.x, cuda.blockDim.x
     sh_cap = cuda.shared.array((WARP, 7), np.float32)
-    sh_geo = cuda.shared.array((WARP, N_REC - 3), np.float32)  # surfel_geometry's numbers
+    sh_geo = cuda.shared.array((WARP, N_GEO), np.float32)
     sh_src = cuda.shared.array(WARP, np.int64)
     sh_grp = cuda.shared.array(WARP, np.int64)
     c, n = unit_cell[u], unit_count[u]
@@ -209,9 +214,8 @@ def _composite_cells(unit_cell, unit_first, unit_count, cell_start, lst, src, ra
             j = src[q]
             for i in range(7):
                 sh_cap[lane, i] = cap[q, i]
-            geo = _geometry(rec, j)
-            for i in range(N_REC - 3):
-                sh_geo[lane, i] = geo[i]
+            (sh_geo[lane, 0], sh_geo[lane, 1], sh_geo[lane, 2], sh_geo[lane, 3], sh_geo[lane, 4], sh_geo[lane, 5],
+             sh_geo[lane, 6], sh_geo[lane, 7], sh_geo[lane, 8], sh_geo[lane, 9]) = _geometry(rec, j)
             sh_src[lane], sh_grp[lane] = j, group[j]
         cuda.syncthreads()
         for e in range(min(width, k1 - k0)):
