@@ -7,6 +7,7 @@
 #
 #   [WHEELS=DIR] [LOG=DIR] [TRAIN_S=240] [DOWNSCALE=2] [LIMIT=480] [SKIP_CAMERA=1] [OUT=DIR] bash bench/gpu_check.sh
 #
+# (bench/gpu_prepare.sh makes the WHEELS and LOG folders and gpu_loop.sh's SUMO parts here, in one command.)
 # WHEELS: wheels to install first where the machine has no network (gsplat==1.5.3, py3-none-any); gsim itself
 # is installed editable without dependencies (torch, numba, numba-cuda, numpy, scipy, pillow, imageio, tqdm,
 # safetensors must be there); the serve step needs grpcio 1.85.1 (the generated modules refuse an older one),

@@ -9,7 +9,7 @@
 # grpcio 1.85.1). The image lacks libGL and libXrender, which libsumo's bundled libraries link for SUMO's GUI: the
 # unpack builds stub libraries for them (functions that do nothing; never called here).
 #
-#   here:   python bench/pack_sumo.py pack .sumo --python 3.12     (once; .sumo is ignored by git)
+#   here:   python bench/pack_sumo.py pack .sumo --python 3.12     (once, or bench/gpu_prepare.sh; .sumo is ignored)
 #   device: bash bench/gpu_loop.sh   carrying .sumo/1, then again carrying .sumo/2
 #           ([STEPS=40] [SCENARIOS="stopped-car lead-car"] [OUT=DIR])
 #
