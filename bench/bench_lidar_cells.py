@@ -3,7 +3,7 @@
 Usage: python bench/bench_lidar_cells.py [--surfels 1000000] [--speed 10] [--spec velodyne-hdl64e]
        [--rays-per-cell 16] [--out FILE.json]
 One rolling sweep of the demo street (bench_lidar_cuda's scene and poses) binned as lidar.kernel_cuda bins it
-(lidar.kernel's grid, caps, depth order: the numba functions both kernels share); then each ray's walk through its
+(lidar.kernel's `bin_bundle`: the grid, caps and depth order both kernels share); then each ray's walk through its
 cell's list as the composite walks it (the cap test, alpha, front to back until its transmittance runs out: this
 script's own loop over lidar.kernel's functions). A GPU runs a warp as long as its longest ray, so the sweep takes
 as long as its slowest warps: the max and the share of the walk the top 1% of warps hold say how uneven it is.
@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
-import numba
 import numpy as np
 from numba import njit
 
@@ -72,19 +70,12 @@ def main(argv=None) -> dict:
     wfg, _ = lr._group_poses(groups, times)
     by_column = np.argsort(column, kind="stable")
     bounds = np.searchsorted(column[by_column], np.arange(len(times) + 1))
-    n, steps, taken, lengths, pairs = len(groups.rec), [], [], [], 0
+    steps, taken, lengths, pairs = [], [], [], 0
     for cols in lr._bundles(sensor[:, :3, 3], wfg[1:], len(dirs)):
         rays = by_column[bounds[cols[0]]:bounds[cols[-1] + 1]]
         o_ref, R_ref, margin, ref = lr._bundle_frame(groups, sensor, wfg, cols)
-        grid, cell = K.bundle_grid(dirs, rays, R_ref)
-        rect, depth, cap = np.zeros((n, 4), np.int64), np.zeros(n, np.float32), np.zeros((n, 7), np.float32)
-        K._caps(groups.rec, groups.scales, groups.group, ref, o_ref, R_ref, margin,
-                math.tan(lr.BEAM_DIVERGENCE_RAD), grid, rect, depth, cap)
-        keys = K.depth_keys(depth, rect)
-        keys.sort()
-        n_cells = int(grid[2] * grid[5])
-        cell_start, lst = K.tile_lists(keys & 0xFFFFFFFF, rect, rect[:0], np.empty((n_cells, 0)), int(grid[2]),
-                                       numba.get_num_threads(), True)
+        cell, cap, cell_start, lst = K.bin_bundle(groups.rec, groups.scales, groups.group, ref, margin, dirs, rays,
+                                                  o_ref, R_ref, lr.BEAM_DIVERGENCE_RAD)
         order = np.argsort(cell, kind="stable")
         s, k = np.zeros(len(rays), np.int64), np.zeros(len(rays), np.int64)
         _walk(cell_start, lst, cell[order], rays[order], cap, groups.rec, origins, dirs, o_ref,

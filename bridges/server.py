@@ -403,8 +403,8 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                 f = self._renderer(s, scene, backend).camera(camera, pose, t, sensor)
             # only what the reply carries comes to the host (from a GPU: 8-bit rgb unless RAW is asked for)
             rgb = to_numpy(f.rgb) if request.encoding == pb.RAW else to_uint8(f.rgb)
-            depth, alpha = (to_numpy(x) if want else None for x, want in ((f.depth, request.depth),
-                                                                          (f.alpha, request.alpha)))
+            depth = to_numpy(f.depth) if request.depth else None
+            alpha = to_numpy(f.alpha) if request.alpha else None
             ms = (time.perf_counter() - t0) * 1e3
         return pb.RenderCameraResponse(rgb=encode_image(rgb, request.encoding, request.jpeg_quality or 90),
                                        depth=None if depth is None else to_array(depth),

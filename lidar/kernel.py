@@ -435,12 +435,10 @@ def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
     return buf[:n].reshape(shape)
 
 
-def render_bundle(rec, scales, feats, group, world_from_group, group_from_world, margin, origins, dirs, column,
-                  o_ref, R_ref, divergence: float, hit_alpha: float, out: dict, rays: np.ndarray) -> None:
-    """Composite the rays ``rays`` (indices into origins/dirs/column) into the arrays of ``out``.
-
-    world_from_group (G,3,4): each group's pose at the reference time; margin (G,): how far (m) a
-    group's surfels and the bundle's ray origins can be from where the reference pose puts them."""
+def bin_bundle(rec, scales, group, world_from_group, margin, dirs, rays, o_ref, R_ref, divergence: float):
+    """A bundle's binning (see the module docstring): each ray's cell, each surfel's cap (N,7), and per cell of the
+    bundle's grid its surfels in depth order, lst[cell_start[c]:cell_start[c + 1]]. cap is this thread's scratch:
+    the next bundle overwrites it."""
     grid, cell = bundle_grid(dirs, rays, R_ref)
     n = rec.shape[0]
     rect, depth = scratch("rect", (n, 4), np.int64), scratch("depth", (n,), np.float32)
@@ -450,8 +448,19 @@ def render_bundle(rec, scales, feats, group, world_from_group, group_from_world,
     keys.sort()
     n_az, n_cells = int(grid[2]), int(grid[2] * grid[5])
     cell_start, lst = tile_lists(keys & 0xFFFFFFFF, rect, rect[:0], np.empty((n_cells, 0)), n_az,
-                                  numba.get_num_threads(), True)  # wrap: exact rectangles, no bounds
-    ray_start, order = _ray_lists(cell, n_cells)
+                                 numba.get_num_threads(), True)  # wrap: exact rectangles, no bounds
+    return cell, cap, cell_start, lst
+
+
+def render_bundle(rec, scales, feats, group, world_from_group, group_from_world, margin, origins, dirs, column,
+                  o_ref, R_ref, divergence: float, hit_alpha: float, out: dict, rays: np.ndarray) -> None:
+    """Composite the rays ``rays`` (indices into origins/dirs/column) into the arrays of ``out``.
+
+    world_from_group (G,3,4): each group's pose at the reference time; margin (G,): how far (m) a
+    group's surfels and the bundle's ray origins can be from where the reference pose puts them."""
+    cell, cap, cell_start, lst = bin_bundle(rec, scales, group, world_from_group, margin, dirs, rays, o_ref, R_ref,
+                                            divergence)
+    ray_start, order = _ray_lists(cell, len(cell_start) - 1)
     fn = _composite_tracked if out["candidates"].shape[1] else _composite
     with small_chunks():
         fn(cell_start, lst, ray_start, rays[order], rec, cap, feats, group, group_from_world, o_ref, origins, dirs,
