@@ -91,13 +91,13 @@ def compose(rgb, alpha, sky: Optional[Sky] = None, dirs_world=None, affine=None)
     if sky is not None:
         s = sky.color(dirs_world)
         if is_tensor(rgb) and not is_tensor(s):
-            import torch
-            s = torch.as_tensor(s, dtype=rgb.dtype, device=rgb.device)
+            from .render.common import to_device  # (render sits above this module)
+            s = to_device(s, rgb.device, rgb.dtype)
         s = s.nan_to_num(0.0) if is_tensor(s) else np.nan_to_num(s)
         rgb = rgb + (1 - alpha)[..., None] * s
     if affine is not None:
         if is_tensor(rgb) and not is_tensor(affine):
-            import torch
-            affine = torch.as_tensor(np.asarray(affine), dtype=rgb.dtype, device=rgb.device)
+            from .render.common import to_device
+            affine = to_device(np.asarray(affine), rgb.device, rgb.dtype)
         rgb = rgb @ affine[:, :3].T + affine[:, 3]
     return rgb

@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import InputError
 from .render import BACKENDS, pick_backend, render_camera
-from .render.common import CameraFrame, RenderOptions, frame_to_numpy, resolve_options
+from .render.common import CameraFrame, RenderOptions, frame_to_numpy, resolve_options, to_device
 from .scene import Scene
 from .surfels import Surfels, move_rows
 from .transforms import check_pose, rotmat_to_quat
@@ -94,7 +94,7 @@ class Renderer:
         if self._at[0] != int(timestamp_us):
             import torch
             P = np.stack([a.pose_at(int(timestamp_us)) for a in self.scene.actors])
-            on = lambda x: torch.as_tensor(x, dtype=torch.float32, device=self.device)  # noqa: E731
+            on = lambda x: to_device(x, self.device, torch.float32)  # noqa: E731
             moved = move_rows(self._surfels, self._rows, self._owner, on(P[:, :3, :3]), on(P[:, :3, 3]),
                               on(rotmat_to_quat(P[:, :3, :3])))
             self._at = (int(timestamp_us), moved)
@@ -142,6 +142,6 @@ class Renderer:
             import torch
             if camera not in self._rays:
                 from .appearance import camera_ray_directions
-                self._rays[camera] = torch.as_tensor(camera_ray_directions(camera, np.eye(4)), device=self.device)
-            dirs = self._rays[camera] @ torch.as_tensor(T[:3, :3].T, dtype=torch.float32, device=self.device)
+                self._rays[camera] = to_device(camera_ray_directions(camera, np.eye(4)), self.device)
+            dirs = self._rays[camera] @ to_device(T[:3, :3].T, self.device, torch.float32)
         return replace(frame, rgb=compose(frame.rgb, frame.alpha, self._sky, dirs, affine).clamp(0, 1))

@@ -15,6 +15,7 @@ import numpy as np
 
 from gsim.errors import InputError
 from gsim.io import check_schema_version, read_manifest, write_json
+from gsim.render.common import to_device
 
 SCHEMA_VERSION = 1
 FEATURES = 8
@@ -78,7 +79,7 @@ class LidarHead:
             p = 1.0 / (1.0 + np.exp(-mlp(x, self.w1, self.b1, self.w2, self.b2)))
         else:
             import torch
-            p = torch.sigmoid(mlp(x.float(), *(torch.as_tensor(getattr(self, k), device=x.device) for k in WEIGHTS)))
+            p = torch.sigmoid(mlp(x.float(), *(to_device(getattr(self, k), x.device) for k in WEIGHTS)))
         return p[:, 0], p[:, 1]
 
     def to_dict(self) -> dict:

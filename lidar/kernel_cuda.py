@@ -42,6 +42,7 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 overloads this alias of vs
     np.row_stack = np.vstack  # numpy 2.5 removed it: without it every CUDA kernel fails to compile (seen on an H200)
 from numba import cuda, njit  # noqa: E402
 
+from gsim.render.common import to_device
 from gsim.render.numba_tiles import ONE
 
 from .kernel import (N_REC, SEAM_BINS, ZERO, actor_hit, alpha_range, composite_step, f32, grid_cells, grid_of,
@@ -268,9 +269,7 @@ class Tracer:
         self.tan_div = self.inv2 = self.hit = None
 
     def tensor(self, x, dtype=None):
-        if self.torch.is_tensor(x):
-            return x.to(self.device, dtype)
-        return self.torch.as_tensor(np.ascontiguousarray(x), dtype=dtype, device=self.device)
+        return to_device(x, self.device, dtype)
 
     def bundle(self, world_from_group: np.ndarray, margin: np.ndarray, o_ref: np.ndarray, R_ref: np.ndarray,
                start: int, stop: int, divergence: float, hit_alpha: float) -> None:
@@ -386,15 +385,14 @@ def device():
 
 @functools.lru_cache(maxsize=8)
 def _directions(lay):
-    import torch
-    return torch.as_tensor(lay.directions, device=device())
+    return to_device(lay.directions, device())
 
 
 def sweep_directions(lay, sensor: np.ndarray):
     """A sweep's world ray directions (L*C,3) float64 on the device: its layout's (lidar.render's, uploaded once
     per layout) turned by each column's sensor rotation (C,3,3 of sensor), as render_lidar turns them on the host."""
     import torch
-    rot = torch.as_tensor(np.ascontiguousarray(sensor[:, :3, :3]), device=device())
+    rot = to_device(sensor[:, :3, :3], device())
     return torch.einsum("cij,lcj->lci", rot, _directions(lay)).reshape(-1, 3)
 
 
@@ -427,9 +425,10 @@ def device_surfels(groups, device) -> dict:
         return {"rec": groups.rec, "scales": groups.scales, "features": groups.features, "group": groups.group}
     key = f"device:{device}"
     if key not in groups.cache:
-        t = lambda x, dt: torch.as_tensor(np.ascontiguousarray(x), dtype=dt, device=device)  # noqa: E731
-        groups.cache[key] = {"rec": t(groups.rec, torch.float32), "scales": t(groups.scales, torch.float32),
-                             "features": t(groups.features, torch.float32), "group": t(groups.group, torch.int64)}
+        groups.cache[key] = {"rec": to_device(groups.rec, device, torch.float32),
+                             "scales": to_device(groups.scales, device, torch.float32),
+                             "features": to_device(groups.features, device, torch.float32),
+                             "group": to_device(groups.group, device, torch.int64)}
     return groups.cache[key]
 
 

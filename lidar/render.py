@@ -293,14 +293,15 @@ def render_rays(scene_or_surfels, T_world_lidar: np.ndarray, times_us: np.ndarra
 
 
 def trace_rays(groups: SurfelGroups, T_world_lidar: np.ndarray, times_us: np.ndarray, dirs: np.ndarray,
-               hit_alpha: float, backend: str = "numba", candidates: int = 0):
+               hit_alpha: float, backend: str = "numba", candidates: int = 0, device: bool = False):
     """`trace` of rays each with its own sensor pose (R,4,4), time (R,) and sensor-frame direction (R,3), taken
-    in time order: (trace's output, the order, the poses and the world directions in that order)."""
+    in time order: (trace's output, the order, the poses and the world directions in that order); ``device``
+    as `trace`'s."""
     order = np.argsort(times_us, kind="stable")
     poses = np.asarray(T_world_lidar, np.float64)[order]
     world = np.einsum("rij,rj->ri", poses[:, :3, :3], np.asarray(dirs, np.float64)[order])
     out = trace(groups, poses, np.asarray(times_us)[order], world, np.arange(len(order)), hit_alpha, backend,
-                candidates)
+                candidates, device)
     return out, order, poses, world
 
 

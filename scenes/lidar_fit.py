@@ -9,6 +9,7 @@ import torch
 from gsim.lidar.heads import head_inputs, mlp
 from gsim.lidar.reference import composite
 from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, pick_lidar_backend, trace_rays
+from gsim.render.common import to_device
 from gsim.scene import corrected_poses
 
 from .lidar_rays import SweepRays
@@ -34,23 +35,22 @@ def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
             groups = SurfelGroups.build(*(host(x) for x in args[:4]), None, host(args[5]), args[6])
     # the sweeps move with the views' refined poses (not learnt from the rays)
     poses = corrected_poses(model.pose_corrections(), rays.poses(log), rays.times_us)
-    out, order, poses, dirs = trace_rays(groups, poses, rays.times_us, rays.dirs, HIT_ALPHA, backend, CANDIDATES)
-    # recomposite with gradients, activating only the surfels some ray takes (a street has far more)
-    found = out["candidates"] >= 0
-    used, local = np.unique(out["candidates"][found], return_inverse=True)
-    if not len(used):  # no ray takes a surfel (all nearly transparent): one row, which no ray composites
-        used = np.zeros(1, np.int64)
-    cand = np.full(found.shape, -1, np.int64)
-    cand[found] = local
-    idx = torch.as_tensor(used, device=dev)
-    p = {k: v.index_select(0, idx) for k, v in p.items() if k != "sh"}
-    f32 = lambda x: torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32, device=dev)  # noqa: E731
-    res = composite(f32(poses[:, :3, 3]), f32(dirs), torch.arange(len(order), device=dev), p["means"],
-                    torch.nn.functional.normalize(p["quats"], dim=-1), p["log_scales"].exp(),
-                    torch.sigmoid(p["logit_opacities"]), p["features"], model.owner[idx] + 1,
-                    f32(out["group_from_world"]), torch.as_tensor(cand, device=dev), BEAM_DIVERGENCE_RAD, HIT_ALPHA)
+    out, order, poses, dirs = trace_rays(groups, poses, rays.times_us, rays.dirs, HIT_ALPHA, backend, CANDIDATES,
+                                         device=backend == "cuda")
+    # recomposite with gradients: the parameters of each ray's candidates gathered as rows of their own, activated
+    # there (a street has far more surfels than rays take); the candidates stay where the trace left them (no
+    # host round trip, no data-dependent size: a GPU step does not wait)
+    cand = to_device(out["candidates"], dev, torch.int64)
+    rows = cand.clamp_min(0).reshape(-1)
+    q = {k: p[k].index_select(0, rows) for k in ("means", "quats", "log_scales", "logit_opacities", "features")}
+    local = torch.where(cand >= 0, torch.arange(len(rows), device=dev).view(cand.shape), -1)
+    f32 = lambda x: to_device(x, dev, torch.float32)  # noqa: E731
+    res = composite(f32(poses[:, :3, 3]), f32(dirs), torch.arange(len(order), device=dev), q["means"],
+                    torch.nn.functional.normalize(q["quats"], dim=-1), q["log_scales"].exp(),
+                    torch.sigmoid(q["logit_opacities"]), q["features"], model.owner.index_select(0, rows) + 1,
+                    f32(out["group_from_world"]), local, BEAM_DIVERGENCE_RAD, HIT_ALPHA)
     h = model.head
     logits = mlp(head_inputs(res, f32(dirs)), h["w1"], h["b1"], h["w2"], h["b2"])
     a = res["alpha"]
-    inverse = torch.as_tensor(np.argsort(order), device=dev)
+    inverse = to_device(np.argsort(order), dev)
     return {"alpha": a[inverse], "range": (res["range_sum"] / (a + (a <= 0)))[inverse], "logits": logits[inverse]}

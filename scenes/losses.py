@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -80,7 +79,3 @@ def normal_consistency(normal: torch.Tensor, depth: torch.Tensor, alpha: torch.T
     nd = depth_normals(depth, rays)
     w = alpha[:-1, :-1] * (depth[:-1, :-1] > 0) * valid[:-1, :-1] * valid[1:, 1:]
     return (w * (1 - (normal[:-1, :-1] * nd).sum(-1))).sum() / w.sum().clamp_min(1.0)
-
-
-def to_tensor(x: np.ndarray, device="cpu") -> torch.Tensor:
-    return torch.as_tensor(np.ascontiguousarray(x), device=device)

@@ -28,6 +28,7 @@ import torch
 from gsim.appearance import IDENTITY_AFFINE, Sky
 from gsim.errors import InputError
 from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
+from gsim.render.common import to_device
 from gsim.render.torch_backend import quat_to_rotmat
 from gsim.scene import Actor, Scene
 from gsim.surfels import Surfels, move_rows
@@ -185,7 +186,7 @@ class SceneModel:
         """(R (...,3,3), q (...,4), t (...,3)): the world's correction x -> R x + t at knot k (an index, or a
         slice: the knots at once; other times blend the corrected poses: `Scene.log_pose`)."""
         rot, trans = self.view_offsets["rot"][k], self.view_offsets["trans"][k]
-        c = torch.as_tensor(self.view_knots[1][k], dtype=rot.dtype, device=rot.device)
+        c = to_device(self.view_knots[1][k], rot.device, rot.dtype)
         # a rotation vector as the quaternion (1, w/2) normalised: exact rotations, first-order in the angle
         q = torch.nn.functional.normalize(torch.cat([torch.ones_like(rot[..., :1]), rot / 2], -1), dim=-1)
         R = quat_to_rotmat(q.reshape(-1, 4)).reshape(q.shape[:-1] + (3, 3))
@@ -216,7 +217,7 @@ class SceneModel:
             frac.append(float(a[0]))
             base += len(knots)
         D = torch.cat([self.pose_offsets[tr.id] for tr in self.tracks])
-        on = lambda x, dt=torch.int64: torch.as_tensor(np.asarray(x), dtype=dt, device=D.device)  # noqa: E731
+        on = lambda x, dt=torch.int64: to_device(np.asarray(x), D.device, dt)  # noqa: E731
         w = on(frac, D.dtype)[:, None]
         d = (1 - w) * D.index_select(0, on(lo)) + w * D.index_select(0, on(hi))
         P = np.stack([tr.pose_at(timestamp_us) for tr in self.tracks])
@@ -231,7 +232,7 @@ class SceneModel:
         """A track's (M,4) (dx, dy, dz, dyaw) at times (M,): linear between its knots, constant beyond them."""
         i, a = bracket(self.pose_knots[track_id], times_us)
         d = self.pose_offsets[track_id]
-        a = torch.as_tensor(a, dtype=d.dtype, device=d.device)[:, None]
+        a = to_device(a, d.device, d.dtype)[:, None]
         return (1 - a) * d[i - 1] + a * d[i]
 
     def track_poses(self) -> List[Tuple[np.ndarray, np.ndarray]]:

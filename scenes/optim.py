@@ -13,6 +13,8 @@ from typing import Dict, Iterable
 import numpy as np
 import torch
 
+from gsim.render.common import to_device
+
 BETAS, EPS = (0.9, 0.999), 1e-15
 
 
@@ -66,7 +68,7 @@ class Adam:
                 sizes = [len(p) for p in g["p"]]
                 G, M, V = (torch.cat(g[n]) for n in "gmv")
                 seen = G.reshape(len(G), -1).any(1).reshape((-1,) + (1,) * (G.dim() - 1))
-                steps = torch.as_tensor(np.repeat(g["step"], sizes), dtype=G.dtype).to(G.device, non_blocking=True)
+                steps = to_device(np.repeat(g["step"], sizes), G.device, G.dtype)
                 Mn = M.mul(b1).add_(G, alpha=1 - b1)
                 Vn = V.mul(b2).addcmul_(G, G, value=1 - b2)
                 U = steps.reshape(seen.shape) * Mn / Vn.sqrt().add_(eps)

@@ -26,6 +26,7 @@ from gsim.errors import Diverged, InputError, Unavailable
 from gsim.io import write_json
 from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.render import BACKENDS, RenderOptions, render_camera
+from gsim.render.common import to_device
 
 from . import checkpoint, kernel_cache, losses
 from .init import InitOptions, initial_surfels
@@ -387,7 +388,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         grad = model.params["means"].grad
         # densification reads the camera's screen-space gradient: a step with LiDAR rays mixes in theirs
         if grad is not None and not lidar_step:
-            cam = torch.as_tensor(view.T_world_camera[:3, 3], dtype=torch.float32, device=model.device)
+            cam = to_device(view.T_world_camera[:3, 3], model.device, torch.float32)
             depth = (model.params["means"] - cam).norm(dim=-1)
             run.densifier.accumulate(grad, depth, float(view.camera.fx), view.camera.width)
     # past the schedule's end (fine-tuning a finished run: `gsim.diffusion.expand`) the rates stay where it ended

@@ -86,3 +86,23 @@ def start_server(root, *extra, env=None):
     from gsim.bridges.server import ServerProcess
     path = scenario(root, "across", ACROSS)
     return ServerProcess([str(root / "scene"), path, "--sessions-dir", str(root / "sessions"), *extra], env=env)
+
+
+def own_device_waits(fn) -> list:
+    """Where gsim's own code made the host wait for a CUDA GPU while ``fn()`` ran ("file:line" each): torch's sync
+    debug mode warns at every such operation (a value read, a data-dependent size, a blocking copy either way),
+    from the Python line that called it; lines in installed packages (gsplat's, torch's) are not gsim's."""
+    import warnings
+    from pathlib import Path
+
+    import torch
+    root = Path(__file__).resolve().parents[1]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    own = lambda f: Path(f).resolve().is_relative_to(root) and "site-packages" not in f  # noqa: E731
+    return [f"{w.filename}:{w.lineno}" for w in seen if "synchroniz" in str(w.message) and own(w.filename)]

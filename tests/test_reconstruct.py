@@ -20,6 +20,7 @@ from gsim.scenes.optim import DensifyOptions
 from gsim.scenes.synth import SynthOptions, synthesize
 from gsim.scenes.train import preset, reconstruct
 from gsim.scenes.views import make_views, split_frames, sweep_world
+from support import own_device_waits
 
 TINY = SynthOptions(n_frames=9, width=64, height=40, supersample=1, lidar_beams=16, lidar_azimuth_resolution_deg=1.0)
 
@@ -476,3 +477,21 @@ def test_a_training_step_need_not_wait_on_the_device(log_dir):
         t.run.step += 1
     assert torch.is_tensor(loss) and torch.is_tensor(mse)
     assert waits == []
+
+
+@pytest.mark.cuda
+def test_a_gpu_training_step_waits_only_inside_gsplat(log_dir):
+    """The same on a GPU, where torch's sync debug mode also sees blocking copies to and from the host: a camera-only
+    step of the cuda preset has no line of gsim's that makes the host wait (gsplat reads its tile count itself)."""
+    reason = gsim.render.BACKENDS["gsplat"].probe()
+    if reason is not None:
+        pytest.skip(f"gsplat backend not available: {reason}")
+    t = train_mod.start(log_dir, preset("cuda", iterations=10, lidar_every=4,
+                                        init=InitOptions(voxel_m=0.4, max_surfels=20_000)))
+
+    def step(i):
+        train_mod.train_step(t.run, t.views[i], t.sweeps, t.log, robust=t.robust, sync=False)
+        t.run.step += 1
+    step(0)  # (a LiDAR step; each view's tensors are made on its first use)
+    step(1)
+    assert own_device_waits(lambda: step(1)) == []

@@ -8,7 +8,7 @@ from gsim.appearance import Sky
 from gsim.errors import InputError, Unavailable
 from gsim.lidar import LidarSpec, render_lidar
 from gsim.resident import Renderer
-from support import CAMERAS, PIN, pose, random_scene
+from support import CAMERAS, PIN, own_device_waits, pose, random_scene
 
 
 def scene_with_an_actor():
@@ -82,6 +82,17 @@ def test_bad_input():
             Renderer(scene_with_an_actor(), backend="gsplat")
     with pytest.raises(ValueError, match="views\\[0\\] T_world_camera"):
         Renderer(scene_with_an_actor(), backend="torch").cameras([(PIN, np.ones((4, 4)), None)], 0)
+
+
+@pytest.mark.cuda
+def test_gsplat_renders_a_new_time_without_waiting_on_the_gpu():
+    """The actors moved, three cameras rasterized, sky and affine composed: no line of gsim's makes the host wait
+    (a frame's uploads are non-blocking; a distorted camera's sampling grid is made once)."""
+    if "gsplat" not in gsim.available_backends():
+        pytest.skip("needs gsplat on an NVIDIA GPU")
+    r = Renderer(scene_with_an_actor(), backend="gsplat")
+    r.cameras(VIEWS, 0)  # (the scene's upload, the cameras' tables)
+    assert own_device_waits(lambda: r.cameras(VIEWS, 400_000)) == []
 
 
 @pytest.mark.cuda

@@ -164,6 +164,17 @@ def to_numpy(x):
     return x.detach().cpu().numpy() if hasattr(x, "detach") else x
 
 
+def to_device(x, device, dtype=None):
+    """An array (or a tensor) as a tensor on ``device``, without making the host wait for a GPU: torch's plain
+    host-to-GPU copy synchronises the stream after it (the host waits for every queued kernel), where a
+    non-blocking copy from pageable memory is staged at once and ordered on the stream (safe to reuse the
+    array after). Copies to the host stay blocking: their data must be there when read."""
+    import torch
+    t = x if torch.is_tensor(x) else torch.as_tensor(np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x)
+    device = torch.device(device)
+    return t.to(device=device, dtype=dtype, non_blocking=device.type != "cpu" and t.device.type == "cpu")
+
+
 def frame_to_numpy(frame: CameraFrame) -> CameraFrame:
     return map_frame(frame, to_numpy)
 

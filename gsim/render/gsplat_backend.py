@@ -18,7 +18,7 @@ from gsim.errors import Unavailable
 
 from ..cameras import Camera, PinholeCamera
 from ..surfels import Surfels
-from .common import CameraFrame, RenderOptions, world_to_camera
+from .common import CameraFrame, RenderOptions, to_device, world_to_camera
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,6 +49,7 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=16)  # (a frame's host time otherwise: four passes over a 2M-ray table)
 def _pinhole_cover(camera: Camera) -> PinholeCamera:
     """A pinhole camera, same focal lengths, whose image covers every ray of ``camera``."""
     rays = camera.ray_table()
@@ -57,6 +58,16 @@ def _pinhole_cover(camera: Camera) -> PinholeCamera:
     w = int(math.ceil((umax - umin) * camera.fx)) + 4
     h = int(math.ceil((vmax - vmin) * camera.fy)) + 4
     return PinholeCamera(w, h, camera.fx, camera.fy, -umin * camera.fx + 2, -vmin * camera.fy + 2)
+
+
+@functools.lru_cache(maxsize=16)
+def _cover_grid(camera: Camera, pin: PinholeCamera, device):
+    """(1,H,W,2) where each pixel of ``camera`` falls in its pinhole cover's image (grid_sample's coordinates;
+    outside where the model has no ray), on the device: made once per camera, not uploaded a frame at a time."""
+    import torch
+    rays = camera.ray_table()
+    grid = np.stack([(rays[..., 0] * pin.fx + pin.cx) / pin.width, (rays[..., 1] * pin.fy + pin.cy) / pin.height], -1)
+    return to_device(np.nan_to_num(grid * 2 - 1, nan=-2.0)[None], device, torch.float32)
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
@@ -82,7 +93,7 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
     s = surfels.torch(device="cuda", dtype=torch.float32)  # gsplat's kernels take float32; keeps autograd
     dev, dt = s.means.device, s.means.dtype
     scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)  # gsplat ignores the 3rd
-    bg = torch.as_tensor(options.background, device=dev, dtype=dt)
+    bg = to_device(np.asarray(options.background), dev, dt)
     pins = [c if isinstance(c, PinholeCamera) else _pinhole_cover(c) for c in cameras]
     views = []
     for T in poses:
@@ -93,8 +104,8 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
     frames: List[Optional[CameraFrame]] = [None] * len(cameras)
     for size in dict.fromkeys((p.width, p.height) for p in pins):
         idx = [i for i, p in enumerate(pins) if (p.width, p.height) == size]
-        viewmats = torch.as_tensor(np.stack([views[i] for i in idx]), device=dev, dtype=dt)
-        Ks = torch.as_tensor(np.stack([pins[i].K for i in idx]), device=dev, dtype=dt)
+        viewmats = to_device(np.stack([views[i] for i in idx]), dev, dt)
+        Ks = to_device(np.stack([pins[i].K for i in idx]), dev, dt)
         colors, alphas, normals, *_ = gsplat.rasterization_2dgs(
             s.means, s.quats, scales3, s.opacities, s.colors, viewmats, Ks, size[0], size[1],
             near_plane=options.near, far_plane=options.far, sh_degree=surfels.sh_degree,
@@ -106,10 +117,7 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
             img = torch.cat([colors[b, ..., :3], alpha[..., None], colors[b, ..., 3:4], normal], -1)
             camera, pin = cameras[i], pins[i]
             if pin is not camera:  # resample the cover image at each pixel's ray
-                rays = torch.tensor(camera.ray_table(), device=dev, dtype=dt)  # a copy: the cached table is read-only
-                gx = (rays[..., 0] * pin.fx + pin.cx) / pin.width * 2 - 1
-                gy = (rays[..., 1] * pin.fy + pin.cy) / pin.height * 2 - 1
-                grid = torch.nan_to_num(torch.stack([gx, gy], -1), nan=-2.0)[None]
-                img = F.grid_sample(img.permute(2, 0, 1)[None], grid, align_corners=False)[0].permute(1, 2, 0)
+                img = F.grid_sample(img.permute(2, 0, 1)[None], _cover_grid(camera, pin, dev), align_corners=False)
+                img = img[0].permute(1, 2, 0)
             frames[i] = CameraFrame(rgb=img[..., :3], alpha=img[..., 3], depth=img[..., 4], normal=img[..., 5:8])
     return frames
