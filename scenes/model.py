@@ -208,44 +208,45 @@ class SceneModel:
         """The tracks' refined poses at a time (differentiable in the offsets): (K,3,3) rotations,
         (K,3) translations, (K,4) wxyz quaternions. All tracks in one batch (a street has dozens: a loop of
         small tensor operations per track took a tenth of a CPU training step)."""
-        lo, hi, frac, base = [], [], [], 0
-        for tr in self.tracks:  # each track's bracketing knots, as rows of all the offsets one after the other
-            knots = self.pose_knots[tr.id]
-            i, a = bracket(knots, timestamp_us)
-            lo.append(base + (int(i[0]) - 1) % len(knots))  # (a single knot: i = 0 and a = 1, both rows 0)
-            hi.append(base + int(i[0]))
-            frac.append(float(a[0]))
-            base += len(knots)
-        D = torch.cat([self.pose_offsets[tr.id] for tr in self.tracks])
-        on = lambda x, dt=torch.int64: to_device(np.asarray(x), D.device, dt)  # noqa: E731
-        w = on(frac, D.dtype)[:, None]
-        d = (1 - w) * D.index_select(0, on(lo)) + w * D.index_select(0, on(hi))
+        d = self._offsets_at([[timestamp_us]] * len(self.tracks))
+        on = lambda x: to_device(x, d.device, dtype)  # noqa: E731
         P = np.stack([tr.pose_at(timestamp_us) for tr in self.tracks])
-        R = on(P[:, :3, :3], dtype)
+        R = on(P[:, :3, :3])
         h = d[:, 3] / 2
         zero = torch.zeros_like(h)
         q_yaw = torch.stack([torch.cos(h), zero, zero, torch.sin(h)], -1)
-        return (R @ _yaw(d[:, 3]), on(P[:, :3, 3], dtype) + (R @ d[:, :3, None])[..., 0],
-                quat_multiply(on(rotmat_to_quat(P[:, :3, :3]), dtype), q_yaw))
+        return (R @ _yaw(d[:, 3]), on(P[:, :3, 3]) + (R @ d[:, :3, None])[..., 0],
+                quat_multiply(on(rotmat_to_quat(P[:, :3, :3])), q_yaw))
 
-    def _offsets_at(self, track_id: str, times_us) -> torch.Tensor:
-        """A track's (M,4) (dx, dy, dz, dyaw) at times (M,): linear between its knots, constant beyond them."""
-        i, a = bracket(self.pose_knots[track_id], times_us)
-        d = self.pose_offsets[track_id]
-        a = to_device(a, d.device, d.dtype)[:, None]
-        return (1 - a) * d[i - 1] + a * d[i]
+    def _offsets_at(self, times_us: Sequence) -> torch.Tensor:
+        """The tracks' (dx, dy, dz, dyaw) at their times (times_us[k]: track k's), linear between their knots and
+        constant beyond them: the rows of all tracks one after the other, in one gather (a street has dozens of
+        tracks: one small gather and upload each made a GPU step wait as often)."""
+        lo, hi, frac, base = [], [], [], 0
+        for tr, t in zip(self.tracks, times_us):  # each track's bracketing knots, as rows of all its offsets
+            knots = self.pose_knots[tr.id]
+            i, a = bracket(knots, t)
+            lo.append(base + (i - 1) % len(knots))  # (a single knot: i = 0 and a = 1, both rows 0)
+            hi.append(base + i)
+            frac.append(a)
+            base += len(knots)
+        D = torch.cat([self.pose_offsets[tr.id] for tr in self.tracks])
+        on = lambda x, dt=torch.int64: to_device(np.concatenate(x), D.device, dt)  # noqa: E731
+        w = on(frac, D.dtype)[:, None]
+        return (1 - w) * D.index_select(0, on(lo)) + w * D.index_select(0, on(hi))
 
     def track_poses(self) -> List[Tuple[np.ndarray, np.ndarray]]:
-        """Each track's (timestamps, refined poses (T,4,4)), numpy."""
-        out = []
+        """Each track's (timestamps, refined poses (T,4,4)), numpy (one copy to the host for all tracks)."""
+        if not self.tracks:
+            return []
         with torch.no_grad():
-            for tr in self.tracks:
-                d = self._offsets_at(tr.id, tr.timestamps_us).double().cpu()
-                D = torch.eye(4, dtype=torch.float64).repeat(len(d), 1, 1)
-                D[:, :3, :3] = _yaw(d[:, 3])
-                D[:, :3, 3] = d[:, :3]
-                out.append((tr.timestamps_us, tr.poses @ D.numpy()))
-        return out
+            d = self._offsets_at([tr.timestamps_us for tr in self.tracks]).double().cpu()
+        D = torch.eye(4, dtype=torch.float64).repeat(len(d), 1, 1)
+        D[:, :3, :3] = _yaw(d[:, 3])
+        D[:, :3, 3] = d[:, :3]
+        D = D.numpy()
+        ends = np.cumsum([len(tr.timestamps_us) for tr in self.tracks])
+        return [(tr.timestamps_us, tr.poses @ part) for tr, part in zip(self.tracks, np.split(D, ends[:-1]))]
 
     def to_scene(self, lidar: bool = False) -> Scene:
         """The trained scene (numpy): background, actors in their box frames, sky, affines; with ``lidar``
