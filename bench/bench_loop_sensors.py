@@ -6,7 +6,8 @@ Usage: python bench/bench_loop_sensors.py SCENE LOG [--steps 40] [--hz 10] [--sp
 The cameras: the log's first camera at its mounting and turned 50 degrees either side (a rig of three); the
 LiDAR: the preset at the log's first LiDAR mounting (above the vehicle's origin without one), each sweep
 rolling from the previous step's pose to this one. Per step, as bridges.loop does it: the cameras in one call
-(numpy uint8 out), then the sweep. Prints the median step time and steps/s (and the cameras' and the LiDAR's
+(numpy uint8 out) and the sweep in a worker thread beside them where the renderer allows it
+(`Renderer.lidar_beside_cameras`: on a GPU), else one after the other. Prints the median step time and steps/s (and the cameras' and the LiDAR's
 medians); SUMO, the agent, the dynamics, the metrics and the recording are left out (a few ms of a CPU step): on a
 GPU machine SUMO's libraries are larger than what a device call carries, so this is the loop's rate there.
 --profile: ten more steps under cProfile (the host's Python, by cumulative time) and torch.profiler (the
@@ -22,6 +23,7 @@ import pstats
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -68,30 +70,40 @@ def main(argv=None) -> dict:
     times = t0 + dt * np.arange(1, a.steps + 2)
     times = times[times <= log.ego_timestamps_us[-1]]
 
+    worker = ThreadPoolExecutor(1) if r.lidar_beside_cameras else None
+
+    def sweep_at(t, T_prev, T):
+        s = time.perf_counter()
+        return r.lidar(spec, (np.array([t - dt, t]), np.stack([T_prev @ T_vl, T @ T_vl])), int(t) - dt), \
+            time.perf_counter() - s
+
     def step(t):
+        """(the step's, the cameras' and the sweep's wall times, the images, the sweep)"""
         T_prev, T = log.T_world_vehicle(int(t) - dt), log.T_world_vehicle(int(t))
         s0 = time.perf_counter()
         r.update(scene)  # (the loop hands the renderer each step's scene: here the same one)
-        frames = r.cameras([(c, T @ T_vc, n) for c, T_vc, n in rig], int(t), numpy=True)
-        images = [to_uint8(f.rgb) for f in frames]
-        s1 = time.perf_counter()
-        sweep = r.lidar(spec, (np.array([t - dt, t]), np.stack([T_prev @ T_vl, T @ T_vl])), int(t) - dt)
-        return s1 - s0, time.perf_counter() - s1, images, sweep
+        job = worker.submit(sweep_at, t, T_prev, T) if worker else None
+        frames = r.cameras([(c, T @ T_vc, n) for c, T_vc, n in rig], int(t))
+        images = [to_uint8(f.rgb) for f in frames]  # (on a GPU: made there, 8 bits come back)
+        cam_s = time.perf_counter() - s0
+        sweep, lidar_s = job.result() if job else sweep_at(t, T_prev, T)
+        return time.perf_counter() - s0, cam_s, lidar_s, images, sweep
 
     steps, cams, sweeps = [], [], []
     for k, t in enumerate(times):
-        cam_s, lidar_s, images, sweep = step(t)
+        step_s, cam_s, lidar_s, images, sweep = step(t)
         if k:  # the first step: JIT, uploads
-            steps.append(cam_s + lidar_s)
+            steps.append(step_s)
             cams.append(cam_s)
             sweeps.append(lidar_s)
     med = statistics.median(steps)
     result = {"scene": a.scene, "backend": r.backend, "lidar_backend": r.lidar_backend, "steps": len(steps),
+              "lidar_beside_cameras": worker is not None,
               "cameras": [f"{c.width}x{c.height}" for c, _, _ in rig], "lidar": a.spec,
               "median_step_ms": 1e3 * med, "steps_per_s": 1 / med, "median_cameras_ms": 1e3 * statistics.median(cams),
               "median_lidar_ms": 1e3 * statistics.median(sweeps), "last_sweep_points": int(len(sweep.points)),
               "image_mean": float(np.mean(images[0]))}
-    print(f"{r.backend} + {r.lidar_backend} LiDAR: median step {result['median_step_ms']:.1f} ms "
+    print(f"{r.backend} + {r.lidar_backend} LiDAR{' (beside)' if worker else ''}: median step {result['median_step_ms']:.1f} ms "
           f"({result['steps_per_s']:.2f} steps/s; cameras {result['median_cameras_ms']:.1f} ms, LiDAR "
           f"{result['median_lidar_ms']:.1f} ms) over {len(steps)} steps")
     print(json.dumps(result))

@@ -127,16 +127,6 @@ class GroundGrid:
         return T
 
 
-def _concurrent() -> bool:
-    """Whether numba's threading layer runs parallel kernels from two threads at once (omp and tbb do; the
-    workqueue layer aborts the process)."""
-    import numba
-    try:
-        return numba.threading_layer() in ("omp", "tbb")
-    except ValueError:  # no parallel kernel has run yet: the layer is not chosen
-        return False
-
-
 def _speed_at(ts: np.ndarray, poses: np.ndarray, t_us: int, half_us: int = 50_000) -> float:
     """The logged speed (m/s) at ``t_us``: a central difference, one-sided at the track's ends."""
     from gsim.transforms import interpolate_poses
@@ -337,11 +327,13 @@ class ClosedLoop:
             else:  # the same surfel sets on new tracks stay where they are
                 self._renderer.update(scene)
             with self.timer("sensors"):
-                # the LiDARs in a worker thread while the cameras render here: each renderer leaves a core idle
-                # in its serial parts (two threads make either 1.3x faster, not 2x), which the other one fills
+                # the LiDARs in a worker thread while the cameras render here: on a CPU each renderer leaves a core
+                # idle in its serial parts (two threads make either 1.3x faster, not 2x), which the other one fills;
+                # on a GPU the host's Python of one overlaps the GPU work of the other
                 import numba
                 args = (scene, self.prev_T, T, t, numba.get_num_threads())
-                sweeps = self._worker().submit(self._sweeps, *args) if self.lidars and _concurrent() else None
+                beside = self.lidars and self._renderer.lidar_beside_cameras
+                sweeps = self._worker().submit(self._sweeps, *args) if beside else None
                 try:
                     with self.timer("cameras"):  # every camera of the step in one call (gsplat: one batch)
                         views = [(cam, T @ T_vc, n) for n, (cam, T_vc) in self.cameras.items()]

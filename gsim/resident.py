@@ -54,6 +54,20 @@ class Renderer:
         """The LiDAR kernel: the CUDA one where this renderer's device is a GPU, numba otherwise."""
         return "cuda" if getattr(self.device, "type", self.device) == "cuda" else "numba"
 
+    @property
+    def lidar_beside_cameras(self) -> bool:
+        """Whether a LiDAR sweep may render in another thread while this renderer's cameras render: on the GPU
+        (gsplat runs no numba CPU kernel, so only the sweep's thread uses numba's threading layer; the host's
+        Python of one overlaps the GPU work of the other), or where numba's threading layer runs parallel kernels
+        from two threads at once (omp and tbb do; the workqueue layer aborts the process)."""
+        if self.backend == "gsplat":
+            return True
+        import numba
+        try:
+            return numba.threading_layer() in ("omp", "tbb")
+        except ValueError:  # no parallel kernel has run yet: the layer is not chosen
+            return False
+
     def update(self, scene: Scene) -> None:
         """Render ``scene`` from now on. Surfel sets already on the device (the same Surfels objects: a closed
         loop's actors on new tracks, its vehicles that stay) are not uploaded again: the device concatenates what
