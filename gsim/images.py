@@ -3,6 +3,7 @@
 losses, edited-scene outputs, diffusion and the closed loop share them from here."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Tuple, Union
 
@@ -42,6 +43,7 @@ def repaired(repair, scene, log, camera, T_world_camera, timestamp_us: int, rgb,
     return repair.repair_image(rgb, alpha, depth, seed)
 
 
+@functools.lru_cache(maxsize=8)  # (made once per dtype and device: a training step's SSIM needs it every step)
 def _gauss_window(dtype, device) -> torch.Tensor:
     x = torch.arange(SSIM_WINDOW, dtype=dtype, device=device) - SSIM_WINDOW // 2
     g = torch.exp(-x * x / (2 * SSIM_SIGMA ** 2))

@@ -70,16 +70,20 @@ def quat_multiply(a, b):
     """Hamilton product a*b of wxyz quaternions (broadcasting): float64 numpy, or torch tensors (differentiable,
     in their dtype)."""
     if type(a).__module__.startswith("torch"):
+        # a's components times b's, permuted and signed: the same sums in the same order as below, in 14 kernels
+        # instead of 31 (three products a training step: on a GPU every kernel is a launch)
         import torch
-        (aw, ax, ay, az), (bw, bx, by, bz), stack = a.unbind(-1), b.unbind(-1), torch.stack
-    else:
-        aw, ax, ay, az = np.moveaxis(np.asarray(a, np.float64), -1, 0)
-        bw, bx, by, bz = np.moveaxis(np.asarray(b, np.float64), -1, 0)
-        stack = np.stack
-    return stack([aw * bw - ax * bx - ay * by - az * bz,
-                  aw * bx + ax * bw + ay * bz - az * by,
-                  aw * by - ax * bz + ay * bw + az * bx,
-                  aw * bz + ax * by - ay * bx + az * bw], -1)
+        bw, bx, by, bz = b.unbind(-1)
+        nx, ny, nz = -bx, -by, -bz
+        S = torch.stack
+        return (a[..., 0:1] * b + a[..., 1:2] * S([nx, bw, nz, by], -1) + a[..., 2:3] * S([ny, bz, bw, nx], -1)
+                + a[..., 3:4] * S([nz, ny, bx, bw], -1))
+    aw, ax, ay, az = np.moveaxis(np.asarray(a, np.float64), -1, 0)
+    bw, bx, by, bz = np.moveaxis(np.asarray(b, np.float64), -1, 0)
+    return np.stack([aw * bw - ax * bx - ay * by - az * bz,
+                     aw * bx + ax * bw + ay * bz - az * by,
+                     aw * by - ax * bz + ay * bw + az * bx,
+                     aw * bz + ax * by - ay * bx + az * bw], -1)
 
 
 def check_pose(T, name: str = "pose") -> np.ndarray:
