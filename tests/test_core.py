@@ -5,8 +5,8 @@ import torch
 
 import gsim
 from gsim.cameras import camera_from_dict
-from gsim.transforms import (check_pose, interpolate_pose, interpolate_poses, invert, look_at, quat_to_rotmat,
-                             rotmat_to_quat)
+from gsim.transforms import (check_pose, interpolate_pose, interpolate_poses, invert, look_at, quat_multiply,
+                             quat_to_rotmat, rotmat_to_quat)
 
 CAMERAS = [
     gsim.PinholeCamera(64, 48, 50.0, 52.0, 31.0, 25.0),
@@ -26,6 +26,16 @@ def test_quaternion_roundtrip_and_hamilton_convention():
     # 90 deg about z (wxyz): x -> y
     qz = np.array([np.cos(np.pi / 4), 0, 0, np.sin(np.pi / 4)])
     assert np.allclose(quat_to_rotmat(qz[None])[0] @ [1, 0, 0], [0, 1, 0])
+
+
+def test_quaternion_product_is_the_rotations_product_in_numpy_and_torch_alike():
+    rng = np.random.default_rng(1)
+    a, b = (q / np.linalg.norm(q, axis=-1, keepdims=True) for q in rng.normal(size=(2, 50, 4)))
+    ab = quat_multiply(a, b)
+    assert np.allclose(quat_to_rotmat(ab), quat_to_rotmat(a) @ quat_to_rotmat(b), atol=1e-12)
+    for x, y in ((a, b), (a[:1], b), (a[:, None], b[:7])):  # the same numbers, broadcasting alike
+        got = quat_multiply(torch.from_numpy(x), torch.from_numpy(y))
+        assert np.array_equal(got.numpy(), quat_multiply(x, y))
 
 
 def test_check_pose_rejects_bad_poses():
