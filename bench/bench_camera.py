@@ -5,7 +5,8 @@ Usage: python bench/bench_camera.py [--surfels 100000] [--width 640 --height 360
 Prints per-backend median frame time and frames/s, and the numba/torch speed-up. Through the numpy API
 (`gsim.render_camera`: surfels uploaded, outputs downloaded per frame) and, with --resident, through a
 `gsim.resident.Renderer` (the scene on the backend's device once; rgb, alpha and depth left there; the GPU
-synchronised before each frame's clock stops), also with the three cameras of a rig in one call.
+synchronised before each frame's clock stops), also with the three cameras of a rig in one call. --profile (gsplat):
+where a resident frame's GPU time goes, and gsplat's own call with one option changed at a time.
 """
 from __future__ import annotations
 
@@ -70,6 +71,51 @@ def profile_resident(surfels, camera, poses, backend: str, rows: int = 15) -> st
     return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60)
 
 
+def gsplat_variants(surfels, camera, poses) -> str:
+    """gsplat's 2DGS rasterization of the resident surfels as gsim calls it and with one option changed at a time
+    (what an option would buy towards the 300 frames/s aim): median ms a frame, the surfels in view and the tile
+    intersections of the first frame, and the largest rgb change against gsim's call."""
+    import gsplat
+    import torch
+
+    from gsim.render.common import world_to_camera
+    from gsim.resident import Renderer
+    s = Renderer(gsim.Scene(background=surfels), "gsplat").surfels_at(None)
+    scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)
+    K = torch.as_tensor(camera.K, dtype=torch.float32, device="cuda")[None]
+
+    def view(T):
+        R, t, _ = world_to_camera(T)
+        V = np.eye(4)
+        V[:3, :3], V[:3, 3] = R, t
+        return torch.as_tensor(V, dtype=torch.float32, device="cuda")[None]
+    views = [view(T) for T in poses]
+    base = dict(render_mode="RGB+ED", packed=False, tile_size=16, radius_clip=0.0)
+    variants = {"as gsim (RGB+ED)": {}, "RGB only": dict(render_mode="RGB"), "packed": dict(packed=True),
+                "tile 8": dict(tile_size=8), "radius_clip 1 px": dict(radius_clip=1.0),
+                "radius_clip 2 px": dict(radius_clip=2.0)}
+    rows, ref = [], None
+    for name, change in variants.items():
+        kw = {**base, **change}
+        call = lambda V: gsplat.rasterization_2dgs(s.means, s.quats, scales3, s.opacities, s.colors, V, K,  # noqa
+                                                   camera.width, camera.height, sh_degree=surfels.sh_degree, **kw)
+        first = call(views[0])
+        rgb, meta = first[0][0, ..., :3], first[-1]
+        ref = rgb if ref is None else ref
+        visible = int((meta["radii"] > 0).all(-1).sum())
+        times = []
+        for V in views:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            call(V)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        rows.append(f"{name:18s} {med * 1e3:7.2f} ms ({1 / med:6.1f} frames/s)  in view {visible}  "
+                    f"intersections {len(meta['isect_ids'])}  max rgb change {float((rgb - ref).abs().max()):.4f}")
+    return "gsplat 2DGS options, one frame a call:\n" + "\n".join(rows)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--surfels", type=int, default=100_000)
@@ -80,7 +126,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--backends", default="numba,torch")
     ap.add_argument("--resident", action="store_true", help="also through a resident Renderer (1 and 3 cameras)")
     ap.add_argument("--profile", action="store_true", help="with --resident on gsplat: a torch.profiler table of "
-                    "10 resident calls")
+                    "10 resident calls, and gsplat's rasterization timed with its options changed one at a time")
     args = ap.parse_args(argv)
     surfels = street_surfels(args.surfels)
     camera = demo_camera(args.width, args.height)
@@ -110,7 +156,9 @@ def main(argv=None) -> dict:
     if "median_ms" in r.get("numba", {}) and "median_ms" in r.get("torch", {}):
         result["numba_speedup_over_torch"] = round(r["torch"]["median_ms"] / r["numba"]["median_ms"], 1)
         print(f"numba speed-up over torch: {result['numba_speedup_over_torch']}x")
-    print(json.dumps(result))
+    print(json.dumps(result), flush=True)
+    if args.profile and args.resident and "median_ms" in r.get("gsplat", {}):  # (last: an experiment, not the result)
+        print(gsplat_variants(surfels, camera, poses[np.linspace(0, len(poses) - 1, args.frames).round().astype(int)]))
     return result
 
 

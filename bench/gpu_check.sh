@@ -54,7 +54,7 @@ if [ -z "$SKIP_CAMERA" ]; then
   el "camera benchmark, 1920x1080, 1M surfels"
   timeout 90 python3 bench/bench_camera.py --surfels 1000000 --width 1920 --height 1080 --frames 30 \
     --backends gsplat --resident --profile > "$RES/camera.txt" 2>&1
-  grep -v '^-\|^{' "$RES/camera.txt" | tail -22 | cut -c1-200
+  grep -v '^-\|^{' "$RES/camera.txt" | tail -30 | cut -c1-200
   pack
 fi
 wait $SYNTH
