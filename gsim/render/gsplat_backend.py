@@ -1,4 +1,5 @@
-"""NVIDIA GPU camera backend through gsplat's public ``rasterization_2dgs``.
+"""NVIDIA GPU camera backend through gsplat's public 2DGS building blocks (composed as its ``rasterization_2dgs``
+composes them, without its host waits: see `_rasterize`).
 
 gsplat compiles its CUDA code on first use, so availability is probed once with a
 tiny render and the reason is kept when it fails. Differences from the reference,
@@ -70,6 +71,37 @@ def _cover_grid(camera: Camera, pin: PinholeCamera, device):
     return to_device(np.nan_to_num(grid * 2 - 1, nan=-2.0)[None], device, torch.float32)
 
 
+def _rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, options: RenderOptions):
+    """gsplat's 2DGS pipeline, its public building blocks composed as its `rasterization_2dgs` composes them for
+    render_mode "RGB+ED" (unpacked, 16-pixel tiles, eps2d 0.3, no radius clip), less what makes the host wait for
+    the GPU and what gsim does not use: that function inverts the view matrices on the GPU three times (each
+    `torch.linalg.inv` on CUDA synchronises: the host then waited for the rasterization itself), for the cameras'
+    centres (here from the host's poses), for normals from the depth (unused) and to turn the rendered normals to
+    the world (here they stay in the camera frame, where gsim wants them). The one wait left is gsplat's tile
+    intersection reading its intersection count. ``s``: float32 surfels on the GPU; viewmats (C,4,4), Ks (C,3,3),
+    centres (C,3), bg (4,) rgb and depth. Returns rgb and expected depth (C,H,W,4), alpha (C,H,W,1), and the
+    alpha-weighted camera-frame normals (C,H,W,3)."""
+    import torch
+    from gsplat import (fully_fused_projection_2dgs, isect_offset_encode, isect_tiles, rasterize_to_pixels_2dgs,
+                        spherical_harmonics)
+    (width, height), C, tile = size, len(viewmats), 16
+    scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)  # gsplat ignores the 3rd
+    radii, means2d, depths, ray_transforms, normals = fully_fused_projection_2dgs(
+        s.means, s.quats, scales3, viewmats, Ks, width, height, eps2d=0.3, near_plane=options.near,
+        far_plane=options.far, radius_clip=0.0, packed=False)
+    tiles_w, tiles_h = math.ceil(width / tile), math.ceil(height / tile)
+    _, isect_ids, flatten_ids = isect_tiles(means2d, radii, depths, tile, tiles_w, tiles_h, packed=False)
+    offsets = isect_offset_encode(isect_ids, C, tiles_w, tiles_h).reshape(C, tiles_h, tiles_w)
+    rgb = spherical_harmonics(sh_degree, s.means[None] - centres[:, None], s.colors[None].expand(C, -1, -1, -1),
+                              masks=(radii > 0).all(dim=-1))
+    colors = torch.cat([torch.clamp_min(rgb + 0.5, 0.0), depths[..., None]], -1)  # (gsplat's SH offset)
+    densify = torch.zeros_like(means2d, requires_grad=True)  # (gsplat's screen-space gradient slot: unused here)
+    out, alphas, normals, _, _ = rasterize_to_pixels_2dgs(
+        means2d, ray_transforms, colors, s.opacities[None].expand(C, -1), normals, densify, width, height, tile,
+        offsets, flatten_ids, backgrounds=bg[None].expand(C, -1))
+    return torch.cat([out[..., :3], out[..., 3:4] / alphas.clamp(min=1e-10)], -1), alphas, normals
+
+
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
     return render_batch(surfels, [camera], [T_world_camera], options)[0]
 
@@ -83,7 +115,6 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
         # form of the per-pixel hit depths that CameraFrame.distortion is (see common.CameraFrame)
         raise NotImplementedError("gsplat backend: RenderOptions(distortion=True) is not supported (gsplat's "
                                   "render_distort is a different definition); use the torch or numba backend")
-    import gsplat
     import torch
     import torch.nn.functional as F
 
@@ -92,8 +123,7 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
         raise Unavailable(f"gsplat backend not available: {reason}")
     s = surfels.torch(device="cuda", dtype=torch.float32)  # gsplat's kernels take float32; keeps autograd
     dev, dt = s.means.device, s.means.dtype
-    scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)  # gsplat ignores the 3rd
-    bg = to_device(np.asarray(options.background), dev, dt)
+    bg = to_device(np.append(options.background, 0.0), dev, dt)  # (the depth channel's background: 0)
     pins = [c if isinstance(c, PinholeCamera) else _pinhole_cover(c) for c in cameras]
     views = []
     for T in poses:
@@ -104,16 +134,13 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
     frames: List[Optional[CameraFrame]] = [None] * len(cameras)
     for size in dict.fromkeys((p.width, p.height) for p in pins):
         idx = [i for i, p in enumerate(pins) if (p.width, p.height) == size]
-        viewmats = to_device(np.stack([views[i] for i in idx]), dev, dt)
-        Ks = to_device(np.stack([pins[i].K for i in idx]), dev, dt)
-        colors, alphas, normals, *_ = gsplat.rasterization_2dgs(
-            s.means, s.quats, scales3, s.opacities, s.colors, viewmats, Ks, size[0], size[1],
-            near_plane=options.near, far_plane=options.far, sh_degree=surfels.sh_degree,
-            backgrounds=bg[None].expand(len(idx), -1), render_mode="RGB+ED")
+        colors, alphas, normals = _rasterize(
+            s, surfels.sh_degree, to_device(np.stack([views[i] for i in idx]), dev, dt),
+            to_device(np.stack([pins[i].K for i in idx]), dev, dt),
+            to_device(np.stack([np.asarray(poses[i], np.float64)[:3, 3] for i in idx]), dev, dt), size, bg, options)
         for b, i in enumerate(idx):
             alpha = alphas[b, ..., 0]
-            normal = normals[b] @ viewmats[b, :3, :3].T  # gsplat returns world-frame normals
-            normal = torch.where((alpha > 0)[..., None], normal / alpha.clamp_min(1e-10)[..., None], 0.0)
+            normal = torch.where((alpha > 0)[..., None], normals[b] / alpha.clamp_min(1e-10)[..., None], 0.0)
             img = torch.cat([colors[b, ..., :3], alpha[..., None], colors[b, ..., 3:4], normal], -1)
             camera, pin = cameras[i], pins[i]
             if pin is not camera:  # resample the cover image at each pixel's ray
