@@ -185,7 +185,7 @@ class _Run:
         if got is None:
             if len(self._tensors) >= 4096:  # a fine-tuning's pseudo views come and go: the oldest go first
                 self._tensors.pop(next(iter(self._tensors)))
-            on = lambda a: None if a is None else _on(a, self.model.device)  # noqa: E731
+            on = lambda a: None if a is None else to_device(a, self.model.device)  # noqa: E731
             got = self._tensors[id(view)] = (view, {
                 "image": on(view.image), "mask": on(view.mask), "dirs": on(view.dirs_world),
                 "lidar_pix": on(view.lidar_pix), "lidar_depth": on(view.lidar_depth),
@@ -318,11 +318,6 @@ def convert_legacy_checkpoint(path, trust_pickle: bool = False) -> Path:
     return out
 
 
-def _on(a: np.ndarray, device) -> torch.Tensor:
-    """A view's array as a tensor on the model's device."""
-    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
-
-
 def _render(run: _Run, view: View, options: RenderOptions):
     """(frame, rgb): the view as the run's model renders it (its pose correction applied, the sky composed)."""
     model = run.model
@@ -350,7 +345,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     ``sync`` False: no host synchronisation (a GPU runs ahead): (loss, MSE) come back as device tensors, and the
     caller checks the loss (`_settled`)."""
     cfg, model = run.cfg, run.model
-    on = lambda a: _on(a, model.device)  # noqa: E731
+    on = lambda a: to_device(a, model.device)  # noqa: E731
     vt = run.tensors(view)
     params = {**model.params, **model.extra_params()}
     geometry = run.step >= cfg.normal_from
