@@ -281,3 +281,13 @@ def test_a_thinned_scene_keeps_a_fraction_of_each_part_grown_to_cover_and_render
     assert a.mean() > 0.97 and a.min() > 0.8
     from gsim.images import psnr
     assert psnr(full.rgb, part.rgb) > 25
+
+
+def test_to_device_takes_arrays_tensors_and_sequences_as_they_are():
+    from gsim.render.common import to_device
+    a = np.arange(12.0).reshape(3, 4)
+    t = to_device(a[:, ::2].T, "cpu", torch.float32)  # a non-contiguous view, cast
+    assert t.dtype == torch.float32 and t.shape == (2, 3) and np.array_equal(t.numpy(), a[:, ::2].T)
+    x = torch.ones(3, dtype=torch.float64)
+    assert to_device(x, "cpu") is x  # a tensor already there is not copied
+    assert to_device((0.1, 0.2), torch.device("cpu"), torch.float64).tolist() == [0.1, 0.2]

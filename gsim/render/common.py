@@ -170,7 +170,7 @@ def to_device(x, device, dtype=None):
     non-blocking copy from pageable memory is staged at once and ordered on the stream (safe to reuse the
     array after). Copies to the host stay blocking: their data must be there when read."""
     import torch
-    t = x if torch.is_tensor(x) else torch.as_tensor(np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x)
+    t = x if torch.is_tensor(x) else torch.as_tensor(np.ascontiguousarray(x))  # (numpy's float64 for floats)
     device = torch.device(device)
     return t.to(device=device, dtype=dtype, non_blocking=device.type != "cpu" and t.device.type == "cpu")
 
