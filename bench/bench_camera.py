@@ -72,7 +72,7 @@ def profile_resident(surfels, camera, poses, backend: str, rows: int = 15) -> st
 
 
 def gsplat_variants(surfels, camera, poses) -> str:
-    """gsim's gsplat rasterization of the resident surfels (`gsplat_backend._rasterize`), gsplat's own
+    """gsim's gsplat rasterization of the resident surfels (`gsplat_backend.rasterize`), gsplat's own
     `rasterization_2dgs` as gsim called it before (with its host waits and normals from depth), and that call with
     one option changed at a time (what an option would buy towards the 300 frames/s aim): median ms a frame (the GPU
     synchronised around each), the surfels in view and tile intersections of the first frame (gsplat's calls), and
@@ -80,8 +80,9 @@ def gsplat_variants(surfels, camera, poses) -> str:
     import gsplat
     import torch
 
-    from gsim.render.common import RenderOptions, world_to_camera
-    from gsim.render.gsplat_backend import _rasterize
+    from gsim.render.common import RenderOptions
+    from gsim.render.gsplat_backend import rasterize
+    from gsim.transforms import invert
     from gsim.resident import Renderer
     s = Renderer(gsim.Scene(background=surfels), "gsplat").surfels_at(None)
     scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)
@@ -89,12 +90,7 @@ def gsplat_variants(surfels, camera, poses) -> str:
     K, options = on(camera.K)[None], RenderOptions()
     bg, bg4 = on(options.background)[None], on(list(options.background) + [0.0])
 
-    def view(T):
-        R, t, _ = world_to_camera(T)
-        V = np.eye(4)
-        V[:3, :3], V[:3, 3] = R, t
-        return on(V)[None], on(T[:3, 3])[None]
-    views = [view(T) for T in poses]
+    views = [(on(invert(T))[None], on(T[:3, 3])[None]) for T in poses]  # (view matrix, centre)
 
     def theirs(**change):
         kw = {**dict(render_mode="RGB+ED", packed=False, tile_size=16, radius_clip=0.0), **change}
@@ -102,7 +98,7 @@ def gsplat_variants(surfels, camera, poses) -> str:
                                                       camera.width, camera.height, near_plane=options.near,
                                                       far_plane=options.far, sh_degree=surfels.sh_degree,
                                                       backgrounds=bg, **kw)
-    calls = {"gsim's composition": lambda V, c: _rasterize(s, surfels.sh_degree, V, K, c,
+    calls = {"gsim's composition": lambda V, c: rasterize(s, surfels.sh_degree, V, K, c,
                                                             (camera.width, camera.height), bg4, options),
              "rasterization_2dgs": theirs(), "  RGB only": theirs(render_mode="RGB"),
              "  packed": theirs(packed=True), "  tile 8": theirs(tile_size=8),

@@ -6,9 +6,10 @@ Usage: python bench/bench_loop_sensors.py SCENE LOG [--steps 40] [--hz 10] [--sp
 The cameras: the log's first camera at its mounting and turned 50 degrees either side (a rig of three); the
 LiDAR: the preset at the log's first LiDAR mounting (above the vehicle's origin without one), each sweep
 rolling from the previous step's pose to this one. Per step, as bridges.loop does it: the cameras in one call
-(numpy uint8 out) and the sweep in a worker thread beside them where the renderer allows it
-(`Renderer.lidar_beside_cameras`: on a GPU), else one after the other. Prints the median step time and steps/s (and the cameras' and the LiDAR's
-medians); SUMO, the agent, the dynamics, the metrics and the recording are left out (a few ms of a CPU step): on a
+(uint8 out) and the sweep in a worker thread beside them where the renderer allows it
+(`Renderer.lidar_beside_cameras`: on a GPU, or numba's omp/tbb layer), else one after the other. Prints the
+median step time and steps/s (and the cameras' and the LiDAR's medians); SUMO, the agent, the dynamics, the
+metrics and the recording are left out (a few ms of a CPU step): on a
 GPU machine SUMO's libraries are larger than what a device call carries, so this is the loop's rate there.
 --profile: ten more steps under cProfile (the host's Python, by cumulative time) and torch.profiler (the
 operations by their own CPU time and, on a GPU, the kernels by theirs), written to FILE.txt.
@@ -98,14 +99,15 @@ def main(argv=None) -> dict:
             steps.append(step_s)
             cams.append(cam_s)
             sweeps.append(lidar_s)
-    med = statistics.median(steps)
+    med, overlapped = statistics.median(steps), all(beside[1:])
     result = {"scene": a.scene, "backend": r.backend, "lidar_backend": r.lidar_backend, "steps": len(steps),
-              "lidar_beside_cameras": all(beside[1:]),
+              "lidar_beside_cameras": overlapped,
               "cameras": [f"{c.width}x{c.height}" for c, _, _ in rig], "lidar": a.spec,
               "median_step_ms": 1e3 * med, "steps_per_s": 1 / med, "median_cameras_ms": 1e3 * statistics.median(cams),
               "median_lidar_ms": 1e3 * statistics.median(sweeps), "last_sweep_points": int(len(sweep.points)),
               "image_mean": float(np.mean(images[0]))}
-    print(f"{r.backend} + {r.lidar_backend} LiDAR{' (beside)' if all(beside[1:]) else ''}: median step {result['median_step_ms']:.1f} ms "
+    print(f"{r.backend} + {r.lidar_backend} LiDAR{' (beside)' if overlapped else ''}: median step "
+          f"{result['median_step_ms']:.1f} ms "
           f"({result['steps_per_s']:.2f} steps/s; cameras {result['median_cameras_ms']:.1f} ms, LiDAR "
           f"{result['median_lidar_ms']:.1f} ms) over {len(steps)} steps")
     print(json.dumps(result))

@@ -1,4 +1,4 @@
-"""Check on a machine without a GPU that the gsplat backend's `_rasterize` (gsplat's 2DGS building blocks composed
+"""Check on a machine without a GPU that the gsplat backend's `rasterize` (gsplat's 2DGS building blocks composed
 by gsim, without the host waits of gsplat's own `rasterization_2dgs`) computes what `rasterization_2dgs` computes
 with render_mode "RGB+ED": rgb and expected depth, alpha, normals (gsim's in the camera frame, gsplat's in the
 world), and the gradients of all three to the surfels. gsplat's CUDA kernels cannot run here: both compositions run
@@ -29,8 +29,9 @@ from gsplat.cuda._torch_impl_2dgs import _fully_fused_projection_2dgs  # noqa: E
 
 import gsim  # noqa: E402
 from gsim.render import gsplat_backend  # noqa: E402
-from gsim.render.common import RenderOptions, world_to_camera  # noqa: E402
+from gsim.render.common import RenderOptions  # noqa: E402
 from gsim.street import drive_trajectory, street_surfels  # noqa: E402
+from gsim.transforms import invert  # noqa: E402
 from support import random_scene  # noqa: E402
 
 
@@ -83,15 +84,13 @@ def main() -> None:
         leaves = [s.means, s.quats, s.scales, s.opacities, s.colors]
         for x in leaves:
             x.requires_grad_(True)
-        views = np.stack([np.block([[R, t[:, None]], [np.zeros((1, 3)), np.ones((1, 1))]])
-                          for R, t, _ in map(world_to_camera, poses)])
-        viewmats, Ks = f32(views), f32(np.stack([camera.K] * len(poses)))
+        viewmats, Ks = f32(invert(np.stack(poses))), f32(np.stack([camera.K] * len(poses)))
         scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)
         theirs = gsplat.rendering.rasterization_2dgs(
             s.means, s.quats, scales3, s.opacities, s.colors, viewmats, Ks, camera.width, camera.height,
             near_plane=opt.near, far_plane=opt.far, sh_degree=surfels.sh_degree,
             backgrounds=f32([opt.background] * len(poses)), render_mode="RGB+ED")
-        ours = gsplat_backend._rasterize(s, surfels.sh_degree, viewmats, Ks, f32(np.stack([T[:3, 3] for T in poses])),
+        ours = gsplat_backend.rasterize(s, surfels.sh_degree, viewmats, Ks, f32(np.stack([T[:3, 3] for T in poses])),
                                          (camera.width, camera.height), f32(list(opt.background) + [0.0]), opt)
         their_normals = torch.einsum("cij,chwj->chwi", viewmats[:, :3, :3], theirs[2])  # (world -> camera)
         g = torch.Generator().manual_seed(0)

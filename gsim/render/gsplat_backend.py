@@ -1,5 +1,5 @@
 """NVIDIA GPU camera backend through gsplat's public 2DGS building blocks (composed as its ``rasterization_2dgs``
-composes them, without its host waits: see `_rasterize`).
+composes them, without its host waits: see `rasterize`).
 
 gsplat compiles its CUDA code on first use, so availability is probed once with a
 tiny render and the reason is kept when it fails. Differences from the reference,
@@ -19,7 +19,8 @@ from gsim.errors import Unavailable
 
 from ..cameras import Camera, PinholeCamera
 from ..surfels import Surfels
-from .common import CameraFrame, RenderOptions, to_device, world_to_camera
+from ..transforms import invert
+from .common import CameraFrame, RenderOptions, to_device
 
 
 @functools.lru_cache(maxsize=1)
@@ -62,16 +63,16 @@ def _pinhole_cover(camera: Camera) -> PinholeCamera:
 
 
 @functools.lru_cache(maxsize=16)
-def _cover_grid(camera: Camera, pin: PinholeCamera, device):
+def _cover_grid(camera: Camera, device):
     """(1,H,W,2) where each pixel of ``camera`` falls in its pinhole cover's image (grid_sample's coordinates;
     outside where the model has no ray), on the device: made once per camera, not uploaded a frame at a time."""
     import torch
-    rays = camera.ray_table()
+    rays, pin = camera.ray_table(), _pinhole_cover(camera)
     grid = np.stack([(rays[..., 0] * pin.fx + pin.cx) / pin.width, (rays[..., 1] * pin.fy + pin.cy) / pin.height], -1)
     return to_device(np.nan_to_num(grid * 2 - 1, nan=-2.0)[None], device, torch.float32)
 
 
-def _rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, options: RenderOptions):
+def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, options: RenderOptions):
     """gsplat's 2DGS pipeline, its public building blocks composed as its `rasterization_2dgs` composes them for
     render_mode "RGB+ED" (unpacked, 16-pixel tiles, eps2d 0.3, no radius clip), less what makes the host wait for
     the GPU and what gsim does not use: that function inverts the view matrices on the GPU three times (each
@@ -125,26 +126,21 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
     dev, dt = s.means.device, s.means.dtype
     bg = to_device(np.append(options.background, 0.0), dev, dt)  # (the depth channel's background: 0)
     pins = [c if isinstance(c, PinholeCamera) else _pinhole_cover(c) for c in cameras]
-    views = []
-    for T in poses:
-        R_cw, t_cw, _ = world_to_camera(T)
-        view = np.eye(4)
-        view[:3, :3], view[:3, 3] = R_cw, t_cw
-        views.append(view)
+    T_world_camera = np.stack([np.asarray(T, np.float64) for T in poses])
+    views = invert(T_world_camera)  # gsplat's view matrices: world to camera
     frames: List[Optional[CameraFrame]] = [None] * len(cameras)
     for size in dict.fromkeys((p.width, p.height) for p in pins):
         idx = [i for i, p in enumerate(pins) if (p.width, p.height) == size]
-        colors, alphas, normals = _rasterize(
-            s, surfels.sh_degree, to_device(np.stack([views[i] for i in idx]), dev, dt),
-            to_device(np.stack([pins[i].K for i in idx]), dev, dt),
-            to_device(np.stack([np.asarray(poses[i], np.float64)[:3, 3] for i in idx]), dev, dt), size, bg, options)
+        colors, alphas, normals = rasterize(s, surfels.sh_degree, to_device(views[idx], dev, dt),
+                                            to_device(np.stack([pins[i].K for i in idx]), dev, dt),
+                                            to_device(T_world_camera[idx, :3, 3], dev, dt), size, bg, options)
         for b, i in enumerate(idx):
             alpha = alphas[b, ..., 0]
             normal = torch.where((alpha > 0)[..., None], normals[b] / alpha.clamp_min(1e-10)[..., None], 0.0)
             img = torch.cat([colors[b, ..., :3], alpha[..., None], colors[b, ..., 3:4], normal], -1)
             camera, pin = cameras[i], pins[i]
             if pin is not camera:  # resample the cover image at each pixel's ray
-                img = F.grid_sample(img.permute(2, 0, 1)[None], _cover_grid(camera, pin, dev), align_corners=False)
+                img = F.grid_sample(img.permute(2, 0, 1)[None], _cover_grid(camera, dev), align_corners=False)
                 img = img[0].permute(1, 2, 0)
             frames[i] = CameraFrame(rgb=img[..., :3], alpha=img[..., 3], depth=img[..., 4], normal=img[..., 5:8])
     return frames
