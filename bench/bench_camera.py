@@ -88,7 +88,7 @@ def gsplat_variants(surfels, camera, poses) -> str:
     scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)
     on = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32, device="cuda")  # noqa: E731
     K, options = on(camera.K)[None], RenderOptions()
-    bg, bg4 = on(options.background)[None], on(list(options.background) + [0.0])
+    bg = on(options.background)
 
     views = [(on(invert(T))[None], on(T[:3, 3])[None]) for T in poses]  # (view matrix, centre)
 
@@ -97,9 +97,9 @@ def gsplat_variants(surfels, camera, poses) -> str:
         return lambda V, c: gsplat.rasterization_2dgs(s.means, s.quats, scales3, s.opacities, s.colors, V, K,
                                                       camera.width, camera.height, near_plane=options.near,
                                                       far_plane=options.far, sh_degree=surfels.sh_degree,
-                                                      backgrounds=bg, **kw)
+                                                      backgrounds=bg[None], **kw)
     calls = {"gsim's composition": lambda V, c: rasterize(s, surfels.sh_degree, V, K, c,
-                                                            (camera.width, camera.height), bg4, options),
+                                                            (camera.width, camera.height), bg, options),
              "rasterization_2dgs": theirs(), "  RGB only": theirs(render_mode="RGB"),
              "  packed": theirs(packed=True), "  tile 8": theirs(tile_size=8),
              "  radius_clip 1 px": theirs(radius_clip=1.0), "  radius_clip 2 px": theirs(radius_clip=2.0)}

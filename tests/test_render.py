@@ -319,13 +319,18 @@ def test_gsplat_matches_torch_forward_and_backward():
         p = {k: getattr(s, k).detach().clone().requires_grad_(True) for k in
              ("means", "quats", "scales", "opacities", "colors")}
         f = gsim.render_camera(gsim.Surfels(**p), cam, T, backend=backend)
-        (f.rgb.sum() + f.alpha.sum()).backward()
+        (f.rgb.sum() + f.alpha.sum()).backward(retain_graph=True)
+        if backend == "gsplat":  # (its depth's gradients reach the surfels through gsplat's normals)
+            assert all(bool(torch.isfinite(x).all()) for x in torch.autograd.grad(f.depth.sum(), list(p.values())[:3]))
         leaves[backend] = p
         return f
     a, b = run("torch"), run("gsplat")
     err = (a.rgb - b.rgb).abs()
     assert (err > 1e-2).float().mean() < 1e-2
     assert ((a.alpha - b.alpha).abs() > 1e-2).float().mean() < 1e-2
+    # the hit depth from per-surfel planes (the CPU stand-in of bench/gsplat_composition_check.py: 3e-3)
+    solid = (a.alpha > 0.9) & (b.alpha > 0.9)
+    assert float((b.depth / a.depth - 1).abs()[solid].median()) < 1e-2
     for k in ("means", "opacities", "colors"):
         ga, gb = leaves["torch"][k].grad.flatten(), leaves["gsplat"][k].grad.flatten()
         assert torch.nn.functional.cosine_similarity(ga, gb, dim=0) > 0.95, k
@@ -344,6 +349,49 @@ def test_gsplat_resamples_distorted_cameras_like_the_exact_backends(camera):
     aerr = np.abs(np.asarray(a.alpha) - np.asarray(b.alpha))
     assert np.mean(err > 0.1) < 0.05 and np.mean(aerr > 0.1) < 0.05, (np.mean(err > 0.1), np.mean(aerr > 0.1))
     assert np.mean(err) < 0.03, np.mean(err)
+
+
+def _depth_channels(s: gsim.Surfels, camera):
+    """gsplat_backend.depth_channels of surfels seen from the origin (camera = world), normals facing the camera."""
+    from gsim.render.gsplat_backend import depth_channels
+    from gsim.transforms import quat_to_rotmat
+    n = quat_to_rotmat(s.quats / np.linalg.norm(s.quats, axis=1, keepdims=True))[:, :, 2]
+    n = np.where((n * s.means).sum(1, keepdims=True) > 0, -n, n)
+    t = lambda x: torch.as_tensor(np.asarray(x)[None], dtype=torch.float64)  # noqa: E731
+    return depth_channels(t(s.means), t(n), t(s.scales.max(1))[0], t(camera.K), 0.01)[0]
+
+
+def test_gsplat_depth_is_the_hit_depth_of_one_surfel():
+    """gsplat composites values constant per surfel: from its depth channels (weighted by the surfel's weight w, as
+    gsplat sums them) the backend's depth is the ray-surfel hit depth at every pixel, as the torch backend's."""
+    from gsim.render.gsplat_backend import hit_depth
+    s = one_surfel([0.2, 0.1, 3.0], quat=quat_axis_angle([1, 0.3, 0], 1.0), scales=(0.5, 0.3), opacity=0.99)
+    ref = gsim.render_camera(s, PIN, np.eye(4), backend="torch")
+    w = torch.as_tensor(ref.alpha)[None]
+    depth = hit_depth(w[..., None] * _depth_channels(s, PIN)[0], w, torch.as_tensor(PIN.K)[None], (64, 64))[0]
+    seen = ref.alpha > 0.05
+    assert seen.sum() > 200 and np.ptp(ref.depth[seen]) > 0.5  # tilted: its depth spans half a metre
+    assert np.allclose(depth.numpy()[seen], ref.depth[seen], rtol=1e-6)
+    assert np.all(depth.numpy()[~(ref.alpha > 0)] == 0)
+
+
+def test_gsplat_depth_blends_surfels_facing_the_camera_by_their_weights():
+    from gsim.render.gsplat_backend import hit_depth
+    s = gsim.Surfels.concatenate([one_surfel([0.0, 0.0, z]) for z in (2.0, 5.0)])
+    ch = _depth_channels(s, PIN)
+    w = torch.tensor([0.6, 0.3], dtype=torch.float64)  # (their weights at one pixel)
+    depth = hit_depth((w[:, None] * ch).sum(0)[None, None, None].expand(1, 64, 64, 5), w.sum().expand(1, 64, 64),
+                      torch.as_tensor(PIN.K)[None], (64, 64))
+    assert torch.allclose(depth, torch.tensor(0.6 * 2 + 0.3 * 5, dtype=torch.float64) / 0.9)
+
+
+@pytest.mark.parametrize("case", ["edge-on", "reaching the camera"])
+def test_gsplat_depth_takes_the_centre_where_a_surfels_plane_is_not_what_it_shows(case):
+    # edge-on: its 2D filter's pixels would get plane depths far from its own; near: its plane meets rays behind
+    quat, centre = ((quat_axis_angle([0, 1, 0], math.pi / 2), [0.05, 0.0, 4.0]) if case == "edge-on" else
+                    (quat_axis_angle([1, 0, 0], 1.2), [0.0, 0.0, 0.3]))
+    ch = _depth_channels(one_surfel(centre, quat=quat, scales=(0.4, 0.4)), PIN)[0]
+    assert torch.allclose(ch, torch.tensor([0, 0, 1 / centre[2], 1 / centre[2], centre[2]], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

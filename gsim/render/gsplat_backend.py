@@ -2,10 +2,12 @@
 composes them, without its host waits: see `rasterize`).
 
 gsplat compiles its CUDA code on first use, so availability is probed once with a
-tiny render and the reason is kept when it fails. Differences from the reference,
-both gsplat's own choices: its expected depth composites each surfel's centre depth
-(not the per-pixel hit depth), and it has no distortion model, so distorted cameras
-are rendered as a pinhole image covering their rays and resampled bilinearly
+tiny render and the reason is kept when it fails. Differences from the reference:
+gsplat composites values that are constant per surfel, so the depth comes from the sums of
+per-surfel planes of inverse hit depth (`hit_depth`: exact where one surfel covers
+the pixel, close to the reference's mean where surfels at different depths blend; gsplat's own
+expected depth composites the surfels' centre depths); and gsplat has no distortion model, so
+distorted cameras are rendered as a pinhole image covering their rays and resampled bilinearly
 (approximate, unlike the exact per-ray torch/numba backends).
 """
 from __future__ import annotations
@@ -72,16 +74,62 @@ def _cover_grid(camera: Camera, device):
     return to_device(np.nan_to_num(grid * 2 - 1, nan=-2.0)[None], device, torch.float32)
 
 
+# gsplat's cut-off radius in sigmas (alpha reaches 1/255 there) and its 2D filter's in pixels
+CUTOFF_SIGMAS, FILTER_PX = 3.33, 2.35
+
+
+def depth_channels(means_c, normals, reach, Ks, near: float):
+    """What gsplat composites per camera and surfel (C,N,5) for `hit_depth`: the q for which the surfel's hit depth
+    z along the ray through the normalised image point (x, y) is 1 / q.(x, y, 1), its plane's q = n / (n.c) (c its
+    centre, n its normal, camera frame); then 1 / c_z and c_z (last: gsplat's median depth reads the last channel).
+    Where the plane is not what the surfel's pixels see, q is the centre's (0, 0, 1 / c_z): a surfel nearly edge-on
+    (its 2D filter covers pixels up to FILTER_PX from the centre, whose plane depths would stray more than half the
+    centre's), or reaching the near plane within CUTOFF_SIGMAS of its largest scale ``reach`` (N,) (its plane would
+    meet those rays behind the camera). Ks (C,3,3)."""
+    import torch
+    z = means_c[..., 2]
+    nc = (normals * means_c).sum(-1)
+    with torch.no_grad():
+        focal = torch.minimum(Ks[:, 0, 0], Ks[:, 1, 1])[:, None]
+        tilt = torch.sqrt((1.0 - normals[..., 2] ** 2).clamp_min(0.0))  # the largest z of a unit vector in the plane
+        plane = (nc.abs() * focal >= 2 * FILTER_PX * z) & (z - CUTOFF_SIGMAS * reach * tilt > near)
+        front = z > near
+    inv_z = torch.where(front, 1.0 / torch.where(front, z, 1.0), 0.0)  # (behind: culled by gsplat, not rendered)
+    q = torch.where(plane[..., None], normals / torch.where(plane, nc, 1.0)[..., None],
+                    torch.stack([torch.zeros_like(z), torch.zeros_like(z), inv_z], -1))
+    return torch.cat([q, inv_z[..., None], z[..., None]], -1)
+
+
+def hit_depth(channels, alpha, Ks, size):
+    """Depth (C,H,W) from the rendered sums (C,H,W,5) of the surfels' `depth_channels` and the alpha (C,H,W): the
+    weighted harmonic mean of the hit depths along each pixel's (centre) ray, H = alpha / sum w q.(x, y, 1), times
+    the ratio of the arithmetic to the harmonic mean of the centres' depths. That is the arithmetic mean of the hit
+    depths (the reference backends' depth) where the blended surfels' hit depths are one multiple of their centres'
+    (one surfel; surfels facing the camera), and H where their centres' depths agree; the harmonic mean alone
+    would follow a near surfel's small share (gsplat's 2D filter lights pixels beside one that reaches behind the
+    camera). 0 where alpha is 0."""
+    import torch
+    (width, height), dev, dt = size, channels.device, channels.dtype
+    x = (torch.arange(width, device=dev, dtype=dt) + 0.5 - Ks[:, 0, 2, None]) / Ks[:, 0, 0, None]  # (C,W)
+    y = (torch.arange(height, device=dev, dtype=dt) + 0.5 - Ks[:, 1, 2, None]) / Ks[:, 1, 1, None]  # (C,H)
+    inv = channels[..., 0] * x[:, None, :] + channels[..., 1] * y[:, :, None] + channels[..., 2]
+    seen = alpha > 0
+    # (each surfel's term is positive by depth_channels' choice: the floor only keeps rounding from dividing by 0)
+    den = torch.where(seen, alpha * torch.maximum(inv, alpha * 1e-6), 1.0)
+    return torch.where(seen, channels[..., 3] * channels[..., 4] / den, 0.0)
+
+
 def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, options: RenderOptions):
-    """gsplat's 2DGS pipeline, its public building blocks composed as its `rasterization_2dgs` composes them for
-    render_mode "RGB+ED" (unpacked, 16-pixel tiles, eps2d 0.3, no radius clip), less what makes the host wait for
-    the GPU and what gsim does not use: that function inverts the view matrices on the GPU three times (each
-    `torch.linalg.inv` on CUDA synchronises: the host then waited for the rasterization itself), for the cameras'
-    centres (here from the host's poses), for normals from the depth (unused) and to turn the rendered normals to
-    the world (here they stay in the camera frame, where gsim wants them). The one wait left is gsplat's tile
-    intersection reading its intersection count. ``s``: float32 surfels on the GPU; viewmats (C,4,4), Ks (C,3,3),
-    centres (C,3), bg (4,) rgb and depth. Returns rgb and expected depth (C,H,W,4), alpha (C,H,W,1), and the
-    alpha-weighted camera-frame normals (C,H,W,3)."""
+    """gsplat's 2DGS pipeline, its public building blocks composed as its `rasterization_2dgs` composes them
+    (unpacked, 16-pixel tiles, eps2d 0.3, no radius clip), less what makes the host wait for the GPU and what gsim
+    does not use: that function inverts the view matrices on the GPU three times (each `torch.linalg.inv` on CUDA
+    synchronises: the host then waited for the rasterization itself), for the cameras' centres (here from the
+    host's poses), for normals from the depth (unused) and to turn the rendered normals to the world (here they
+    stay in the camera frame, where gsim wants them). Its depth channel (the centres' depths) is replaced by the
+    five of `depth_channels` (8 channels in all, a size gsplat's kernels take as they are). The one wait left is
+    gsplat's tile intersection reading its intersection count. ``s``: float32 surfels on the GPU; viewmats
+    (C,4,4), Ks (C,3,3), centres (C,3), bg (3,) rgb. Returns rgb (C,H,W,3), depth (C,H,W) (`hit_depth`), alpha
+    (C,H,W,1), and the alpha-weighted camera-frame normals (C,H,W,3)."""
     import torch
     from gsplat import (fully_fused_projection_2dgs, isect_offset_encode, isect_tiles, rasterize_to_pixels_2dgs,
                         spherical_harmonics)
@@ -95,12 +143,14 @@ def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, optio
     offsets = isect_offset_encode(isect_ids, C, tiles_w, tiles_h).reshape(C, tiles_h, tiles_w)
     rgb = spherical_harmonics(sh_degree, s.means[None] - centres[:, None], s.colors[None].expand(C, -1, -1, -1),
                               masks=(radii > 0).all(dim=-1))
-    colors = torch.cat([torch.clamp_min(rgb + 0.5, 0.0), depths[..., None]], -1)  # (gsplat's SH offset)
+    means_c = torch.einsum("cij,nj->cni", viewmats[:, :3, :3], s.means) + viewmats[:, None, :3, 3]
+    depth = depth_channels(means_c, normals, s.scales.max(1).values, Ks, options.near)
+    colors = torch.cat([torch.clamp_min(rgb + 0.5, 0.0), depth], -1)  # (gsplat's SH offset)
     densify = torch.zeros_like(means2d, requires_grad=True)  # (gsplat's screen-space gradient slot: unused here)
     out, alphas, normals, _, _ = rasterize_to_pixels_2dgs(
         means2d, ray_transforms, colors, s.opacities[None].expand(C, -1), normals, densify, width, height, tile,
-        offsets, flatten_ids, backgrounds=bg[None].expand(C, -1))
-    return torch.cat([out[..., :3], out[..., 3:4] / alphas.clamp(min=1e-10)], -1), alphas, normals
+        offsets, flatten_ids, backgrounds=torch.cat([bg, bg.new_zeros(5)])[None].expand(C, -1))
+    return out[..., :3], hit_depth(out[..., 3:], alphas[..., 0], Ks, size), alphas, normals
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
@@ -124,20 +174,20 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
         raise Unavailable(f"gsplat backend not available: {reason}")
     s = surfels.torch(device="cuda", dtype=torch.float32)  # gsplat's kernels take float32; keeps autograd
     dev, dt = s.means.device, s.means.dtype
-    bg = to_device(np.append(options.background, 0.0), dev, dt)  # (the depth channel's background: 0)
+    bg = to_device(np.asarray(options.background), dev, dt)
     pins = [c if isinstance(c, PinholeCamera) else _pinhole_cover(c) for c in cameras]
     T_world_camera = np.stack([np.asarray(T, np.float64) for T in poses])
     views = invert(T_world_camera)  # gsplat's view matrices: world to camera
     frames: List[Optional[CameraFrame]] = [None] * len(cameras)
     for size in dict.fromkeys((p.width, p.height) for p in pins):
         idx = [i for i, p in enumerate(pins) if (p.width, p.height) == size]
-        colors, alphas, normals = rasterize(s, surfels.sh_degree, to_device(views[idx], dev, dt),
-                                            to_device(np.stack([pins[i].K for i in idx]), dev, dt),
-                                            to_device(T_world_camera[idx, :3, 3], dev, dt), size, bg, options)
+        rgb, depth, alphas, normals = rasterize(s, surfels.sh_degree, to_device(views[idx], dev, dt),
+                                                to_device(np.stack([pins[i].K for i in idx]), dev, dt),
+                                                to_device(T_world_camera[idx, :3, 3], dev, dt), size, bg, options)
         for b, i in enumerate(idx):
             alpha = alphas[b, ..., 0]
             normal = torch.where((alpha > 0)[..., None], normals[b] / alpha.clamp_min(1e-10)[..., None], 0.0)
-            img = torch.cat([colors[b, ..., :3], alpha[..., None], colors[b, ..., 3:4], normal], -1)
+            img = torch.cat([rgb[b], alpha[..., None], depth[b, ..., None], normal], -1)
             camera, pin = cameras[i], pins[i]
             if pin is not camera:  # resample the cover image at each pixel's ray
                 img = F.grid_sample(img.permute(2, 0, 1)[None], _cover_grid(camera, dev), align_corners=False)
