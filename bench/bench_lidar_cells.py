@@ -60,20 +60,20 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     K.RAYS_PER_CELL = args.rays_per_cell  # (read by grid_of at each call)
     spec = LidarSpec.preset(args.spec)
-    groups, lay = lr._groups(street_scene(args.surfels)), lr._layout(spec)
+    groups, lay = lr.surfel_groups(street_scene(args.surfels)), lr.sweep_layout(spec)
     (trajectory, t0), = street_poses(spec, 0, args.speed)
     times = t0 + lay.column_us
-    sensor = lr._sensor_poses(trajectory, t0, times, True)
+    sensor = lr.sensor_poses(trajectory, t0, times, True)
     dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
     column = np.tile(np.arange(len(times)), lay.directions.shape[0])
     origins = np.ascontiguousarray(sensor[column, :3, 3])
-    wfg, _ = lr._group_poses(groups, times)
+    wfg, _ = lr.group_poses(groups, times)
     by_column = np.argsort(column, kind="stable")
     bounds = np.searchsorted(column[by_column], np.arange(len(times) + 1))
     steps, taken, lengths, pairs = [], [], [], 0
-    for cols in lr._bundles(sensor[:, :3, 3], wfg[1:], len(dirs)):
+    for cols in lr.bundle_columns(sensor[:, :3, 3], wfg[1:], len(dirs)):
         rays = by_column[bounds[cols[0]]:bounds[cols[-1] + 1]]
-        o_ref, R_ref, margin, ref = lr._bundle_frame(groups, sensor, wfg, cols)
+        o_ref, R_ref, margin, ref = lr.bundle_frame(groups, sensor, wfg, cols)
         cell, cap, cell_start, lst = K.bin_bundle(groups.rec, groups.scales, groups.group, ref, margin, dirs, rays,
                                                   o_ref, R_ref, lr.BEAM_DIVERGENCE_RAD)
         order = np.argsort(cell, kind="stable")

@@ -58,7 +58,9 @@ class LidarFrame:
 
 
 @dataclass(frozen=True, eq=False)
-class _Layout:
+class SweepLayout:
+    """A spec's rays: what every sweep of it shares (`sweep_layout`)."""
+
     directions: np.ndarray  # (L,C,3) sensor frame
     time_offsets_us: np.ndarray  # (L,C) int64
     column_us: np.ndarray  # (C,) int64: when a column fires (its first laser)
@@ -66,16 +68,17 @@ class _Layout:
 
 
 @functools.lru_cache(maxsize=16)
-def _layout(spec) -> _Layout:
+def sweep_layout(spec) -> SweepLayout:
+    """The layout of a LidarSpec or RayTableSpec (cached: a simulator renders many sweeps of one spec)."""
     d, t = spec.ray_directions(), spec.time_offsets_us()
     if isinstance(spec, RayTableSpec):
-        return _Layout(d[None], t[None], t[None].min(0), None)
+        return SweepLayout(d[None], t[None], t[None].min(0), None)
     el = np.radians(spec.elevations_deg)
     row_of = np.argsort(el, kind="stable")
     step = math.radians(spec.azimuth_resolution_deg) * (1 if spec.spin == "ccw" else -1)
     row_az = np.radians(spec.start_azimuth_deg + np.asarray(spec.azimuth_offsets_deg, np.float64)
                         + np.zeros(spec.lasers))
-    return _Layout(d, t, t.min(0), (np.sin(el[row_of]), row_of, row_az, step))
+    return SweepLayout(d, t, t.min(0), (np.sin(el[row_of]), row_of, row_az, step))
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,7 +124,7 @@ class SurfelGroups:
         return self.cache["disk"]
 
 
-def _groups(scene_or_surfels) -> SurfelGroups:
+def surfel_groups(scene_or_surfels) -> SurfelGroups:
     """The surfel groups of a Scene (the actors' current tracks) or of world-frame Surfels."""
     from gsim.scene import Scene
     from gsim.surfels import Surfels
@@ -149,7 +152,7 @@ def _geometry(parts) -> SurfelGroups:
                               [None] * (len(bodies) - 1))
 
 
-def _sensor_poses(T_world_lidar, timestamp_us: Optional[int], times_us: np.ndarray, rolling: bool) -> np.ndarray:
+def sensor_poses(T_world_lidar, timestamp_us: Optional[int], times_us: np.ndarray, rolling: bool) -> np.ndarray:
     """(C,4,4) sensor pose at each column's firing time."""
     from gsim.transforms import check_pose, interpolate_poses
     if isinstance(T_world_lidar, tuple):
@@ -168,7 +171,7 @@ def _sensor_poses(T_world_lidar, timestamp_us: Optional[int], times_us: np.ndarr
     return np.broadcast_to(T, (len(times_us), 4, 4))
 
 
-def _bundles(origins: np.ndarray, actor_poses: np.ndarray, n_rays: int) -> List[np.ndarray]:
+def bundle_columns(origins: np.ndarray, actor_poses: np.ndarray, n_rays: int) -> List[np.ndarray]:
     """Consecutive column ranges over which the sensor and each actor origin move about BUNDLE_SPREAD_M; at
     least MIN_BUNDLE_RAYS rays per bundle (each bundle bins every surfel again: with few rays, as in a training
     batch, wider margins cost less than more binning)."""
@@ -206,13 +209,13 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     if not 0 < hit_alpha < 1:
         raise InputError(f"render_lidar: hit_alpha must lie in (0, 1), got {hit_alpha}")
     name = pick_lidar_backend(backend)
-    groups = _groups(scene_or_surfels)
+    groups = surfel_groups(scene_or_surfels)
     if groups.tracks and timestamp_us is None:
         raise InputError("render_lidar: this scene has actors; give timestamp_us (integer microseconds)")
-    lay = _layout(spec)
+    lay = sweep_layout(spec)
     t0 = 0 if timestamp_us is None else int(timestamp_us)
     times = t0 + lay.column_us if rolling else np.full(len(lay.column_us), t0)
-    sensor = _sensor_poses(T_world_lidar, timestamp_us, times, rolling)
+    sensor = sensor_poses(T_world_lidar, timestamp_us, times, rolling)
     L, C = lay.directions.shape[:2]
     head = _head(scene_or_surfels, head, groups)
     sweep = name == "numba" and lay.rows is not None  # the strip kernel turns the directions itself
@@ -282,7 +285,7 @@ def render_rays(scene_or_surfels, T_world_lidar: np.ndarray, times_us: np.ndarra
     """Arbitrary rays, each fired at its own time from its own sensor pose: T_world_lidar (R,4,4), times_us
     (R,) (the actors' poses), dirs (R,3) unit, sensor frame. Returns {"range": (R,) m, 0 = no return,
     "intensity": (R,) or None, "drop_probability": (R,) or None} (see `render_lidar`)."""
-    groups = _groups(scene_or_surfels)
+    groups = surfel_groups(scene_or_surfels)
     head = _head(scene_or_surfels, head, groups)
     out, order, _, world = trace_rays(groups, T_world_lidar, times_us, dirs, hit_alpha, pick_lidar_backend(backend))
     hit, intensity, drop = _returns(out, world, hit_alpha, min_range_m, max_range_m, head)
@@ -313,7 +316,7 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs, 
     median, normal, features) plus group_from_world (G,C,3,4) and, with ``candidates`` K > 0, each ray's first K
     contributors. ``device`` (cuda): the arrays are float32 tensors left on the GPU."""
     C, R = len(sensor), len(dirs)
-    world_from_group, group_from_world = _group_poses(groups, times_us)
+    world_from_group, group_from_world = group_poses(groups, times_us)
     bounds = np.concatenate([[0], np.cumsum(np.bincount(column, minlength=C))])  # each column's rays, by column
     if backend == "cuda":  # the rays and outputs live on the device until `result`
         from .kernel_cuda import Tracer
@@ -323,11 +326,11 @@ def trace(groups: SurfelGroups, sensor: np.ndarray, times_us: np.ndarray, dirs, 
         dirs = np.ascontiguousarray(dirs, np.float64)
         by_column = np.argsort(column, kind="stable")
         out = _outputs(R, groups.features.shape[1], candidates)
-    for cols in _bundles(sensor[:, :3, 3], world_from_group[1:], R):
+    for cols in bundle_columns(sensor[:, :3, 3], world_from_group[1:], R):
         start, stop = bounds[cols[0]], bounds[cols[-1] + 1]
         if start == stop:
             continue
-        o_ref, R_ref, margin, ref = _bundle_frame(groups, sensor, world_from_group, cols)
+        o_ref, R_ref, margin, ref = bundle_frame(groups, sensor, world_from_group, cols)
         if backend == "numba":
             from .kernel import render_bundle
             render_bundle(groups.rec, groups.scales, groups.features, groups.group, ref, group_from_world, margin,
@@ -349,7 +352,7 @@ def _outputs(R: int, F: int, candidates: int = 0) -> dict:
             "features": np.zeros((R, F)), "candidates": np.full((R, candidates), -1, np.int64)}
 
 
-def _group_poses(groups: SurfelGroups, times_us: np.ndarray):
+def group_poses(groups: SurfelGroups, times_us: np.ndarray):
     """Each group's pose at each time: world_from_group (G,C,4,4) and group_from_world (G,C,3,4)."""
     from gsim.transforms import interpolate_poses, invert
     world_from_group = np.tile(np.eye(4), (1 + len(groups.tracks), len(times_us), 1, 1))
@@ -365,7 +368,7 @@ def _group_poses(groups: SurfelGroups, times_us: np.ndarray):
     return world_from_group, np.ascontiguousarray(invert(world_from_group)[..., :3, :])
 
 
-def _bundle_frame(groups: SurfelGroups, sensor: np.ndarray, world_from_group: np.ndarray, cols: np.ndarray):
+def bundle_frame(groups: SurfelGroups, sensor: np.ndarray, world_from_group: np.ndarray, cols: np.ndarray):
     """The reference of columns ``cols``, their middle column's pose: its origin, rotation, each group's pose
     (G,3,4), and each group's margin (G,): how far (m) the columns' origins and the group's surfels can be
     from where the reference puts them."""
@@ -380,7 +383,7 @@ def _bundle_frame(groups: SurfelGroups, sensor: np.ndarray, world_from_group: np
     return o_ref, R_ref, margin, np.ascontiguousarray(world_from_group[:, mid, :3, :])
 
 
-def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_us: np.ndarray,
+def trace_sweep(groups: SurfelGroups, lay: "SweepLayout", sensor: np.ndarray, times_us: np.ndarray,
                 hit_alpha: float) -> dict:
     """`trace` of a whole spinning sweep by the numba strip kernel (lidar.sweep): sensor (C,4,4) and times_us
     (C,) per column, ray r = laser C + column along the layout's directions. The returned arrays are buffers
@@ -388,7 +391,7 @@ def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_
     from .kernel import scratch
     from .sweep import render_strips, strip_width
     C = len(sensor)
-    world_from_group, group_from_world = _group_poses(groups, times_us)
+    world_from_group, group_from_world = group_poses(groups, times_us)
     still = bool(np.all(sensor == sensor[:1]) and np.all(world_from_group == world_from_group[:, :1]))
     # rolling: each strip is sorted from its own reference, so it spans as little motion as trace's bundles
     strips = 1 if still else _spread_bundles(sensor[:, :3, 3], world_from_group[1:])
@@ -396,7 +399,7 @@ def trace_sweep(groups: SurfelGroups, lay: "_Layout", sensor: np.ndarray, times_
     spans = [np.arange(C)] + ([] if still else [np.arange(a, min(a + width, C)) for a in range(0, C, width)])
     frames = []
     for cols in spans:
-        o_ref, R_ref, margin, ref = _bundle_frame(groups, sensor, world_from_group, cols)
+        o_ref, R_ref, margin, ref = bundle_frame(groups, sensor, world_from_group, cols)
         M = np.einsum("ji,gjk->gik", R_ref, ref)  # reference_from_group: R^T [A | t - o_ref]
         M[:, :, 3] -= R_ref.T @ o_ref
         turn = float(_rotation_angle(np.einsum("ji,cjk->cik", R_ref, sensor[cols, :3, :3])).max())
@@ -460,7 +463,7 @@ def _rotations(sensor: np.ndarray) -> np.ndarray:
     return rot[:1] if np.all(rot == rot[:1]) else rot
 
 
-def _frame(lay: _Layout, out: dict, sensor: np.ndarray, hit: np.ndarray, intensity, drop) -> LidarFrame:
+def _frame(lay: SweepLayout, out: dict, sensor: np.ndarray, hit: np.ndarray, intensity, drop) -> LidarFrame:
     from .kernel import fill_frame
     L, C = lay.directions.shape[:2]
     start = np.zeros(L + 1, np.int64)

@@ -10,7 +10,7 @@ import numpy as np
 
 import gsim
 from gsim.lidar import RayTableSpec, render_lidar
-from gsim.lidar.render import _groups, _layout, _sensor_poses, trace
+from gsim.lidar.render import surfel_groups, sweep_layout, sensor_poses, trace
 
 
 def pose(x, y=0.0, yaw=0.0):
@@ -68,18 +68,18 @@ def main():
     import gsim.lidar.render as lidar_render
     from gsim.lidar.kernel_cuda import Tracer
     times = np.linspace(0, 100_000, 800).astype(np.int64)
-    sensor = _sensor_poses(trajectory, 0, times, True)
+    sensor = sensor_poses(trajectory, 0, times, True)
     dirs = np.einsum("cij,cj->ci", sensor[:, :3, :3], ring(800, [-6.0]))
     lidar_render.MIN_BUNDLE_RAYS = 64  # 800 rays: 12 bundles (the sensor's and the car's paths allow more)
     binned, real_bundle = [], Tracer.bundle
     Tracer.bundle = lambda self, *args: binned.append(1) or real_bundle(self, *args)
-    c, d = (trace(_groups(scene), sensor, times, dirs, np.arange(800), 0.5, k, candidates=4)
+    c, d = (trace(surfel_groups(scene), sensor, times, dirs, np.arange(800), 0.5, k, candidates=4)
             for k in ("numba", "cuda"))
     # the same bundles binned in passes of 5, 5 and 2 (PASS_SLOTS: a big scene's binning memory)
     import gsim.lidar.kernel_cuda as kc
-    kc.PASS_SLOTS, passes, real_bin = 5 * len(_groups(scene).rec), [], Tracer._bin
+    kc.PASS_SLOTS, passes, real_bin = 5 * len(surfel_groups(scene).rec), [], Tracer._bin
     Tracer._bin = lambda self, bundles, grid: passes.append(len(bundles)) or real_bin(self, bundles, grid)
-    e = trace(_groups(scene), sensor, times, dirs, np.arange(800), 0.5, "cuda", candidates=4)
+    e = trace(surfel_groups(scene), sensor, times, dirs, np.arange(800), 0.5, "cuda", candidates=4)
     Tracer.bundle, Tracer._bin, lidar_render.MIN_BUNDLE_RAYS, kc.PASS_SLOTS = real_bundle, real_bin, 8192, 8 << 20
     assert len(binned) == 24 and passes == [5, 5, 2] and (c["alpha"] > 0.5).sum() > 300, (binned, passes)
     for key, tol in (("alpha", 1e-5), ("median", 1e-4), ("normal", 1e-5), ("features", 1e-5)):
@@ -87,12 +87,12 @@ def main():
         assert np.array_equal(d[key], e[key]), key
     assert np.array_equal(c["candidates"], d["candidates"]) and np.array_equal(d["candidates"], e["candidates"])
     # the raw sums and each ray's first contributors (what training recomposites), on a partial grid
-    lay = _layout(RayTableSpec.from_directions("fan", ring(48, [-10.0, -4.0, 2.0]), 0.1, 100.0))
+    lay = sweep_layout(RayTableSpec.from_directions("fan", ring(48, [-10.0, -4.0, 2.0]), 0.1, 100.0))
     times = lay.column_us
-    sensor = _sensor_poses(trajectory, 0, times, True)
+    sensor = sensor_poses(trajectory, 0, times, True)
     dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
     column = np.arange(len(dirs))
-    x, y = (trace(_groups(scene), sensor, times, dirs, column, 0.5, k, candidates=6) for k in ("numba", "cuda"))
+    x, y = (trace(surfel_groups(scene), sensor, times, dirs, column, 0.5, k, candidates=6) for k in ("numba", "cuda"))
     assert (x["alpha"] > 0.5).sum() > 40
     for key, tol in (("alpha", 1e-5), ("median", 1e-4), ("range_sum", 1e-3), ("normal", 1e-5), ("features", 1e-5)):
         assert np.abs(x[key] - y[key]).max() < tol, (key, np.abs(x[key] - y[key]).max())
@@ -101,7 +101,7 @@ def main():
     import torch
     from gsim.lidar.kernel_cuda import device_groups
     from gsim.scene import body_surfels
-    host = _groups(scene)
+    host = surfel_groups(scene)
     parts = [scene.background] + [body_surfels(a.surfels, a.shadow_surfels) for a in scene.actors]
     cat = lambda k: torch.as_tensor(np.concatenate([getattr(p, k) for p in parts]))  # noqa: E731
     dev = device_groups(cat("means"), cat("quats"), cat("scales"), cat("opacities"), cat("features"),

@@ -41,13 +41,13 @@ def test_cuda_kernel_matches_numba_on_the_gpu():
         pytest.skip(f"needs an NVIDIA GPU for numba-cuda: {unavailable_reason() or 'the simulator is on'}")
     from gsim.lidar import render as R
     spec = LidarSpec.preset("velodyne-hdl64e")
-    groups = R._groups(street_surfels(200_000))
-    lay = R._layout(spec)
+    groups = R.surfel_groups(street_surfels(200_000))
+    lay = R.sweep_layout(spec)
     for speed in (0.0, 20.0):
         T0, T1 = np.eye(4), np.eye(4)
         T0[2, 3] = T1[2, 3] = 1.9
         T1[0, 3] = speed / spec.spin_hz
-        sensor = R._sensor_poses((np.array([0, 100_000]), np.stack([T0, T1])), 0, lay.column_us, True)
+        sensor = R.sensor_poses((np.array([0, 100_000]), np.stack([T0, T1])), 0, lay.column_us, True)
         dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
         column = np.tile(np.arange(len(lay.column_us)), lay.directions.shape[0])
         a, b = (R.trace(groups, sensor, lay.column_us, dirs, column, 0.5, k) for k in ("numba", "cuda"))

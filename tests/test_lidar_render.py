@@ -175,12 +175,12 @@ def test_rolling_sweep_moves_actors_per_column():
     # the same surfels on a new track (a closed loop moves its actors every step): the new track is used,
     # and the surfels' geometry is not rebuilt
     from dataclasses import replace
-    from gsim.lidar.render import _groups
+    from gsim.lidar.render import surfel_groups
     moved = replace(scene, actors=(replace(actor, track_timestamps_us=np.array([0]),
                                            track_poses=translation(15.0)[None]),))
     measured, analytic = front_ranges(render_lidar(moved, VLP16, np.eye(4), timestamp_us=0), lambda t: 15.0 + 0 * t)
     assert np.abs(measured - analytic).max() < 1e-3
-    assert _groups(moved).rec is _groups(scene).rec
+    assert surfel_groups(moved).rec is surfel_groups(scene).rec
 
 
 def test_numba_matches_torch_with_actors_and_a_turning_moving_sensor():
@@ -232,11 +232,11 @@ def test_sweep_kernel_matches_the_ray_kernel(still):
     else:
         spec = replace(VLP16, spin="ccw", start_azimuth_deg=37.0)
         pose = (np.array([0, 100_000]), np.stack([translation(0.0), translation(1.5, 0.2, 0.2)]))
-    lay = R._layout(spec)
+    lay = R.sweep_layout(spec)
     t = lay.column_us
-    sensor = R._sensor_poses(pose, 0, t, True)
+    sensor = R.sensor_poses(pose, 0, t, True)
     dirs = np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
-    groups = R._groups(scene)
+    groups = R.surfel_groups(scene)
     a = R.trace_sweep(groups, lay, sensor, t, 0.5)
     b = R.trace(groups, sensor, t, dirs, np.tile(np.arange(len(t)), lay.directions.shape[0]), 0.5)
     assert np.mean(a["alpha"] > 0.5) > 0.3
