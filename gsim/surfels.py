@@ -20,13 +20,15 @@ _FIELDS = ("means", "quats", "scales", "opacities", "colors", "features")
 QUAT_NORM_TOL = 1e-3
 
 
-def _sh_basis(dirs: np.ndarray, k: int) -> np.ndarray:
-    """(n,K) the renderers' K SH basis functions at unit directions (n,3)."""
+def _sh_basis(dirs, k: int):
+    """(n,K) the renderers' K SH basis functions at unit directions (n,3) (a float64 tensor, or numpy)."""
     import torch
 
     from .render.torch_backend import eval_sh
-    eye = torch.eye(k, dtype=torch.float64)[None, :, :, None].expand(len(dirs), k, k, 1)
-    return torch.cat([eval_sh(eye[:, :, j], torch.from_numpy(dirs)) for j in range(k)], 1).numpy()
+    t = dirs if torch.is_tensor(dirs) else torch.from_numpy(dirs)
+    eye = torch.eye(k, dtype=t.dtype, device=t.device)[None, :, :, None].expand(len(t), k, k, 1)
+    out = torch.cat([eval_sh(eye[:, :, j], t) for j in range(k)], 1)
+    return out if torch.is_tensor(dirs) else out.numpy()
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,12 +40,24 @@ def _sh_fit(k: int) -> Tuple[np.ndarray, np.ndarray]:
     return d, np.linalg.pinv(_sh_basis(d, k))
 
 
-def sh_rotation(R: np.ndarray, k: int) -> np.ndarray:
-    """(K,K) matrix taking the SH coefficients (K per channel, the renderers' basis) of a colour
-    c(d) to those of c(R^T d): the colour of a surfel rotated by R. Fitted exactly by least squares
-    on random directions (each band maps to itself)."""
-    d, pinv = _sh_fit(k)
-    return pinv @ _sh_basis(d @ R, k)
+@functools.lru_cache(maxsize=None)
+def _sh_fit_on(k: int, device):
+    from .render.common import to_device
+    return tuple(to_device(x, device) for x in _sh_fit(k))
+
+
+def sh_rotations(R, k: int):
+    """(A,K,K) matrices taking the SH coefficients (K per channel, the renderers' basis) of a colour c(d) to those
+    of c(R^T d): the colour of a surfel rotated by R, for each of the rotations R (A,3,3). Fitted exactly by least
+    squares on random directions (each band maps to itself). numpy, or float64 tensors on R's device (a training
+    step turns its actors' colours there: no copy to the host, which a GPU would wait for)."""
+    import torch
+    host = not torch.is_tensor(R)
+    R = torch.from_numpy(np.asarray(R, np.float64)) if host else R.double()
+    d, pinv = _sh_fit_on(k, R.device)
+    basis = _sh_basis(torch.einsum("nj,aji->ani", d, R).reshape(-1, 3), k)  # at d @ R for each R
+    M = pinv @ basis.reshape(len(R), len(d), k)
+    return M.numpy() if host else M
 
 
 def move_rows(s: "Surfels", rows, owner, R, t, q) -> "Surfels":
@@ -60,8 +74,7 @@ def move_rows(s: "Surfels", rows, owner, R, t, q) -> "Surfels":
     quats = s.quats.index_copy(0, rows, quat_multiply(pick(q, owner), pick(s.quats, rows)))
     colors = s.colors
     if colors.shape[1] > 1:
-        M = torch.as_tensor(np.stack([sh_rotation(r, colors.shape[1]) for r in R.detach().double().cpu().numpy()]),
-                            dtype=colors.dtype, device=colors.device)
+        M = sh_rotations(R.detach(), colors.shape[1]).to(colors.dtype)
         colors = colors.index_copy(0, rows, torch.einsum("nkj,njc->nkc", pick(M, owner), pick(colors, rows)))
     return Surfels.derived(means, quats, s.scales, s.opacities, colors, s.features)
 
@@ -252,6 +265,6 @@ class Surfels:
         quats = quat_multiply(rotmat_to_quat(R)[None], self.quats).astype(self.quats.dtype)
         colors = self.colors
         if colors.shape[1] > 1 and not np.allclose(R, np.eye(3)):
-            colors = np.einsum("kj,njc->nkc", sh_rotation(R, colors.shape[1]), colors).astype(colors.dtype)
+            colors = np.einsum("kj,njc->nkc", sh_rotations(R[None], colors.shape[1])[0], colors).astype(colors.dtype)
         return Surfels.derived(means=means, quats=quats, scales=self.scales, opacities=self.opacities,
                        colors=colors, features=self.features)

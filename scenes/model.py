@@ -73,6 +73,7 @@ class SceneModel:
         # (owner is replaced, never written to, so its identity says whether they are current)
         self._actor_rows = (None, None, None)
         self.tracks: List[ActorTrack] = list(tracks)
+        self._track_poses = {}  # (time, device, dtype) -> the tracks' logged poses there (`_logged_poses`)
         self.sky = sky.detach().clone().requires_grad_(True)
         self.affine = {c: a.detach().clone().requires_grad_(True) for c, a in affine.items()}
         # the views' pose corrections: knot times (K,), the camera centres they turn about (K,3), and
@@ -208,32 +209,52 @@ class SceneModel:
         """The tracks' refined poses at a time (differentiable in the offsets): (K,3,3) rotations,
         (K,3) translations, (K,4) wxyz quaternions. All tracks in one batch (a street has dozens: a loop of
         small tensor operations per track took a tenth of a CPU training step)."""
-        d = self._offsets_at([[timestamp_us]] * len(self.tracks))
-        on = lambda x: to_device(x, d.device, dtype)  # noqa: E731
-        P = np.stack([tr.pose_at(timestamp_us) for tr in self.tracks])
-        R = on(P[:, :3, :3])
+        R, t, q, rows = self._logged_poses(int(timestamp_us), dtype)
+        d = self._offsets_at(None, rows)
         h = d[:, 3] / 2
         zero = torch.zeros_like(h)
         q_yaw = torch.stack([torch.cos(h), zero, zero, torch.sin(h)], -1)
-        return (R @ _yaw(d[:, 3]), on(P[:, :3, 3]) + (R @ d[:, :3, None])[..., 0],
-                quat_multiply(on(rotmat_to_quat(P[:, :3, :3])), q_yaw))
+        return R @ _yaw(d[:, 3]), t + (R @ d[:, :3, None])[..., 0], quat_multiply(q, q_yaw)
 
-    def _offsets_at(self, times_us: Sequence) -> torch.Tensor:
+    def _logged_poses(self, timestamp_us: int, dtype):
+        """The tracks' logged poses at a time as rotations, translations and quaternions on the offsets' device,
+        with the time's `_knot_rows`, kept for the time's next step (a training run steps through its views' times
+        again and again: interpolating and uploading dozens of tracks' poses each step was host time a GPU waited
+        for)."""
+        offsets = next(iter(self.pose_offsets.values()))
+        device = offsets.device
+        key = (timestamp_us, device, dtype)
+        if key not in self._track_poses:
+            if len(self._track_poses) >= 4096:  # (expansion's pseudo views bring new times)
+                self._track_poses.clear()
+            P = np.stack([tr.pose_at(timestamp_us) for tr in self.tracks])
+            self._track_poses[key] = tuple(to_device(x, device, dtype) for x in (
+                P[:, :3, :3], P[:, :3, 3], rotmat_to_quat(P[:, :3, :3]))) + (
+                self._knot_rows([[timestamp_us]] * len(self.tracks), device, offsets.dtype),)
+        return self._track_poses[key]
+
+    def _offsets_at(self, times_us: Sequence, rows=None) -> torch.Tensor:
         """The tracks' (dx, dy, dz, dyaw) at their times (times_us[k]: track k's), linear between their knots and
         constant beyond them: the rows of all tracks one after the other, in one gather (a street has dozens of
-        tracks: one small gather and upload each made a GPU step wait as often)."""
+        tracks: one small gather and upload each made a GPU step wait as often). ``rows``: `_knot_rows` of the
+        times, when known."""
+        D = torch.cat([self.pose_offsets[tr.id] for tr in self.tracks])
+        lo, hi, w = rows if rows is not None else self._knot_rows(times_us, D.device, D.dtype)
+        return (1 - w) * D.index_select(0, lo) + w * D.index_select(0, hi)
+
+    def _knot_rows(self, times_us: Sequence, device, dtype):
+        """Each time's bracketing knots as rows of all tracks' offsets one after the other, and its weight of the
+        later one: (lo, hi, w (n,1)) on ``device``."""
         lo, hi, frac, base = [], [], [], 0
-        for tr, t in zip(self.tracks, times_us):  # each track's bracketing knots, as rows of all its offsets
+        for tr, t in zip(self.tracks, times_us):
             knots = self.pose_knots[tr.id]
             i, a = bracket(knots, t)
             lo.append(base + (i - 1) % len(knots))  # (a single knot: i = 0 and a = 1, both rows 0)
             hi.append(base + i)
             frac.append(a)
             base += len(knots)
-        D = torch.cat([self.pose_offsets[tr.id] for tr in self.tracks])
-        on = lambda x, dt=torch.int64: to_device(np.concatenate(x), D.device, dt)  # noqa: E731
-        w = on(frac, D.dtype)[:, None]
-        return (1 - w) * D.index_select(0, on(lo)) + w * D.index_select(0, on(hi))
+        on = lambda x, dt=torch.int64: to_device(np.concatenate(x), device, dt)  # noqa: E731
+        return on(lo), on(hi), on(frac, dtype)[:, None]
 
     def track_poses(self) -> List[Tuple[np.ndarray, np.ndarray]]:
         """Each track's (timestamps, refined poses (T,4,4)), numpy (one copy to the host for all tracks)."""

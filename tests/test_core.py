@@ -259,6 +259,30 @@ def test_transformed_surfels_turn_their_view_dependent_colour(degree):
     assert torch.allclose(before, after, atol=1e-5)
 
 
+def test_move_rows_moves_each_row_as_its_owner_transforms_it():
+    """The training model's batched move (one rotation per owner, view-dependent colours turned on the tensors'
+    device) is `Surfels.transformed` of each row by its owner's pose."""
+    from gsim.surfels import move_rows
+    from gsim.transforms import rotmat_to_quat
+    rng = np.random.default_rng(5)
+    q = rng.normal(size=(6, 4))
+    s = gsim.Surfels(rng.normal(size=(6, 3)), q / np.linalg.norm(q, axis=1, keepdims=True), np.full((6, 2), 0.1),
+                     np.full(6, 0.5), rng.normal(size=(6, 9, 3)))
+    T = np.tile(np.eye(4), (2, 1, 1))
+    for k in range(2):
+        a = rng.normal(size=4)
+        T[k, :3, :3], T[k, :3, 3] = quat_to_rotmat(a / np.linalg.norm(a)), rng.normal(size=3)
+    rows, owner = [1, 2, 4], [0, 1, 0]
+    t = lambda x: torch.as_tensor(np.asarray(x))  # noqa: E731
+    moved = move_rows(s.torch(dtype=torch.float64), t(rows), t(owner), t(T[:, :3, :3]), t(T[:, :3, 3]),
+                      t(rotmat_to_quat(T[:, :3, :3]))).numpy()
+    for r in range(6):
+        want = s.subset([r]).transformed(T[owner[rows.index(r)]]) if r in rows else s.subset([r])
+        for k in ("means", "colors"):
+            assert np.allclose(getattr(moved, k)[r], getattr(want, k)[0], atol=1e-9), (r, k)
+        assert np.allclose(np.abs(moved.quats[r] @ want.quats[0]), 1.0)
+
+
 def test_a_thinned_scene_keeps_a_fraction_of_each_part_grown_to_cover_and_renders_close():
     from support import PIN, plane
     bg = plane(extent=3.0, spacing=0.1)  # 3600 surfels on the ground

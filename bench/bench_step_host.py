@@ -1,0 +1,67 @@
+"""A training step's host time: the `cuda` preset's step (`sync=False`, as a GPU run steps) run on the CPU with the
+torch backend on a tiny model (3000 background surfels and 200 per actor, images downscaled 8x), so that the
+tensors' own work is small and what is timed is mostly Python and dispatch, the part of a GPU step the GPU waits
+for when it is not hidden. After one pass over the views (each view's time seen once, as in a run), times
+--steps steps; prints the median step and, from cProfile, the milliseconds a step spends in the model's world-frame
+surfels (`SceneModel.surfels_at`: the actors' poses and colours), in rendering and in the losses' backward.
+
+Usage: python bench/bench_step_host.py LOG [--steps 40] [--profile FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from gsim.scenes.init import InitOptions
+from gsim.scenes.train import preset, start, train_step
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("log", type=Path)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--profile", type=Path, default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = preset("cuda", backend="torch", downscale=8, lidar_rays=512, movers=False,
+                 init=InitOptions(sh_degree=1, max_surfels=3000, max_actor_surfels=200))
+    t = start(args.log, cfg)
+    run = t.run
+    run.step = cfg.normal_from + 100  # every loss on (normals, robust mask)
+
+    def step(i: int) -> None:
+        train_step(run, t.views[i % len(t.views)], t.sweeps, t.log, robust=t.robust, sync=False)
+        run.step += 1
+    for i in range(len(t.views)):
+        step(i)
+    prof, times = cProfile.Profile(), []
+    for i in range(args.steps):
+        t0 = time.perf_counter()
+        prof.enable()
+        step(i)
+        prof.disable()
+        times.append(time.perf_counter() - t0)
+    stats = pstats.Stats(prof)
+    def per_step(name: str) -> float:  # ms a step in the functions called ``name`` (cumulative)
+        return round(1e3 * sum(v[3] for k, v in stats.stats.items() if k[2] == name) / args.steps, 2)
+    result = {"log": str(args.log), "surfels": len(run.model), "actors": len(run.model.tracks), "steps": args.steps,
+              "median_step_ms": round(1e3 * statistics.median(times), 1), "surfels_at_ms": per_step("surfels_at"),
+              "render_ms": per_step("render_camera"), "backward_ms": per_step("backward")}
+    if args.profile:
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+        args.profile.write_text(text.getvalue())
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
