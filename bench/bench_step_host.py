@@ -2,8 +2,9 @@
 torch backend on a tiny model (3000 background surfels and 200 per actor, images downscaled 8x), so that the
 tensors' own work is small and what is timed is mostly Python and dispatch, the part of a GPU step the GPU waits
 for when it is not hidden. After one pass over the views (each view's time seen once, as in a run), times
---steps steps; prints the median step and, from cProfile, the milliseconds a step spends in the model's world-frame
-surfels (`SceneModel.surfels_at`: the actors' poses and colours), in rendering and in the losses' backward.
+--steps steps; prints the median step and, from cProfile, the mean milliseconds a step spends in the model's
+world-frame surfels (`SceneModel.surfels_at`: the actors' poses and colours), in rendering and in the backward
+(means: every 8th step also traces LiDAR rays).
 
 Usage: python bench/bench_step_host.py LOG [--steps 40] [--profile FILE]
 """
@@ -50,11 +51,13 @@ def main(argv=None) -> dict:
         prof.disable()
         times.append(time.perf_counter() - t0)
     stats = pstats.Stats(prof)
-    def per_step(name: str) -> float:  # ms a step in the functions called ``name`` (cumulative)
-        return round(1e3 * sum(v[3] for k, v in stats.stats.items() if k[2] == name) / args.steps, 2)
+    def per_step(name: str, module: str) -> float:  # ms a step in function ``name`` of a file ending ``module``
+        return round(1e3 * sum(v[3] for k, v in stats.stats.items() if k[2] == name and k[0].endswith(module))
+                     / args.steps, 2)
     result = {"log": str(args.log), "surfels": len(run.model), "actors": len(run.model.tracks), "steps": args.steps,
-              "median_step_ms": round(1e3 * statistics.median(times), 1), "surfels_at_ms": per_step("surfels_at"),
-              "render_ms": per_step("render_camera"), "backward_ms": per_step("backward")}
+              "median_step_ms": round(1e3 * statistics.median(times), 1), "surfels_at_ms": per_step("surfels_at", "model.py"),
+              "render_ms": per_step("render_camera", "render/__init__.py"),
+              "backward_ms": per_step("backward", "torch/_tensor.py")}
     if args.profile:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
