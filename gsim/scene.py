@@ -32,7 +32,7 @@ from .errors import InputError, SceneFormatError, check_name
 from .io import atomic_directory, read_manifest
 from .ply import load_ply
 from .surfels import Surfels
-from .transforms import check_pose, interpolate_pose, interpolate_poses, rotmat_to_quat
+from .transforms import check_poses, interpolate_pose, interpolate_poses, rotmat_to_quat
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -111,8 +111,7 @@ class Actor:
             raise InputError(f"actor {self.id}: track_timestamps_us must be strictly increasing")
         if poses.shape != (len(ts), 4, 4):
             raise InputError(f"actor {self.id}: track_poses must be ({len(ts)},4,4), got {poses.shape}")
-        for i, T in enumerate(poses):
-            check_pose(T, f"actor {self.id}: track_poses[{i}]")
+        check_poses(poses, f"actor {self.id}: track_poses")
         object.__setattr__(self, "track_timestamps_us", ts.astype(np.int64))
         object.__setattr__(self, "track_poses", poses)
         object.__setattr__(self, "_track_quats", rotmat_to_quat(poses[:, :3, :3]))
@@ -177,8 +176,7 @@ class Scene:
                     or np.any(np.diff(times) <= 0) or C.shape != (len(times), 4, 4)):
                 raise InputError(f"Scene.pose_corrections: expected increasing integer times (K,) and (K,4,4) "
                                  f"matrices, got {times.dtype} {times.shape} and {C.shape}")
-            for k in range(len(C)):
-                check_pose(C[k], f"Scene.pose_corrections[{k}]")
+            check_poses(C, "Scene.pose_corrections")
             object.__setattr__(self, "pose_corrections", (times.astype(np.int64), C.astype(np.float64)))
         d = self.train_downscale
         if d is not None and (not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1):

@@ -101,6 +101,22 @@ def check_pose(T, name: str = "pose") -> np.ndarray:
     return T
 
 
+def check_poses(P, name: str = "poses") -> np.ndarray:
+    """`check_pose` of each of ``P`` (N,4,4) at once (a track of thousands of poses, a simulator's dozens of
+    actors each step): returns them as float64 or raises InputError naming the first bad one, ``name[i]``."""
+    P = np.asarray(P, dtype=np.float64)
+    if P.ndim != 3 or P.shape[1:] != (4, 4):
+        raise InputError(f"{name}: expected (N,4,4) matrices, got shape {P.shape}")
+    R = P[:, :3, :3]
+    with np.errstate(invalid="ignore"):
+        orthonormal = np.abs(R @ R.transpose(0, 2, 1) - np.eye(3)).max((1, 2)) <= RIGID_TOL * 100
+        bad = (~np.isfinite(P).all((1, 2)) | ~orthonormal | (np.abs(np.linalg.det(R) - 1) > 1e-4)
+               | (np.abs(P[:, 3] - [0, 0, 0, 1]).max(1) > RIGID_TOL))
+    for i in np.flatnonzero(bad)[:1]:
+        check_pose(P[i], f"{name}[{i}]")  # (raises, saying how it is bad)
+    return P
+
+
 def invert(T: np.ndarray) -> np.ndarray:
     """Inverse of a rigid 4x4 transform, or of each of a stack (...,4,4)."""
     T = np.asarray(T, np.float64)

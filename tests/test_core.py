@@ -5,7 +5,7 @@ import torch
 
 import gsim
 from gsim.cameras import camera_from_dict
-from gsim.transforms import (check_pose, interpolate_pose, interpolate_poses, invert, look_at, quat_multiply,
+from gsim.transforms import (check_pose, check_poses, interpolate_pose, interpolate_poses, invert, look_at, quat_multiply,
                              quat_to_rotmat, rotmat_to_quat)
 
 CAMERAS = [
@@ -257,6 +257,18 @@ def test_transformed_surfels_turn_their_view_dependent_colour(degree):
     before = eval_sh(torch.from_numpy(s.colors), torch.from_numpy(d))
     after = eval_sh(torch.from_numpy(s.transformed(T).colors), torch.from_numpy(d @ T[:3, :3].T))
     assert torch.allclose(before, after, atol=1e-5)
+
+
+def test_check_poses_checks_each_pose_and_names_the_first_bad_one():
+    P = np.tile(np.eye(4), (5, 1, 1))
+    assert check_poses(P[:3], "track").shape == (3, 4, 4)
+    P[3, 0, 0], P[4, 0, 3] = 2.0, np.nan
+    with pytest.raises(ValueError, match=r"track\[3\]: not a rigid transform"):
+        check_poses(P, "track")
+    with pytest.raises(ValueError, match=r"track\[1\]: contains NaN"):
+        check_poses(P[[0, 4]], "track")
+    with pytest.raises(ValueError, match=r"track: expected \(N,4,4\)"):
+        check_poses(np.eye(4), "track")
 
 
 def test_move_rows_moves_each_row_as_its_owner_transforms_it():
