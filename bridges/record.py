@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import queue
-import threading
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -68,16 +66,9 @@ def frame_view(loop, obs) -> np.ndarray:
     return view if first is None else np.concatenate([first, view], 1)
 
 
-WRITE_AHEAD = 8  # steps the writer thread may fall behind the loop before the loop waits for it
-
-
 class RunRecorder:
-    """Writes a run directory (see the module docstring) step by step. `finish` writes the metrics, the video and
-    closes the log and the MCAP file (also after a failure). The images and sweeps are encoded and written by a
-    thread of their own, up to WRITE_AHEAD steps behind the loop (a step's PNGs and MCAP messages took 25 ms of a
-    320x200 step on the VM, and grow with the images: on a GPU the loop would wait for them); what the loop's state
-    decides (the step's line, the boxes, the bird's-eye view) is taken at the step. A writer's failure is raised at
-    the next step; `finish` waits for the writer, so a run keeps every completed step."""
+    """Writes a run directory (see the module docstring) step by step. Use as a context manager; `finish`
+    writes the metrics, the video and closes the log and the MCAP file (also after a failure)."""
 
     def __init__(self, out, loop, video: bool = True, mcap: bool = True, log: bool = True):
         from gsim.scenes.log import LogWriter
@@ -103,14 +94,8 @@ class RunRecorder:
         if mcap:
             from .mcap_log import McapRecorder
             self.mcap = McapRecorder(self.out / "run.mcap")
-        self._jobs: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
-        self._failed: Optional[BaseException] = None
-        self._writer = threading.Thread(target=self._write, name="gsim-record", daemon=True)
-        self._writer.start()
 
     def step(self, obs, controls, metrics: Optional[dict], agent_name: str) -> None:
-        if self._failed is not None:
-            raise self._failed
         loop, t = self.loop, obs.timestamp_us
         ego = loop.ego_box()
         rec = {"step": obs.step, "t_us": t, "agent": agent_name, "ego": obs.ego.to_dict(),
@@ -123,58 +108,36 @@ class RunRecorder:
             self.tracks.setdefault(a.id, []).append((t, a))
         if self.frames is not None:
             self.frames.append(frame_view(loop, obs))
+        if self.log_writer is not None:
+            w, k = self.log_writer, obs.step
+            cams = {n: w.image(n, k, t, rgb) for n, rgb in obs.cameras.items()}
+            lidars = {n: w.sweep(n, k, t, pts) for n, pts in obs.lidars.items()}
+            w.add_ego_pose(t, obs.T_world_vehicle)
+            w.add_frame(t, cams, lidars)
+        if self.mcap is not None:
+            self._mcap_step(obs, ego, rec)
+
+    def _mcap_step(self, obs, ego: Box, rec: dict) -> None:
+        m, t, loop = self.mcap, obs.timestamp_us, self.loop
+        m.frame_transform(t, "world", "ego", obs.T_world_vehicle)
+        for n, (_, T_vc) in loop.cameras.items():
+            m.frame_transform(t, "ego", n, T_vc)
+        for n in loop.lidars:
+            m.frame_transform(t, "ego", n, loop.lidars[n][1])
+        for n, rgb in obs.cameras.items():
+            m.image(t, f"/camera/{n}", n, rgb)
+        for n, pts in obs.lidars.items():
+            m.point_cloud(t, f"/lidar/{n}", n, pts[:, :4])
         sumo = {v.id for v in loop.traffic_vehicles}
         boxes = [{"id": "ego", "T": ego.T, "size": ego.size, "color": EGO_RGBA, "label": "ego"}]
         boxes += [{"id": a.id, "T": a.T, "size": a.size, "color": SUMO_RGBA if a.id in sumo else ACTOR_RGBA,
                    "label": a.id} for a in obs.actors]
-        # the writer's own copies: an agent may change its observation's arrays while they wait
-        cams = {n: rgb.copy() for n, rgb in obs.cameras.items()}
-        sweeps = {n: pts.copy() for n, pts in obs.lidars.items()}
-        self._jobs.put((obs.step, t, np.array(obs.T_world_vehicle), cams, sweeps, boxes,
-                        {k: rec[k] for k in ("step", "ego", "controls", "metrics")}))
-
-    def _write(self) -> None:
-        """The writer thread: each step's images and sweeps into the log and the MCAP file, in step order."""
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            if self._failed is None:
-                try:
-                    self._write_step(*job)
-                except BaseException as e:  # raised on the loop's thread at its next step
-                    self._failed = e
-
-    def _write_step(self, k: int, t: int, T_world_vehicle, cams: dict, sweeps: dict, boxes: list, line: dict):
-        if self.log_writer is not None:
-            w = self.log_writer
-            files = {n: w.image(n, k, t, rgb) for n, rgb in cams.items()}
-            w.add_ego_pose(t, T_world_vehicle)
-            w.add_frame(t, files, {n: w.sweep(n, k, t, pts) for n, pts in sweeps.items()})
-        if self.mcap is not None:
-            m, loop = self.mcap, self.loop
-            m.frame_transform(t, "world", "ego", T_world_vehicle)
-            for n, (_, T_vc) in loop.cameras.items():
-                m.frame_transform(t, "ego", n, T_vc)
-            for n in loop.lidars:
-                m.frame_transform(t, "ego", n, loop.lidars[n][1])
-            for n, rgb in cams.items():
-                m.image(t, f"/camera/{n}", n, rgb)
-            for n, pts in sweeps.items():
-                m.point_cloud(t, f"/lidar/{n}", n, pts[:, :4])
-            m.boxes(t, "/boxes", "world", boxes)
-            m.json(t, "/step", line)
+        m.boxes(t, "/boxes", "world", boxes)
+        m.json(t, "/step", {k: rec[k] for k in ("step", "ego", "controls", "metrics")})
 
     def finish(self, summary: dict, failed: bool = False) -> None:
-        """Wait for the writer, write the metrics and the video, close the log and the MCAP file."""
+        """Write the metrics and the video, close the log and the MCAP file."""
         from gsim.scenes.log import ActorTrack
-        self._jobs.put(None)
-        self._writer.join()
-        raise_after = self._failed is not None and not failed  # the last steps' writes failed: the run did too
-        if raise_after:
-            summary = {**summary, "completed": False,
-                       "error": f"recording: {type(self._failed).__name__}: {self._failed}"}
-            failed = True
         self.steps_file.close()
         write_json(self.out / "metrics.json", summary)
         write_bytes(self.out / "metrics.md", metrics_markdown(summary).encode())
@@ -193,8 +156,6 @@ class RunRecorder:
             w.__exit__(None, None, None)
         if self.mcap is not None:
             self.mcap.close(complete=not failed, reason=summary.get("error") or "")
-        if raise_after:
-            raise self._failed
 
 
 def _box_dict(b: Box) -> dict:

@@ -222,54 +222,6 @@ def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(loop_street, 
     validate_log(tmp_path / "dies" / "log")
 
 
-def test_a_failing_record_write_stops_the_run_and_keeps_the_steps_before(loop_street, tmp_path, monkeypatch):
-    """The images and sweeps are written by the recorder's thread, behind the loop: a write that fails (a full
-    disk, stood in for) stops the run with that error, and the steps written before it are kept."""
-    from gsim.bridges.mcap_log import McapRecorder
-    real, calls = McapRecorder.image, []
-
-    def full(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 7:  # the third step's first image (three cameras a step)
-            raise OSError(28, "No space left on device (a stand-in)")
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(McapRecorder, "image", full)
-    with pytest.raises(OSError, match="No space left"):
-        run(scenario(loop_street, "full", ACROSS), "replay", tmp_path / "full", progress=False, max_steps=8)
-    saved = json.loads((tmp_path / "full" / "metrics.json").read_text())
-    assert saved["completed"] is False and "No space left" in saved["error"]
-    assert len(validate_log(tmp_path / "full" / "log").frames) >= 2
-
-
-def test_an_agent_changing_its_observation_does_not_change_the_record(loop_street, tmp_path, monkeypatch):
-    """The recorder's thread writes a step's images after the agent has seen them: it writes its own copies."""
-    import sys
-    import threading
-    import types
-
-    from gsim.scenes.log import LogWriter
-    painted, real = threading.Event(), LogWriter.image
-
-    def held(self, *a, **k):  # the writer holds the images until the agent has painted over its observation
-        painted.wait(30)
-        return real(self, *a, **k)
-
-    class Scribbler:
-        def act(self, obs):
-            for rgb in obs.cameras.values():
-                rgb[:] = 255
-            painted.set()
-            return Controls(0.0, 0.0)
-
-    monkeypatch.setattr(LogWriter, "image", held)
-    monkeypatch.setitem(sys.modules, "scribbler", types.SimpleNamespace(Agent=Scribbler))
-    run(scenario(loop_street, "scribble", ACROSS), "scribbler:Agent", tmp_path / "s", progress=False, max_steps=3)
-    log = validate_log(tmp_path / "s" / "log")
-    # (painted: white, 1.0)
-    assert painted.is_set() and all(log.image(o).mean() < 0.9 for f in log.frames for o in f.cameras.values())
-
-
 def test_log_actors_handed_to_sumo_keep_their_surfels_and_react(loop_street, tmp_path):
     from gsim.bridges.loop import ClosedLoop
     lead = [{"kind": "insert", "asset": "suv", "id": "lead",
