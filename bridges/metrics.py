@@ -103,11 +103,15 @@ class MetricsTracker:
         hits = [a for a in actors if _touch(ego, a)]
         at_fault = [a for a in hits if moving and not _behind(ego, a)]
         ttc = None
-        if moving:
+        others = [a for a in actors if a not in hits and not _behind(ego, a)] if moving else []
+        if others:  # (the bounding circles of all at once first: `_touch`'s own first test, the same sums)
+            p = np.array([[a.x, a.y, a.vx, a.vy, np.hypot(a.length, a.width)] for a in others])
             for k in range(1, int(round(TTC_HORIZON_S / TTC_STEP_S)) + 1):
                 tau = k * TTC_STEP_S
                 e = ego.moved(tau)
-                if any(_touch(e, a.moved(tau)) for a in actors if a not in hits and not _behind(ego, a)):
+                near = (np.hypot(e.x - (p[:, 0] + p[:, 2] * tau), e.y - (p[:, 1] + p[:, 3] * tau))
+                        <= 0.5 * (np.hypot(e.length, e.width) + p[:, 4]))
+                if any(_touch(e, others[i].moved(tau)) for i in np.flatnonzero(near)):
                     ttc = tau
                     break
         lat = kin.speed_mps * kin.yaw_rate_rps
