@@ -36,36 +36,50 @@ def main(argv=None) -> dict:
     state = load_state(args.recon / CHECKPOINT)
     log_path = json.loads((args.recon / "train.json").read_text())["log"]
     t = start(log_path, TrainConfig.from_dict(state["config"]), state)
-    run, times = t.run, []
-    step = lambda i: train_step(run, t.views[i % len(t.views)], t.sweeps, t.log, robust=t.robust)  # noqa: E731
+    run = t.run
+
+    def step(i: int) -> None:
+        train_step(run, t.views[i % len(t.views)], t.sweeps, t.log, robust=t.robust)
+        run.step += 1
     warm = 0
     while warm == 0 or (run.step - 1) % run.cfg.lidar_every:  # through the first LiDAR batch (numba's cache, CUDA)
         step(warm)
-        run.step, warm = run.step + 1, warm + 1
+        warm += 1
     sync = torch.cuda.synchronize if run.model.device.type == "cuda" else lambda: None
     sync()
     prof = cProfile.Profile() if args.profile else None
     start_all = time.perf_counter()
-    for i in range(warm, warm + args.steps):
-        t0 = time.perf_counter()
-        if prof:
-            prof.enable()
-        step(i)
-        if prof:
-            prof.disable()
-        run.step += 1
-        times.append(time.perf_counter() - t0)
+    times = timed_steps(step, range(warm, warm + args.steps), prof)
     sync()
     result = {"recon": str(args.recon), "surfels": len(run.model), "downscale": run.cfg.downscale,
               "steps": args.steps, "median_step_s": round(statistics.median(times), 4),
               "mean_step_s_synchronised": round((time.perf_counter() - start_all) / args.steps, 4),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     if prof:
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
-        args.profile.write_text(text.getvalue())
+        write_profile(prof, args.profile)
     print(json.dumps(result))
     return result
+
+
+def timed_steps(step, indices, prof=None) -> list:
+    """The seconds each ``step(i)`` took, profiled by ``prof`` (a cProfile.Profile) when given."""
+    times = []
+    for i in indices:
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        step(i)
+        if prof:
+            prof.disable()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def write_profile(prof, path: Path) -> None:
+    """cProfile's 45 costliest calls by cumulative time, as text."""
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+    path.write_text(text.getvalue())
 
 
 if __name__ == "__main__":

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
 import pstats
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from bench_scene_step import timed_steps, write_profile
 from gsim.scenes.init import InitOptions
 from gsim.scenes.train import preset, start, train_step
 
@@ -43,25 +42,20 @@ def main(argv=None) -> dict:
         run.step += 1
     for i in range(len(t.views)):
         step(i)
-    prof, times = cProfile.Profile(), []
-    for i in range(args.steps):
-        t0 = time.perf_counter()
-        prof.enable()
-        step(i)
-        prof.disable()
-        times.append(time.perf_counter() - t0)
+    prof = cProfile.Profile()
+    times = timed_steps(step, range(args.steps), prof)
     stats = pstats.Stats(prof)
+
     def per_step(name: str, module: str) -> float:  # ms a step in function ``name`` of a file ending ``module``
         return round(1e3 * sum(v[3] for k, v in stats.stats.items() if k[2] == name and k[0].endswith(module))
                      / args.steps, 2)
     result = {"log": str(args.log), "surfels": len(run.model), "actors": len(run.model.tracks), "steps": args.steps,
-              "median_step_ms": round(1e3 * statistics.median(times), 1), "surfels_at_ms": per_step("surfels_at", "model.py"),
+              "median_step_ms": round(1e3 * statistics.median(times), 1),
+              "surfels_at_ms": per_step("surfels_at", "model.py"),
               "render_ms": per_step("render_camera", "render/__init__.py"),
               "backward_ms": per_step("backward", "torch/_tensor.py")}
     if args.profile:
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
-        args.profile.write_text(text.getvalue())
+        write_profile(prof, args.profile)
     print(json.dumps(result))
     return result
 

@@ -291,8 +291,8 @@ class ClosedLoop:
         vs = self.traffic_vehicles
         bases = [own[v.id] if v.id in self._handed else self._template(v) for v in vs]
         if vs:  # every vehicle's two poses in one batch: now, and a step back along its velocity
-            x, y, yaw, back = (np.array([getattr(v, k) for v in vs]) for k in ("x", "y", "yaw", "speed_mps"))
-            back = back * self.dt
+            x, y, yaw, speed = (np.array([getattr(v, k) for v in vs]) for k in ("x", "y", "yaw", "speed_mps"))
+            back = speed * self.dt
             h = np.array([b.size[2] / 2 for b in bases])
             P = self.ground.poses(np.r_[x - back * np.cos(yaw), x], np.r_[y - back * np.sin(yaw), y],
                                   np.r_[yaw, yaw], np.r_[h, h]).reshape(2, len(vs), 4, 4)

@@ -91,14 +91,7 @@ def check_pose(T, name: str = "pose") -> np.ndarray:
     T = np.asarray(T.detach().cpu().numpy() if hasattr(T, "detach") else T, dtype=np.float64)
     if T.shape != (4, 4):
         raise InputError(f"{name}: expected a 4x4 matrix, got shape {T.shape}")
-    if not np.all(np.isfinite(T)):
-        raise InputError(f"{name}: contains NaN or inf")
-    R = T[:3, :3]
-    if (np.abs(R @ R.T - np.eye(3)).max() > RIGID_TOL * 100 or abs(np.linalg.det(R) - 1) > 1e-4
-            or np.abs(T[3] - [0, 0, 0, 1]).max() > RIGID_TOL):
-        raise InputError(f"{name}: not a rigid transform (rotation must be orthonormal with "
-                         f"det +1 and the last row [0, 0, 0, 1])")
-    return T
+    return _rigid(T[None], lambda i: name)[0]
 
 
 def check_poses(P, name: str = "poses") -> np.ndarray:
@@ -107,13 +100,22 @@ def check_poses(P, name: str = "poses") -> np.ndarray:
     P = np.asarray(P, dtype=np.float64)
     if P.ndim != 3 or P.shape[1:] != (4, 4):
         raise InputError(f"{name}: expected (N,4,4) matrices, got shape {P.shape}")
+    return _rigid(P, lambda i: f"{name}[{i}]")
+
+
+def _rigid(P: np.ndarray, name) -> np.ndarray:
+    """``P`` (N,4,4) float64 if each is a rigid transform, else InputError for the first that is not (``name(i)``
+    names it)."""
     R = P[:, :3, :3]
+    finite = np.isfinite(P).all((1, 2))
     with np.errstate(invalid="ignore"):
-        orthonormal = np.abs(R @ R.transpose(0, 2, 1) - np.eye(3)).max((1, 2)) <= RIGID_TOL * 100
-        bad = (~np.isfinite(P).all((1, 2)) | ~orthonormal | (np.abs(np.linalg.det(R) - 1) > 1e-4)
-               | (np.abs(P[:, 3] - [0, 0, 0, 1]).max(1) > RIGID_TOL))
-    for i in np.flatnonzero(bad)[:1]:
-        check_pose(P[i], f"{name}[{i}]")  # (raises, saying how it is bad)
+        rigid = ((np.abs(R @ R.transpose(0, 2, 1) - np.eye(3)).max((1, 2)) <= RIGID_TOL * 100)
+                 & (np.abs(np.linalg.det(R) - 1) <= 1e-4) & (np.abs(P[:, 3] - [0, 0, 0, 1]).max(1) <= RIGID_TOL))
+    for i in np.flatnonzero(~(finite & rigid))[:1]:
+        if not finite[i]:
+            raise InputError(f"{name(i)}: contains NaN or inf")
+        raise InputError(f"{name(i)}: not a rigid transform (rotation must be orthonormal with "
+                         f"det +1 and the last row [0, 0, 0, 1])")
     return P
 
 
