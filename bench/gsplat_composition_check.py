@@ -92,12 +92,17 @@ def depth_errors(depth, ref, same):
     return [float(r.quantile(q)) for q in (0.5, 0.9, 0.99)]
 
 
-def main() -> None:
-    for mod in (gsplat, gsplat.rendering):  # (gsim imports from gsplat, rasterization_2dgs from its module)
+def install() -> None:
+    """Put the stand-ins in gsplat's place (gsim imports from gsplat, rasterization_2dgs from its module)."""
+    for mod in (gsplat, gsplat.rendering):
         mod.fully_fused_projection_2dgs, mod.isect_tiles, mod.spherical_harmonics = projection, intersections, harmonics
         mod.isect_offset_encode, mod.rasterize_to_pixels_2dgs = _isect_offset_encode, rasterizer
     zeros_like = torch.zeros_like  # (rasterization_2dgs makes its densification slot on "cuda" by name)
     torch.zeros_like = lambda *a, **k: zeros_like(*a, **({**k, "device": None} if k.get("device") == "cuda" else k))
+
+
+def main() -> None:
+    install()
     camera, opt = gsim.PinholeCamera(48, 32, 40.0, 42.0, 24.5, 15.5), RenderOptions(background=(0.1, 0.2, 0.3))
     moved = np.eye(4)
     moved[:3, 3] = [0.3, -0.2, 0.5]
