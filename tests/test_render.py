@@ -351,6 +351,18 @@ def test_gsplat_resamples_distorted_cameras_like_the_exact_backends(camera):
     assert np.mean(err) < 0.03, np.mean(err)
 
 
+def test_gsplat_cover_of_a_wide_fisheye_is_refused():
+    """A distorted camera renders on gsplat through a pinhole image covering its rays; a fisheye whose rays reach
+    89 degrees off its axis would need one of 1.6 billion pixels: a clear error instead of running out of memory."""
+    from gsim.errors import InputError
+    from gsim.render.gsplat_backend import _pinhole_cover
+    cover = _pinhole_cover(CAMERAS[2])
+    assert cover.width >= CAMERAS[2].width and cover.height >= CAMERAS[2].height
+    wide = gsim.FisheyeCamera(1280, 960, 400.0, 400.0, 640.0, 480.0)
+    with pytest.raises(InputError, match="FisheyeCamera of 1280x960 whose rays reach 8[89].* backend 'numba'"):
+        _pinhole_cover(wide)
+
+
 def _depth_channels(s: gsim.Surfels, camera):
     """gsplat_backend.depth_channels of surfels seen from the origin (camera = world), normals facing the camera."""
     from gsim.render.gsplat_backend import depth_channels

@@ -1,11 +1,13 @@
 """The resident renderer (gsim.resident.Renderer): its device path (the torch backend here, gsplat on a GPU) renders
 what render_camera renders, actors composed on the device; its host path is render_camera itself."""
+import re
+
 import numpy as np
 import pytest
 
 import gsim
 from gsim.appearance import Sky
-from gsim.errors import InputError, Unavailable
+from gsim.errors import GsimWarning, InputError, Unavailable
 from gsim.lidar import LidarSpec, render_lidar
 from gsim.resident import Renderer
 from support import CAMERAS, PIN, own_device_waits, pose, random_scene
@@ -93,6 +95,31 @@ def test_gsplat_renders_a_new_time_without_waiting_on_the_gpu():
     r = Renderer(scene_with_an_actor(), backend="gsplat")
     r.cameras(VIEWS, 0)  # (the scene's upload, the cameras' tables)
     assert own_device_waits(lambda: r.cameras(VIEWS, 400_000)) == []
+
+
+def test_lidar_kernel_follows_the_device():
+    """The host path traces with numba; a GPU device with the CUDA kernel with it, and where numba-cuda cannot run
+    there, with numba and a warning that says why (here: no GPU, so the device is set by hand)."""
+    import torch
+
+    from gsim.lidar.kernel_cuda import unavailable_reason
+    r = Renderer(scene_with_an_actor(), backend="torch")
+    assert r.lidar_backend == "numba"
+    r.device = torch.device("cuda")
+    if unavailable_reason() is None:
+        assert r.lidar_backend == "cuda"
+    else:
+        with pytest.warns(GsimWarning, match="numba on the CPU, not on the GPU: " + re.escape(unavailable_reason())):
+            assert r.lidar_backend == "numba"
+
+
+@pytest.mark.cuda
+def test_gsplat_frames_keep_no_graph():
+    """A resident render of a scene (nothing to train) records no backward graph: its frames hold no saved tensors."""
+    if "gsplat" not in gsim.available_backends():
+        pytest.skip("needs gsplat on an NVIDIA GPU")
+    f = Renderer(scene_with_an_actor(), backend="gsplat").camera(PIN, np.eye(4), 0, "front")
+    assert not f.rgb.requires_grad and not f.depth.requires_grad
 
 
 @pytest.mark.cuda

@@ -17,7 +17,7 @@ import math
 from typing import List, Optional, Sequence
 
 import numpy as np
-from gsim.errors import Unavailable
+from gsim.errors import InputError, Unavailable
 
 from ..cameras import Camera, PinholeCamera
 from ..surfels import Surfels
@@ -53,14 +53,26 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
+# the most pixels a distorted camera's pinhole cover may have (gsplat's outputs for it: about 2 GB)
+COVER_PIXELS = 32_000_000
+
+
 @functools.lru_cache(maxsize=16)  # (a frame's host time otherwise: four passes over a 2M-ray table)
 def _pinhole_cover(camera: Camera) -> PinholeCamera:
-    """A pinhole camera, same focal lengths, whose image covers every ray of ``camera``."""
+    """A pinhole camera, same focal lengths, whose image covers every ray of ``camera``. A camera whose rays reach
+    too far off its axis for that (a wide fisheye: its cover grows as the tangent of its widest ray) is an
+    InputError that names the backends that take it."""
     rays = camera.ray_table()
     u, v = rays[..., 0], rays[..., 1]
     umin, umax, vmin, vmax = np.nanmin(u), np.nanmax(u), np.nanmin(v), np.nanmax(v)
     w = int(math.ceil((umax - umin) * camera.fx)) + 4
     h = int(math.ceil((vmax - vmin) * camera.fy)) + 4
+    if w * h > COVER_PIXELS:
+        widest = math.degrees(math.atan(float(np.nanmax(np.hypot(u, v)))))
+        raise InputError(f"gsplat backend: a {type(camera).__name__} of {camera.width}x{camera.height} whose rays "
+                         f"reach {widest:.1f} degrees off its axis would render through a {w}x{h} pinhole image "
+                         f"({w * h / 1e6:.0f} million pixels, at most {COVER_PIXELS / 1e6:.0f} million): render it "
+                         "with backend 'numba' or 'torch', which trace each pixel's ray")
     return PinholeCamera(w, h, camera.fx, camera.fy, -umin * camera.fx + 2, -vmin * camera.fy + 2)
 
 
@@ -146,7 +158,7 @@ def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, optio
     means_c = torch.einsum("cij,nj->cni", viewmats[:, :3, :3], s.means) + viewmats[:, None, :3, 3]
     depth = depth_channels(means_c, normals, s.scales.max(1).values, Ks, options.near)
     colors = torch.cat([torch.clamp_min(rgb + 0.5, 0.0), depth], -1)  # (gsplat's SH offset)
-    densify = torch.zeros_like(means2d, requires_grad=True)  # (gsplat's screen-space gradient slot: unused here)
+    densify = torch.zeros_like(means2d)  # (gsplat's screen-space gradient slot: unused, so no graph kept for it)
     out, alphas, normals, _, _ = rasterize_to_pixels_2dgs(
         means2d, ray_transforms, colors, s.opacities[None].expand(C, -1), normals, densify, width, height, tile,
         offsets, flatten_ids, backgrounds=torch.cat([bg, bg.new_zeros(5)])[None].expand(C, -1))
