@@ -58,6 +58,10 @@ def simulated() -> bool:
 
 # the rays of one cell a block composites together, and the list entries it loads at a time
 WARP = 32
+# the fewest rays a cell's block shares its loads among: an SM runs at most 32 blocks at once (H100), so blocks of
+# w threads keep at most 32 w threads busy where the registers allow about 680 (94 a thread, ptxas); below this
+# (a sparse training batch's cells hold 1-3 rays) a thread per ray in 128-thread blocks keeps more loads in flight
+SHARED_FROM = 4
 N_GEO = N_REC - 3  # surfel_geometry's numbers (a literal for the shared arrays' shapes)
 
 
@@ -171,7 +175,7 @@ if simulated():  # (see _record above)
 def _composite_rays(unit_cell, unit_first, cell_start, lst, src, rays, ray_bundle, rec, cap, feats, group,
                     group_from_world, o_refs, origins, dirs, column, inv2, hit, alpha, range_sum, median, normal,
                     feat_sum, cand):
-    """Cells of one ray each (a sparse batch): a thread per cell, each reading its list itself."""
+    """A thread per ray (cells of few rays: a sparse batch), each reading its cell's list itself."""
     u = cuda.grid(1)
     if u >= unit_cell.shape[0]:
         return
@@ -333,11 +337,12 @@ class Tracer:
 
     def _units(self, ray_cell, n_cells: int):
         """The composite's units: up to ``width`` rays of one cell each (the rays sorted by cell), ``width`` the
-        most rays a cell has, at most WARP (width 1: `_composite_rays`, a thread per cell; else `_composite_cells`,
-        a block per unit). Returns the width and each unit's cell, first ray and ray count, on the device (one
-        sync: the cells' ray counts)."""
+        most rays a cell has, at most WARP, and 1 below SHARED_FROM (width 1: `_composite_rays`, a thread per ray;
+        else `_composite_cells`, a block per unit). Returns the width and each unit's cell, first ray and ray
+        count, on the device (one sync: the cells' ray counts)."""
         per_cell = self.torch.bincount(ray_cell, minlength=n_cells).cpu().numpy()
         width = int(min(WARP, max(1, per_cell.max())))
+        width = width if width >= SHARED_FROM else 1
         chunks = -(-per_cell // width)
         cell = np.repeat(np.arange(n_cells), chunks)
         k = np.arange(len(cell)) - np.repeat(np.cumsum(chunks) - chunks, chunks)  # the block's chunk in its cell

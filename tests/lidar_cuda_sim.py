@@ -111,7 +111,8 @@ def main():
     assert all(np.array_equal(y[k], z[k]) for k in ("alpha", "median", "features", "candidates"))
     # a dense wedge of rays (a spinning sweep's: cells of several rays): a block per cell, its threads loading the
     # cell's list together (_composite_cells); then blocks of at most 2 rays loading 2 entries at a time (WARP 2:
-    # a cell's rays in several blocks), the same bits
+    # a cell's rays in several blocks); then, blocks of 3 being too small to share loads, a thread per ray
+    # (_composite_rays): the same bits
     az, el = np.meshgrid(np.linspace(-0.2, 0.2, 40), [-0.1, -0.05, 0.0])
     wedge = np.stack([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)], -1).reshape(-1, 3)
     spec = RayTableSpec.from_directions("wedge", wedge, 0.1, 100.0)
@@ -119,14 +120,17 @@ def main():
     units, real_units = [], Tracer._units
     Tracer._units = lambda self, *args: units.append(real_units(self, *args)) or units[-1]
     g, h = (render_lidar(small, spec, pose(-8.0), backend=k) for k in ("numba", "cuda"))
-    kc.WARP = 2
+    kc.WARP, kc.SHARED_FROM = 2, 1
     w = render_lidar(small, spec, pose(-8.0), backend="cuda")
+    kc.WARP, kc.SHARED_FROM = 3, 4  # blocks of 3 rays would share too little: a thread per ray
+    x = render_lidar(small, spec, pose(-8.0), backend="cuda")
     Tracer._units, kc.WARP = real_units, 32
-    (wide, cells, _, _), (narrow, blocks, _, _) = units
-    assert wide > 2 and narrow == 2 and len(blocks) > len(set(blocks.tolist())), (wide, narrow)
+    (wide, cells, _, _), (narrow, blocks, _, _), (single, _, _, _) = units
+    assert wide > 3 and narrow == 2 and single == 1 and len(blocks) > len(set(blocks.tolist())), (wide, narrow)
     assert (g.range_image > 0).sum() > 30 and np.array_equal(g.range_image > 0, h.range_image > 0)
     assert np.abs(g.range_image - h.range_image).max() < 1e-4 and np.abs(g.alpha_image - h.alpha_image).max() < 1e-5
-    assert all(np.array_equal(getattr(h, k), getattr(w, k)) for k in ("range_image", "alpha_image", "normals"))
+    assert all(np.array_equal(getattr(h, k), getattr(v, k)) for k in ("range_image", "alpha_image", "normals")
+               for v in (w, x))
     print("cuda kernel (simulator) matches numba")
 
 
