@@ -17,12 +17,11 @@ renders actors at full detail (no level of detail: the GPU has the room).
 """
 from __future__ import annotations
 
-import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import GsimWarning, InputError
+from .errors import InputError
 from .render import BACKENDS, pick_backend, render_camera
 from .render.common import CameraFrame, RenderOptions, frame_to_numpy, resolve_options, to_device
 from .scene import Scene
@@ -52,17 +51,10 @@ class Renderer:
 
     @property
     def lidar_backend(self) -> str:
-        """The LiDAR kernel: the CUDA one where this renderer's device is a GPU and numba-cuda runs on it (the `cuda`
-        extra), numba otherwise (on a GPU with a warning that says why the CUDA kernel does not run)."""
-        if getattr(self.device, "type", self.device) != "cuda":
-            return "numba"
-        from gsim.lidar.kernel_cuda import unavailable_reason  # (the LiDAR layer sits above core: loaded on use)
-        reason = unavailable_reason()
-        if reason is not None:
-            warnings.warn(f"Renderer: LiDAR sweeps render with numba on the CPU, not on the GPU: {reason}",
-                          GsimWarning, stacklevel=2)
-            return "numba"
-        return "cuda"
+        """The LiDAR kernel for this renderer's device (`gsim.lidar.render.lidar_backend_on`: the CUDA one on a
+        GPU where numba-cuda runs, else numba, on a GPU with a warning that says why)."""
+        from gsim.lidar.render import lidar_backend_on  # (the LiDAR layer sits above core: loaded on use)
+        return lidar_backend_on(self.device)
 
     @property
     def lidar_beside_cameras(self) -> bool:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
-from gsim.errors import InputError, Unavailable
+from gsim.errors import GsimWarning, InputError, Unavailable
 from gsim.lidar.spec import LidarSpec, RayTableSpec
 
 BEAM_DIVERGENCE_RAD = 3e-3  # full angle; spec sheets give 1.5-3 mrad (HDL-64E ~2, VLP-16 3)
@@ -260,6 +261,19 @@ def _returns(out: dict, dirs: np.ndarray, hit_alpha: float, min_range_m: float, 
     else:
         drop = p.float().masked_fill(alpha < hit_alpha, 1.0)
     return hit & (drop < 0.5), intensity, drop
+
+
+def lidar_backend_on(device) -> str:
+    """The kernel for surfels kept on the torch ``device``: the CUDA one on a GPU where numba-cuda runs (the `cuda`
+    extra), numba otherwise (on a GPU with a warning that says why the CUDA kernel does not run)."""
+    if not str(device).startswith("cuda"):
+        return "numba"
+    from .kernel_cuda import unavailable_reason
+    reason = unavailable_reason()
+    if reason is not None:
+        warnings.warn(f"LiDAR rays trace with numba on the CPU, not on the GPU: {reason}", GsimWarning, stacklevel=3)
+        return "numba"
+    return "cuda"
 
 
 def pick_lidar_backend(backend: str) -> str:

@@ -8,7 +8,7 @@ import torch
 
 from gsim.lidar.heads import head_inputs, mlp
 from gsim.lidar.reference import composite
-from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, pick_lidar_backend, trace_rays
+from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, lidar_backend_on, trace_rays
 from gsim.render.common import to_device
 from gsim.scene import corrected_poses
 
@@ -22,8 +22,7 @@ HIT_ALPHA = 0.5
 def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
     """Torch outputs per ray (in ``rays`` order): alpha, expected range, and the head's logits (R,2)."""
     p, dev = model.params, model.device
-    # the ray search: the CUDA kernel where the model is on a GPU that runs it (the surfels stay there), else numba
-    backend = "cuda" if torch.device(dev).type == "cuda" and pick_lidar_backend("auto") == "cuda" else "numba"
+    backend = lidar_backend_on(dev)  # (the CUDA kernel's surfels stay on the GPU)
     with torch.no_grad():
         args = (p["means"], torch.nn.functional.normalize(p["quats"], dim=-1), p["log_scales"].exp(),
                 torch.sigmoid(p["logit_opacities"]), None, model.owner + 1, model.track_poses())

@@ -109,7 +109,7 @@ def test_lidar_kernel_follows_the_device():
     if unavailable_reason() is None:
         assert r.lidar_backend == "cuda"
     else:
-        with pytest.warns(GsimWarning, match="numba on the CPU, not on the GPU: " + re.escape(unavailable_reason())):
+        with pytest.warns(GsimWarning, match="with numba on the CPU, not on the GPU: " + re.escape(unavailable_reason())):
             assert r.lidar_backend == "numba"
 
 
