@@ -14,8 +14,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 from .errors import InputError
+from .sh import SH_C0, eval_sh
 
-SH_C0 = 0.28209479177387814
 _FIELDS = ("means", "quats", "scales", "opacities", "colors", "features")
 QUAT_NORM_TOL = 1e-3
 
@@ -23,8 +23,6 @@ QUAT_NORM_TOL = 1e-3
 def _sh_basis(dirs, k: int):
     """(n,K) the renderers' K SH basis functions at unit directions (n,3) (a float64 tensor, or numpy)."""
     import torch
-
-    from .render.torch_backend import eval_sh
     t = dirs if torch.is_tensor(dirs) else torch.from_numpy(dirs)
     eye = torch.eye(k, dtype=t.dtype, device=t.device)[None, :, :, None].expand(len(t), k, k, 1)
     out = torch.cat([eval_sh(eye[:, :, j], t) for j in range(k)], 1)

@@ -45,6 +45,7 @@ from numba import cuda, njit  # noqa: E402
 from gsim.render.common import to_device
 from gsim.render.numba_tiles import ONE
 
+from .groups import SurfelGroups
 from .kernel import (N_REC, SEAM_BINS, ZERO, actor_hit, alpha_range, composite_step, f32, grid_cells, grid_of,
                      seam_bins, surfel_cap, surfel_geometry, surfel_record)
 
@@ -443,7 +444,6 @@ def device_groups(means, quats, scales, opacities, features, group, tracks):
     host; quats are not kept: the numba strip kernel's discs are not made from them)."""
     import torch
 
-    from .render import SurfelGroups
     dev, n = means.device, len(means)
     f64 = lambda x: x.detach().to(torch.float64).contiguous()  # noqa: E731  (as build: float64 maths)
     rec = torch.empty((n, N_REC), dtype=torch.float32, device=dev)

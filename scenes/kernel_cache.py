@@ -5,8 +5,8 @@ compute the same bits: with ``fastmath`` (the backward kernel's "reassoc" lets L
 differ in the last digits (measured: the backward kernel on the same inputs, a cold and a warm cache; a 12-iteration
 reconstruction's PSNR 13.602469937 against 13.602470297). Without a primed cache the first run after an install or
 an edit would then differ from every later one, and a batch's runs from the same runs made alone. `prime` (called by
-`reconstruct`; `gsim compile` by hand) runs a tiny reconstruction, its evaluation and the loop's sensors in a child
-process when gsim's sources changed since the last priming; that child writes the cache and every process after it,
+`reconstruct`; `gsim compile` by hand) runs gsim.scenes.kernel_workload (a tiny reconstruction, its evaluation and the
+loop's sensors) in a child process when gsim's sources changed since the last priming; that child writes the cache and every process after it,
 this one included, loads the same machine code. A stamp beside the cache records what was primed.
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from gsim.errors import InputError
@@ -69,47 +68,15 @@ def prime(progress: bool = True) -> bool:
         pass
     if progress:
         print("gsim: compiling its numba kernels into numba's cache (once per install or edit) ...", file=sys.stderr)
-    done = subprocess.run([sys.executable, "-m", "gsim.scenes.kernel_cache"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "gsim.scenes.kernel_workload"], capture_output=True, text=True,
                           env={**os.environ, CHILD: "1"})
     if done.returncode != 0:
-        raise InputError(f"compiling gsim's kernels ({sys.executable} -m gsim.scenes.kernel_cache) failed:\n"
+        raise InputError(f"compiling gsim's kernels ({sys.executable} -m gsim.scenes.kernel_workload) failed:\n"
                          f"{done.stderr[-2000:]}")
     for line in done.stderr.splitlines():  # the child's own messages (not numba's or torch's warnings)
         if line.startswith("gsim: "):
             print(line, file=sys.stderr)
     return True
-
-
-def compile_kernels() -> None:
-    """The kernels a CPU reconstruction, its evaluation and the closed loop's sensors use, compiled by running them
-    on a tiny synthetic street (numba writes each to its cache); then the stamp, written atomically. Runs in the
-    child (`prime`), whose environment tells the reconstruction below not to prime again."""
-    import numpy as np
-    from gsim.lidar import LidarSpec
-    from gsim.resident import Renderer
-    from .evaluate import evaluate
-    from .log import load_log
-    from .synth import SynthOptions, synthesize
-    from .train import preset, reconstruct
-    want = fingerprint()
-    with tempfile.TemporaryDirectory(prefix="gsim-kernels-") as tmp:
-        tiny = SynthOptions(n_frames=9, width=64, height=40, supersample=1, lidar_beams=8,
-                            lidar_azimuth_resolution_deg=2.0)
-        log_dir = synthesize(Path(tmp) / "log", seed=0, options=tiny, progress=False)
-        cfg = preset("cpu", iterations=9)
-        scene = reconstruct(log_dir, Path(tmp) / "recon", cfg, progress=False)
-        evaluate(scene, log_dir, Path(tmp) / "eval", progress=False)
-        from gsim.scene import load_scene
-        log, r = load_log(log_dir), Renderer(load_scene(scene), "numba")
-        cam = next(iter(log.cameras.values()))
-        t = int(log.ego_timestamps_us[1])
-        T = log.T_world_vehicle(t)
-        r.cameras([(cam.camera, T @ cam.T_vehicle_camera, cam.name)], t, numpy=True)
-        T_vl = next(iter(log.lidars.values())).T_vehicle_lidar
-        r.lidar(LidarSpec.preset("velodyne-vlp32c"),
-                (np.array([t - 100_000, t]), np.stack([log.T_world_vehicle(t - 100_000) @ T_vl, T @ T_vl])),
-                t - 100_000)
-    write_stamp(want)
 
 
 def write_stamp(value: str) -> None:
@@ -123,9 +90,3 @@ def write_stamp(value: str) -> None:
     except OSError as e:  # (a read-only install: numba caches elsewhere, the stamp has no place)
         print(f"gsim: cannot write {stamp} ({e}); each reconstruction will check numba's cache in a child process "
               f"(seconds; set NUMBA_CACHE_DIR to a writable folder to avoid it)", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    if not os.environ.get(CHILD):
-        sys.exit(f"{__file__}: the child of gsim.scenes.kernel_cache.prime (run `gsim compile`)")
-    compile_kernels()

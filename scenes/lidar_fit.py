@@ -8,7 +8,8 @@ import torch
 
 from gsim.lidar.heads import head_inputs, mlp
 from gsim.lidar.reference import composite
-from gsim.lidar.render import BEAM_DIVERGENCE_RAD, SurfelGroups, lidar_backend_on, trace_rays
+from gsim.lidar.groups import SurfelGroups
+from gsim.lidar.render import BEAM_DIVERGENCE_RAD, lidar_backend_on, trace_rays
 from gsim.render.common import to_device
 from gsim.scene import corrected_poses
 

@@ -10,7 +10,8 @@ import numpy as np
 
 import gsim
 from gsim.lidar import RayTableSpec, render_lidar
-from gsim.lidar.render import surfel_groups, sweep_layout, sensor_poses, trace
+from gsim.lidar.groups import surfel_groups
+from gsim.lidar.render import sweep_layout, sensor_poses, trace
 
 
 def pose(x, y=0.0, yaw=0.0):

@@ -244,7 +244,7 @@ def test_downscaled_camera_matches_box_averaged_pixels():
 @pytest.mark.parametrize("degree", [1, 2, 3])
 def test_transformed_surfels_turn_their_view_dependent_colour(degree):
     """A rotated surfel seen from a rotated direction shows the colour it showed before (SH bands rotate)."""
-    from gsim.render.torch_backend import eval_sh
+    from gsim.sh import eval_sh
     rng = np.random.default_rng(degree)
     k = (degree + 1) ** 2
     s = gsim.Surfels(rng.normal(size=(6, 3)), np.tile([1.0, 0, 0, 0], (6, 1)), np.full((6, 2), 0.1), np.full(6, 0.5),

@@ -222,7 +222,7 @@ def test_closed_assets_skip_the_surfels_that_face_away(tmp_path):
     """A watertight mesh gives a closed asset: its inserted actor draws only the surfels facing the camera
     (about half fewer tile entries), with the same silhouette and depth; an open mesh gives no culling."""
     from gsim.render.common import resolve_options
-    from gsim.render.numba_backend import bin_surfels
+    from gsim.render.numba_raster import bin_surfels
     closed = trimesh.creation.icosphere(subdivisions=3, radius=0.8)
     closed.export(tmp_path / "ball.ply")
     opened = trimesh.Trimesh(closed.vertices, closed.faces[closed.face_normals[:, 2] < 0.5])  # a bowl

@@ -26,7 +26,7 @@ def test_the_fingerprint_follows_every_source_file(monkeypatch, tmp_path):
 
 def test_gsims_sources_include_every_kernel_module():
     files = {p.as_posix() for p in kernel_cache._sources()}
-    for module in ("gsim/render/numba_grad.py", "gsim/render/numba_backend.py", "lidar/kernel.py", "lidar/sweep.py",
+    for module in ("gsim/render/numba_grad.py", "gsim/render/numba_raster.py", "lidar/kernel.py", "lidar/sweep.py",
                    "scenes/movers.py"):
         assert any(f.endswith(module) for f in files), module
 
@@ -54,7 +54,7 @@ def test_a_failing_child_is_an_error_with_its_output(unprimed, monkeypatch):
     monkeypatch.setattr(kernel_cache, "fingerprint", lambda: "never primed")
     # the child is told it is one under another name, so it refuses to run (as when started by hand) and exits 1
     monkeypatch.setattr(kernel_cache, "CHILD", "GSIM_TEST_NOT_THE_CHILD_VARIABLE")
-    with pytest.raises(InputError, match=r"(?s)-m gsim.scenes.kernel_cache\) failed.*run `gsim compile`"):
+    with pytest.raises(InputError, match=r"(?s)-m gsim.scenes.kernel_workload\) failed.*run `gsim compile`"):
         kernel_cache.prime(progress=False)
 
 

@@ -175,7 +175,7 @@ def test_rolling_sweep_moves_actors_per_column():
     # the same surfels on a new track (a closed loop moves its actors every step): the new track is used,
     # and the surfels' geometry is not rebuilt
     from dataclasses import replace
-    from gsim.lidar.render import surfel_groups
+    from gsim.lidar.groups import surfel_groups
     moved = replace(scene, actors=(replace(actor, track_timestamps_us=np.array([0]),
                                            track_poses=translation(15.0)[None]),))
     measured, analytic = front_ranges(render_lidar(moved, VLP16, np.eye(4), timestamp_us=0), lambda t: 15.0 + 0 * t)

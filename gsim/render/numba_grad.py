@@ -3,9 +3,9 @@
 Split as in gsplat: the per-surfel stage is torch_backend.project (autograd carries its
 gradients to means, quats, scales, opacities and SH colours); the pixel stage is numba,
 wrapped in a torch.autograd.Function of the per-surfel records. Binning (bounds, tile
-lists, depth order) is numba_backend's and is not differentiated.
+lists, depth order) is numba_raster's and is not differentiated.
 
-Forward: numba_backend's compositor with tracking, which keeps per pixel the final
+Forward: numba_raster's compositor with tracking, which keeps per pixel the final
 transmittance, the number of list entries up to the last composited surfel, and the
 distortion's running mean and M2. Backward: per tile, its list back to front from that
 last entry; each surfel's transmittance is recovered by dividing by (1 - alpha), and the
@@ -26,8 +26,8 @@ from ..cameras import Camera
 from ..errors import InputError
 from ..surfels import Surfels
 from .common import N_RECORD, TILE_SIZE, CameraFrame, RenderOptions, tile_table, world_to_camera
-from .numba_backend import (A_MIN, D_SCALE, F_INV_SQ, LANES, MAX_A, N_PLANES_TRACKED, PA, PF, PL, PLANE, PM, PM2, PR,
-                            PT, ROW, U_LANES, C0, _geometry, _make_compositor, _span, _splat, bin_surfels, f64)
+from .numba_raster import (A_MIN, D_SCALE, F_INV_SQ, LANES, MAX_A, N_PLANES_TRACKED, PA, PF, PL, PLANE, PM, PM2, PR,
+                           PT, ROW, U_LANES, C0, _geometry, _make_compositor, _span, _splat, bin_surfels, f64)
 from .numba_tiles import FASTMATH, ONE, small_chunks
 from .torch_backend import finish, project
 
@@ -295,7 +295,7 @@ def _project_backward(means, quats, scales, sh, idx, R, t, near, g_rec, g_means,
 
 class _Projection(torch.autograd.Function):
     """The per-surfel stage of SH degree 0 surfels (the cpu preset's), differentiable: the records (M, N_RECORD)
-    of surfels ``idx`` that the binning computed (numba_backend._preprocess, the same maths as
+    of surfels ``idx`` that the binning computed (numba_raster._preprocess, the same maths as
     torch_backend.project: the reference, and the path for higher degrees), with _project_backward's gradients."""
 
     @staticmethod

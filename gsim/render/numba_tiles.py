@@ -1,4 +1,4 @@
-"""What the numba camera rasterizer (gsim.render.numba_backend) and the LiDAR kernels (gsim.lidar.kernel,
+"""What the numba camera rasterizer (gsim.render.numba_raster) and the LiDAR kernels (gsim.lidar.kernel,
 gsim.lidar.sweep) share: the fast-math flags, a surfel's Gaussian falloff, the depth-ordered per-tile surfel
 lists (a tile is a block of pixels, a cell of the LiDAR's angle grid or a strip of a sweep) and prange's chunk
 size. One copy, so that a camera pixel and a LiDAR ray weigh the same surfel alike.
