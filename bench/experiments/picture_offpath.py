@@ -1,8 +1,8 @@
 """The README's off-path picture: (a) the reconstruction, (b) its render repaired, (c) the expanded scene and the
 exact image, for held-out views of a synthetic street shifted sideways, one row per side.
 
-Usage: python bench/picture_offpath.py --scene RECON/scene --expanded EXPANDED/scene --log LOG --out PICTURE.png
-       (--paste-references | --repair MODEL_DIR) [--shift 3] [--frame N] [--sensor front]
+Usage: python bench/experiments/picture_offpath.py --scene RECON/scene --expanded EXPANDED/scene --log LOG
+       --out PICTURE.png (--paste-references | --repair MODEL_DIR) [--shift 3] [--frame N] [--sensor front]
 --frame: a held-out frame index (default: the middle held-out frame). Prints each panel's PSNR."""
 from __future__ import annotations
 

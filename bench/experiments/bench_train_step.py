@@ -4,7 +4,7 @@ One step renders a frame of the drive with surfels that need gradients (float32 
 back-propagates an L1 loss on rgb plus an L1 loss on depth, against the forward-only render of
 the next frame of the drive.
 
-Usage: python bench/bench_train_step.py [--surfels 100000] [--sizes 640x360,320x180]
+Usage: python bench/experiments/bench_train_step.py [--surfels 100000] [--sizes 640x360,320x180]
        [--steps 10] [--backends numba,torch] [--torch-steps 1] [--distortion]
 Prints per-backend and size the median step time, split into forward and backward.
 """
