@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gsim.bridges.batch import closed_loop_batch  # noqa: E402
-from gsim.bridges.runner import run_batch  # noqa: E402
-from gsim.bridges.scenario import SHIPPED, ensure_demo, load_loop_scenario  # noqa: E402
+from gsim.bridges.cluster.batch import closed_loop_batch  # noqa: E402
+from gsim.bridges.closed_loop.runner import run_batch  # noqa: E402
+from gsim.bridges.closed_loop.scenario import SHIPPED, ensure_demo, load_loop_scenario  # noqa: E402
 from gsim.cli_args import seed_list  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def _noop():
 
 def _warm_import():
     t = time.perf_counter()
-    import gsim.bridges.runner  # noqa: F401
+    import gsim.bridges.closed_loop.runner  # noqa: F401
     return time.perf_counter() - t
 
 

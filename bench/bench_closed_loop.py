@@ -18,12 +18,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gsim.bridges.agents import BUILTIN  # noqa: E402
-from gsim.bridges.runner import run_batch  # noqa: E402
-from gsim.bridges.scenario import SHIPPED  # noqa: E402
+from gsim.bridges.closed_loop.agents import BUILTIN  # noqa: E402
+from gsim.bridges.closed_loop.runner import run_batch  # noqa: E402
+from gsim.bridges.closed_loop.scenario import SHIPPED  # noqa: E402
 
 # "sensors" is the cameras and the LiDARs together: where numba's threading layer allows it they render at once
-# (bridges.loop), and then their own times overlap
+# (bridges.closed_loop.loop), and then their own times overlap
 STAGES = ("agent", "dynamics", "sumo", "actors", "sensors", "cameras", "lidars", "metrics", "record")
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from gsim.diffusion.expand import ExpandOptions, expand
 from gsim.diffusion.repair import RepairModel
 from gsim.images import render_image
-from gsim.scenes.evaluate import evaluate
+from gsim.scenes.evaluation.evaluate import evaluate
 
 
 def rows(m: dict, repaired: bool) -> dict:

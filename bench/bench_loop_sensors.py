@@ -5,7 +5,7 @@ Usage: python bench/bench_loop_sensors.py SCENE LOG [--steps 40] [--hz 10] [--sp
        [--backend auto] [--out FILE.json] [--profile FILE.txt]
 The cameras: the log's first camera at its mounting and turned 50 degrees either side (a rig of three); the
 LiDAR: the preset at the log's first LiDAR mounting (above the vehicle's origin without one), each sweep
-rolling from the previous step's pose to this one. Per step, as bridges.loop does it: the cameras in one call
+rolling from the previous step's pose to this one. Per step, as bridges.closed_loop.loop does it: the cameras in one call
 (uint8 out) and the sweep in a worker thread beside them where the renderer allows it
 (`Renderer.lidar_beside_cameras`: on a GPU, or numba's omp/tbb layer), else one after the other. Prints the
 median step time and steps/s (and the cameras' and the LiDAR's medians); SUMO, the agent, the dynamics, the

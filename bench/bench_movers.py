@@ -20,9 +20,9 @@ import numpy as np
 from gsim.io import write_json, write_png
 from gsim.scenes.log import load_log
 from gsim.boxes import box_iou
-from gsim.scenes.movers import birds_eye_boxes, detect_movers
+from gsim.scenes.reconstruction.movers import birds_eye_boxes, detect_movers
 from gsim.scenes.synth import SynthOptions, synthesize
-from gsim.scenes.views import split_frames
+from gsim.scenes.reconstruction.views import split_frames
 
 
 def main(argv=None) -> dict:

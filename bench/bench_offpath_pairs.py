@@ -28,12 +28,12 @@ from gsim.images import render_image
 from gsim.io import to_uint8
 from gsim.resident import Renderer
 from gsim.scene import load_scene
-from gsim.scenes.lane_shift import street_of, truth
+from gsim.scenes.evaluation.lane_shift import street_of, truth
 from gsim.scenes.log import load_log
-from gsim.scenes.render_path import offset_pose
+from gsim.scenes.evaluation.render_path import offset_pose
 from gsim.scenes.synth import synthesize
-from gsim.scenes.train import preset, reconstruct
-from gsim.scenes.views import make_views, split_frames
+from gsim.scenes.reconstruction.train import preset, reconstruct
+from gsim.scenes.reconstruction.views import make_views, split_frames
 
 OFFSETS_M = (0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0)  # to the left; 0: the view itself against its real image
 

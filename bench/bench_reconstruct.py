@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from gsim.io import write_json
-from gsim.scenes.evaluate import evaluate
+from gsim.scenes.evaluation.evaluate import evaluate
 from gsim.scenes.synth import synthesize
-from gsim.scenes.train import preset, reconstruct
+from gsim.scenes.reconstruction.train import preset, reconstruct
 
 
 def main(argv=None) -> dict:

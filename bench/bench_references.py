@@ -31,11 +31,11 @@ from gsim.io import to_uint8, write_png
 from gsim.resident import Renderer
 from gsim.scene import load_scene
 from gsim.scenes import synth
-from gsim.scenes.lane_shift import offsets, street_of
-from gsim.scenes.lidar_depth import LidarDepth
+from gsim.scenes.evaluation.lane_shift import offsets, street_of
+from gsim.scenes.reconstruction.lidar_depth import LidarDepth
 from gsim.scenes.log import load_log
-from gsim.scenes.render_path import offset_pose
-from gsim.scenes.views import make_views, split_frames
+from gsim.scenes.evaluation.render_path import offset_pose
+from gsim.scenes.reconstruction.views import make_views, split_frames
 
 
 def composites(rgb: np.ndarray, found: list) -> tuple:

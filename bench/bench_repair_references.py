@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gsim.diffusion.repair import RepairConfig, RepairModel
 from gsim.diffusion.train import TrainOptions, train
-from gsim.scenes.evaluate import evaluate
+from gsim.scenes.evaluation.evaluate import evaluate
 
 
 def main(argv=None) -> int:

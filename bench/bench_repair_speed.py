@@ -27,7 +27,7 @@ from gsim.diffusion.repair import RepairConfig, RepairModel, repair_device
 from gsim.diffusion.train import TrainOptions
 from gsim.scene import Scene
 from gsim.scenes.log import load_log
-from gsim.scenes.views import make_views, split_frames
+from gsim.scenes.reconstruction.views import make_views, split_frames
 from gsim.street import street_surfels
 
 

@@ -1,4 +1,4 @@
-"""Full training-step benchmark on a reconstruction's checkpoint: `scenes.train.train_step` (render,
+"""Full training-step benchmark on a reconstruction's checkpoint: `scenes.reconstruction.train.train_step` (render,
 losses, the LiDAR ray batch every ``lidar_every`` steps, Adam), at the checkpoint's surfels and settings.
 
 Usage: python bench/bench_scene_step.py RECON [--steps 40] [--profile FILE]
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from gsim.scenes.train import CHECKPOINT, TrainConfig, load_state, start, train_step
+from gsim.scenes.reconstruction.train import CHECKPOINT, TrainConfig, load_state, start, train_step
 
 
 def main(argv=None) -> dict:

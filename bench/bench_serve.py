@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpc  # noqa: E402
 
 import gsim  # noqa: E402
-from gsim.bridges.agents import load_agent  # noqa: E402
-from gsim.bridges.client import SensorClient  # noqa: E402
-from gsim.bridges.runner import run  # noqa: E402
-from gsim.bridges.server import ServerProcess  # noqa: E402
+from gsim.bridges.closed_loop.agents import load_agent  # noqa: E402
+from gsim.bridges.api.client import SensorClient  # noqa: E402
+from gsim.bridges.closed_loop.runner import run  # noqa: E402
+from gsim.bridges.api.server import ServerProcess  # noqa: E402
 
 
 def _median_ms(fn, repeats: int) -> float:

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from bench_scene_step import timed_steps, write_profile
-from gsim.scenes.init import InitOptions
-from gsim.scenes.train import preset, start, train_step
+from gsim.scenes.reconstruction.init import InitOptions
+from gsim.scenes.reconstruction.train import preset, start, train_step
 
 
 def main(argv=None) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from gsim.bridges.viewer import FULL_WIDTH, PREVIEW_WIDTH, Viewer, open_target, pose_of  # noqa: E402
+from gsim.bridges.browser.viewer import FULL_WIDTH, PREVIEW_WIDTH, Viewer, open_target, pose_of  # noqa: E402
 from gsim.images import psnr  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Does gsplat's rasterization densify more than gsim's reference backends? On a machine without a GPU: the
-densification statistic (each surfel's mean-gradient norm x its distance / focal x width/2, `scenes.optim.Densifier`)
+densification statistic (each surfel's mean-gradient norm x its distance / focal x width/2, `scenes.reconstruction.optim.Densifier`)
 of an L1 image loss through gsplat's 2DGS model (the stand-ins of `gsplat_composition_check.py`: gsplat's torch
 projection and a dense model of its rasterization kernel, differentiated by autograd) against the torch reference
 backend's, on the demo street, same surfels and target. The `cuda` preset's H200 runs grew more surfels than the

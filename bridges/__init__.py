@@ -1,9 +1,18 @@
-"""gsim.bridges: traffic-simulator and autonomy couplings, the closed loop.
+"""gsim.bridges: traffic-simulator and autonomy couplings: the closed loop and the doors into it.
 
-- `gsim.bridges.loop.ClosedLoop`: one run of a closed-loop scenario (`gsim.bridges.scenario`) with an agent
-  (`gsim.bridges.agents`), SUMO traffic (`gsim.bridges.sumo`), ego dynamics (`gsim.bridges.dynamics`) and
-  metrics (`gsim.bridges.metrics`); `gsim.bridges.runner.run` records it (`gsim.bridges.record`).
-- ``gymnasium.make("gsim.bridges.env:gsim/ClosedLoop-v0", scenario=...)``: the same as a Gymnasium environment
-  (the ``sumo`` extra), registered by `gsim.bridges.env`. This package imports neither gymnasium nor SUMO, so
-  that the network client (`gsim.bridges.client`, the ``serve`` extra) needs neither.
+- `closed_loop`: `closed_loop.loop.ClosedLoop` runs a closed-loop scenario (`closed_loop.scenario`) with an agent
+  (`closed_loop.agents`), SUMO traffic (`closed_loop.sumo`), ego dynamics (`closed_loop.dynamics`) and metrics
+  (`closed_loop.metrics`); `closed_loop.runner.run` records it (`recording`). As a Gymnasium environment (the
+  ``sumo`` extra): ``gymnasium.make("gsim.bridges.closed_loop.env:gsim/ClosedLoop-v0", scenario=...)``.
+- `api`: the network sensor API (`gsim serve`) and its Python client (`api.client`, the ``serve`` extra).
+- `browser`: `gsim view`; `cluster`: `gsim batch` on Ray; `recording`: run directories and MCAP files.
+This package imports neither gymnasium nor SUMO, so that the network client needs neither.
 """
+from gsim.moved import alias
+
+alias(__name__, {"client": "api.client", "env": "closed_loop.env"}, warn=False)  # public paths (and the Gym id's)
+alias(__name__, {**{m: f"closed_loop.{m}" for m in ("loop", "sumo", "dynamics", "road", "agents", "metrics",
+                                                     "scenario", "runner")},
+                 **{m: f"api.{m}" for m in ("server", "wire", "protogen", "sensor_pb2", "sensor_pb2_grpc")},
+                 "viewer": "browser.viewer", "batch": "cluster.batch", "record": "recording.record",
+                 "mcap_log": "recording.mcap_log"}, warn=True)

@@ -9,11 +9,11 @@ from pathlib import Path
 from gsim.cli_args import camera_backends, finite_float, int_at_least, positive, seed_list
 from gsim.errors import InputError
 
-SERVE_HELP = """Serve scenes over gRPC (the network sensor API: bridges/sensor.proto, docs/network_api.md).
+SERVE_HELP = """Serve scenes over gRPC (the network sensor API: bridges/api/sensor.proto, docs/network_api.md).
 
 Services: gsim.sensor.v1.SensorService (ListScenes, DescribeScene, RenderCamera, RenderLidar, StartSession,
 StepSession, EndSession, GetServerInfo), grpc.health.v1.Health and server reflection (grpcurl works without
-the proto). Python: from gsim.bridges.client import SensorClient.
+the proto). Python: from gsim.bridges.api.client import SensorClient.
 
 Bound to 127.0.0.1 unless --host says otherwise; then a bearer token is required (--token-file or
 GSIM_SERVE_TOKEN) and so is TLS (--tls-cert, --tls-key), since the token would otherwise travel in clear:
@@ -29,7 +29,7 @@ with the ego injected, so traffic reacts -> the log's actors (replayed on their 
 
 Agents: replay (the logged path and timing), privileged (car following + pure pursuit on ground truth), lidar-aeb
 (route following, brakes for LiDAR returns in its path), module:attribute (a class with act(obs)) or
-exec:COMMAND (an agent process speaking JSON lines, see gsim.bridges.agents.ProcessAgent).
+exec:COMMAND (an agent process speaking JSON lines, see gsim.bridges.closed_loop.agents.ProcessAgent).
 Shipped scenarios (on the demo street, built on first use): stopped-car (a car stands in the ego's lane),
 lead-car (a slower car ahead), traffic (SUMO traffic at a density).
 
@@ -40,9 +40,9 @@ driving log) and run.mcap (Foxglove). A failing run keeps every completed step. 
 
 
 def cmd_closed_loop(a) -> int:
-    from .agents import load_agent
-    from .runner import run, run_batch
-    from .scenario import SHIPPED, ensure_demo, load_loop_scenario
+    from .closed_loop.agents import load_agent
+    from .closed_loop.runner import run, run_batch
+    from .closed_loop.scenario import SHIPPED, ensure_demo, load_loop_scenario
     agents = a.agent.split(",") if not a.agent.startswith("exec:") else [a.agent]
     seeds = a.seed
     for name in agents:
@@ -62,8 +62,8 @@ def cmd_closed_loop(a) -> int:
 
 
 def cmd_batch_closed_loop(a) -> int:
-    from .batch import closed_loop_batch
-    from .scenario import SHIPPED, ensure_demo, load_loop_scenario
+    from .cluster.batch import closed_loop_batch
+    from .closed_loop.scenario import SHIPPED, ensure_demo, load_loop_scenario
     for sc in a.scenario:
         if sc in SHIPPED:
             ensure_demo(load_loop_scenario(sc))  # built once here, not by every worker at once
@@ -76,7 +76,7 @@ def cmd_batch_closed_loop(a) -> int:
 
 
 def cmd_batch_reconstruct(a) -> int:
-    from .batch import reconstruct_batch
+    from .cluster.batch import reconstruct_batch
     overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale))
                  if v is not None}
     rows = reconstruct_batch(a.log, a.out, a.preset, overrides, a.format, address=a.address, num_cpus=a.num_cpus,
@@ -87,7 +87,7 @@ def cmd_batch_reconstruct(a) -> int:
 
 
 def cmd_batch_scenario_render(a) -> int:
-    from .batch import scenario_render_batch
+    from .cluster.batch import scenario_render_batch
     rows = scenario_render_batch(a.scenario, a.out, a.backend, address=a.address, num_cpus=a.num_cpus,
                                  cpus_per_task=a.cpus_per_task, gpus_per_task=a.gpus_per_task, retries=a.retries)
     failed = sum(r["status"] != "done" for r in rows)
@@ -117,8 +117,8 @@ def cmd_serve(a) -> int:
     # the server forks (ffmpeg for run videos, SUMO) while gRPC's threads run: gRPC's fork handlers would
     # skip or hang there, and the children exec at once anyway (read when grpc is first imported)
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
-    from .scenario import SCENARIOS_DIR, SHIPPED
-    from .server import Limits, check_exposure, load_served, serve_forever, start
+    from .closed_loop.scenario import SCENARIOS_DIR, SHIPPED
+    from .api.server import Limits, check_exposure, load_served, serve_forever, start
     if bool(a.tls_cert) != bool(a.tls_key):
         raise InputError("--tls-cert and --tls-key: give both (a PEM certificate chain and its private key)")
     token = os.environ.get("GSIM_SERVE_TOKEN") or None
@@ -149,7 +149,7 @@ def cmd_serve(a) -> int:
 
 
 def cmd_view(a) -> int:
-    from .viewer import Viewer, open_target, serve_forever
+    from .browser.viewer import Viewer, open_target, serve_forever
     serve_forever(Viewer(open_target(a.path, a.log), a.host, a.port, a.backend))
     return 0
 

@@ -102,7 +102,7 @@ class ExpandOptions(Config):
 def checkpoint_of(scene_path) -> Path:
     """The training checkpoint beside a reconstruction's scene (RECON/scene -> RECON/checkpoint.safetensors); RECON
     itself is accepted too. (A legacy checkpoint.pt is found too, for its loader to refuse saying why.)"""
-    from gsim.scenes import checkpoint
+    from gsim.scenes.reconstruction import checkpoint
     p = Path(scene_path)
     for d in (p, p.parent):
         found = checkpoint.find(d)
@@ -118,7 +118,7 @@ def pseudo_view(view, T_world_camera: np.ndarray, image: np.ndarray, mask: np.nd
     correction is applied, and none is learnt from it) with ``image`` (a repaired render) as its target where
     ``mask`` (H,W) is 1; no LiDAR."""
     from gsim.appearance import camera_ray_directions
-    from gsim.scenes.views import View
+    from gsim.scenes.reconstruction.views import View
     return View(-1, view.sensor, view.timestamp_us, view.camera, T_world_camera, image.astype(np.float32),
                 camera_ray_directions(view.camera, T_world_camera), np.zeros(0, np.int64), np.zeros(0, np.float32),
                 mask.astype(np.float32), pose_corrected=True)
@@ -152,7 +152,7 @@ def seen_through(points: np.ndarray, seen: list, margin: float) -> np.ndarray:
     """(N,) bool: the points some view of ``seen`` (`sights`) looked through: they project in front of what it
     saw there (a surface, nearer than (1 - margin) of its depth, or the sky). A surfel there would stand in the
     way of what the log's camera and LiDAR observed."""
-    from gsim.scenes.views import in_image
+    from gsim.scenes.reconstruction.views import in_image
     out = np.zeros(len(points), bool)
     for camera, T, depth in seen:
         uv, ok, pc = in_image(camera, T, points)
@@ -224,7 +224,7 @@ def fill_points(camera, T_world_camera: np.ndarray, image: np.ndarray, alpha: np
 def add_surfels(run, points: np.ndarray, colours: np.ndarray, normals: np.ndarray, footprint: np.ndarray,
                 opacity: float = 0.5) -> int:
     """Append background surfels (fresh optimiser moments); returns how many."""
-    from gsim.scenes.init import frame_from_normal
+    from gsim.scenes.reconstruction.init import frame_from_normal
     from gsim.surfels import rgb_to_sh
     from gsim.transforms import rotmat_to_quat
     n = len(points)
@@ -258,7 +258,7 @@ class ExpansionRefused(GsimError):
 def held_out_views(log_path, cfg) -> list:
     """The log's held-out views (the frames the reconstruction never saw) at its training downscale."""
     from gsim.scenes.log import load_log
-    from gsim.scenes.views import make_views, split_frames
+    from gsim.scenes.reconstruction.views import make_views, split_frames
     log = load_log(log_path)
     return make_views(log, split_frames(log, cfg.holdout_every)[1], cfg.downscale)
 
@@ -286,8 +286,9 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
 
     from gsim.images import render_image, repaired
     from gsim.io import write_json
-    from gsim.scenes.render_path import offset_pose
-    from gsim.scenes.train import TrainConfig, load_state, resumed, snapshot, start, train_step, view_loss
+    from gsim.scenes.evaluation.render_path import offset_pose
+    from gsim.scenes.reconstruction.train import (TrainConfig, load_state, resumed, snapshot, start, train_step,
+                                                  view_loss)
     t0 = time.perf_counter()
     out = Path(out)
     state = load_state(checkpoint_of(scene_path))

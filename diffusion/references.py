@@ -21,8 +21,8 @@ from gsim.errors import InputError
 from gsim.images import render_image
 from gsim.resident import Renderer
 from gsim.scene import Scene
-from gsim.scenes.lidar_depth import LidarDepth
-from gsim.scenes.views import split_frames
+from gsim.scenes.reconstruction.lidar_depth import LidarDepth
+from gsim.scenes.reconstruction.views import split_frames
 from gsim.transforms import check_pose, invert
 
 DEPTH_TOLERANCE = 0.05  # relative: a source depth this close to the point's source-camera z saw that point
@@ -108,7 +108,7 @@ def nearest_training_views(log, T_world_target: np.ndarray, timestamp_us: int, k
                            sensor: Optional[str] = None, holdout_every: int = 8, exclude: Sequence[int] = ()) -> list:
     """The ``k`` training views of ``log`` nearest a target camera, nearest first: [(Frame, CameraObs)].
 
-    Training views: the frames the reconstruction saw (`gsim.scenes.views.split_frames` with ``holdout_every``, as
+    Training views: the frames the reconstruction saw (`gsim.scenes.reconstruction.views.split_frames` with ``holdout_every``, as
     the trainer and the evaluation split), less the frame indices in ``exclude``. Nearness, in metres: the distance
     between the cameras (``T_world_target``, a log pose: OpenCV camera -> world), plus `DIRECTION_M` x (1 - the
     cosine between their optical axes), plus `TIME_M_PER_S` per second from ``timestamp_us``, plus `SENSOR_M` for a
@@ -140,11 +140,11 @@ def references(scene, log, target_camera: Camera, T_world_target: np.ndarray, ti
     (`nearest_training_views`), nearest first, warped into the target camera (`warp`).
 
     ``scene``: a reconstruction of ``log`` (a `Scene`, or a `Renderer` holding one); ``T_world_target``: a log pose
-    (OpenCV camera -> world) at ``timestamp_us``, e.g. a log camera moved by `gsim.scenes.render_path.offset_pose`.
+    (OpenCV camera -> world) at ``timestamp_us``, e.g. a log camera moved by `gsim.scenes.evaluation.render_path.offset_pose`.
     The log's images have no depth: the target's depth and each source's (the occlusion test) are the scene's
     renders, counted where their alpha reaches `SOLID_ALPHA`, and the target and the sources are placed where the
     scene puts the log's poses (`Scene.log_pose`); ``target_depth``: the target's rendered depth if the caller has it
-    (else rendered here). With ``lidar`` (a `gsim.scenes.lidar_depth.LidarDepth` of ``log``) both depths are the
+    (else rendered here). With ``lidar`` (a `gsim.scenes.reconstruction.lidar_depth.LidarDepth` of ``log``) both depths are the
     log's LiDAR instead, at the log's poses: the reconstruction's geometry, wrong off the path in the same way from
     every pose, no longer decides where the real pixels go. ``downscale``: of the log's images, to
     ``target_camera``'s scale (None: the scene's training downscale, 1 where it has none recorded). ``sensor``,

@@ -7,7 +7,7 @@ leave alone), each against the real image. Held-out frames are never used. For a
 (`RepairConfig.references`) each pair also gets that many real training images warped into its view through the
 rendering scene's depth or the log's LiDAR (`RepairConfig.reference_depth`, `gsim.diffusion.references`), never
 one of the pair's own frame (its real image is the target). Random crops, AdamW, a cosine schedule; a
-checkpoint every ``checkpoint_every`` steps in the work directory (checkpoint.safetensors, `gsim.scenes.checkpoint`:
+checkpoint every ``checkpoint_every`` steps in the work directory (checkpoint.safetensors, `gsim.scenes.reconstruction.checkpoint`:
 nothing in it runs when read) makes it resumable."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 from gsim.config import Config
 from gsim.errors import Diverged, InputError
 from gsim.io import atomic_path
-from gsim.scenes import checkpoint
+from gsim.scenes.reconstruction import checkpoint
 
 from .repair import RepairConfig, RepairModel
 
@@ -165,8 +165,8 @@ def make_pairs(scene_path, log_path, work: Path, options: TrainOptions, progress
     the rest still measures extrapolation."""
     from gsim.scene import load_scene
     from gsim.scenes.log import load_log
-    from gsim.scenes.train import preset, reconstruct
-    from gsim.scenes.views import make_views, split_frames
+    from gsim.scenes.reconstruction.train import preset, reconstruct
+    from gsim.scenes.reconstruction.views import make_views, split_frames
     cache = work / "pairs.npz"
     runs = degraded_runs(options)
     log = load_log(log_path)

@@ -1,6 +1,6 @@
 """LiDAR metrics (the ones SplatAD and NeuRAD report) and a bird's-eye image of sweeps.
 
-`ray_metrics` compares a rendered sweep with the real one ray by ray (same rays: scenes.lidar_rays):
+`ray_metrics` compares a rendered sweep with the real one ray by ray (same rays: scenes.reconstruction.lidar_rays):
 median and mean absolute range error and intensity RMSE over the rays where both return, ray-drop
 accuracy over every ray (returned or not, the same in both), and the Chamfer distance between the
 two point sets (mean nearest-neighbour distance each way, summed; exact, by a grid hash).

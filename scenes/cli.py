@@ -42,7 +42,7 @@ def cmd_overlay(a) -> int:
 
 def cmd_export_nerfstudio(a) -> int:
     from .log import load_log
-    from .nerfstudio import export_nerfstudio
+    from .formats.nerfstudio import export_nerfstudio
     print(f"wrote {export_nerfstudio(load_log(a.log), a.out)}")
     return 0
 
@@ -65,7 +65,7 @@ def cmd_compile(a) -> int:
 
 
 def cmd_reconstruct(a) -> int:
-    from .train import preset, reconstruct
+    from .reconstruction.train import preset, reconstruct
     overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale))
                  if v is not None}
     if a.no_movers:
@@ -80,7 +80,7 @@ def cmd_reconstruct(a) -> int:
 
 
 def cmd_eval(a) -> int:
-    from .evaluate import evaluate
+    from .evaluation.evaluate import evaluate
     repair = a.open_repairer(a) if a.open_repairer else None  # set with --repair by gsim.diffusion.cli
     m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend,
                  shifts=a.shifts, ahead=a.ahead, repair=repair, frames=a.frames)
@@ -103,7 +103,7 @@ def cmd_trajectory(a) -> int:
     from gsim.scene import load_scene
 
     from .log import load_log
-    from .render_path import camera_path, path_camera
+    from .evaluation.render_path import camera_path, path_camera
     log = load_log(a.log)
     sensor = path_camera(log, a.camera)
     scene = None if a.scene is None else load_scene(a.scene)
@@ -119,73 +119,27 @@ def cmd_trajectory(a) -> int:
 def cmd_truth(a) -> int:
     from gsim.trajectory import load_trajectory
 
-    from .lane_shift import render_truth
+    from .evaluation.lane_shift import render_truth
     from .log import load_log
     n = render_truth(load_log(a.log), load_trajectory(a.trajectory), a.out)
     print(f"wrote {n} exact frames of the synthetic street to {a.out}/rgb and {a.out}/depth")
     return 0
 
 
-# gsim convert's formats: name -> (module of gsim.scenes, its function(src, out, **options) -> log path(s))
-CONVERTERS = {"kitti-raw": ("kitti_raw", "convert_kitti_raw"), "dgp": ("dgp", "convert_dgp"),
-              "nerfstudio": ("nerfstudio", "import_nerfstudio"), "av2": ("av2", "convert_av2"),
-              "kitti-tracking": ("kitti_tracking", "convert_kitti_tracking"),
-              "nuscenes": ("nuscenes", "convert_nuscenes"), "waymo": ("waymo", "convert_waymo")}
-
-
-def converter(fmt: str):
-    """The converter function of a `gsim convert` format, imported now (a converter's dependencies load only for
-    its own format)."""
-    import importlib
-    if fmt not in CONVERTERS:
-        raise InputError(f"unknown format {fmt!r}; gsim convert takes {sorted(CONVERTERS)}")
-    module, function = CONVERTERS[fmt]
-    return getattr(importlib.import_module(f"gsim.scenes.{module}"), function)
-
-
-def _converter(fmt: str, *options: str):
-    """The `convert` of a format's subcommand: `converter` (src, out) with the subcommand's ``options``."""
-    return lambda a: converter(fmt)(a.src, a.out, **{k: getattr(a, k) for k in options})
-
-
 def _register_formats(formats) -> None:
-    """One subcommand per dataset format, each with its own arguments; the converter loads inside the command."""
-    kr = formats.add_parser("kitti-raw", help="KITTI raw: a date folder (calib_*.txt) with one or more drives")
-    kr.add_argument("src", help="the date folder with calib_*.txt")
-    kr.add_argument("out")
-    kr.add_argument("--drive", default=None, help="the drive folder's name when the date folder has several")
-    kr.set_defaults(fn=cmd_convert, convert=_converter("kitti-raw", "drive"))
-    dg = formats.add_parser("dgp", help="TRI's DGP (DDAD): a scene folder or the dataset JSON (every scene)")
-    dg.add_argument("src", help="a scene folder or a scene_dataset*.json")
-    dg.add_argument("out")
-    dg.set_defaults(fn=cmd_convert, convert=_converter("dgp"))
-    ns = formats.add_parser("nerfstudio", help="a nerfstudio capture (transforms.json): cameras only")
-    ns.add_argument("src", help="transforms.json")
-    ns.add_argument("out")
-    ns.set_defaults(fn=cmd_convert, convert=_converter("nerfstudio"))
-    av = formats.add_parser("av2", help="Argoverse 2 Sensor (or LiDAR) Dataset: one log folder "
-                                        "(city_SE3_egovehicle.feather, calibration/, sensors/); LiDAR-only logs too")
-    av.add_argument("src", help="the log folder, e.g. sensor/val/<log id>")
-    av.add_argument("out")
-    av.set_defaults(fn=cmd_convert, convert=_converter("av2"))
-    kt = formats.add_parser("kitti-tracking", help="KITTI tracking: one sequence of a training/ or testing/ folder")
-    kt.add_argument("src", help="the training/ or testing/ folder (calib/, oxts/, image_02/, velodyne/, label_02/)")
-    kt.add_argument("out")
-    kt.add_argument("--sequence", required=True, help="the sequence number, e.g. 0001")
-    kt.set_defaults(fn=cmd_convert, convert=_converter("kitti-tracking", "sequence"))
-    nu = formats.add_parser("nuscenes", help="nuScenes or Lyft Level 5 (same schema): the dataset root holding a "
-                                             "table folder (v1.0-mini, v1.01-train, ...) and the sensor files")
-    nu.add_argument("src", help="the dataset root (DATAROOT)")
-    nu.add_argument("out", help="the log folder with --scene, else the folder of one log per scene")
-    nu.add_argument("--scene", default=None, help="convert this scene only (e.g. scene-0061); default: every scene")
-    nu.add_argument("--version", default=None, help="the table folder (e.g. v1.0-mini, v1.01-train); default: the "
-                                                    "one folder under DATAROOT holding tables")
-    nu.set_defaults(fn=cmd_convert, convert=_converter("nuscenes", "scene", "version"))
-    wm = formats.add_parser("waymo", help="Waymo Open Dataset v1: one segment's .tfrecord of Frame records "
-                                          "(no TensorFlow; the v2 parquet layout is not supported)")
-    wm.add_argument("src", help="the segment's .tfrecord file")
-    wm.add_argument("out")
-    wm.set_defaults(fn=cmd_convert, convert=_converter("waymo"))
+    """One subcommand per dataset format (gsim.scenes.formats.FORMATS): src, out and the format module's options,
+    which the converter takes by name."""
+    from .formats import FORMATS, converter, format_module
+    for fmt in FORMATS:
+        module = format_module(fmt)
+        p = formats.add_parser(fmt, help=module.HELP)
+        p.add_argument("src", help=module.SRC)
+        p.add_argument("out", help=getattr(module, "OUT", None))
+        if hasattr(module, "add_options"):
+            module.add_options(p)
+        options = tuple(a.dest for a in p._actions if a.option_strings and a.dest != "help")
+        p.set_defaults(fn=cmd_convert, convert=lambda a, fmt=fmt, options=options: converter(fmt)(
+            a.src, a.out, **{k: getattr(a, k) for k in options}))
 
 
 def register(sub) -> None:

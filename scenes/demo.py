@@ -15,11 +15,11 @@ from gsim.images import render_image
 from gsim.io import to_uint8, write_png, write_video
 from gsim.scene import load_scene
 
-from .evaluate import evaluate
+from .evaluation.evaluate import evaluate
 from .log import LogFormatError, load_log
-from .render_path import camera_path, path_camera
+from .evaluation.render_path import camera_path, path_camera
 from .synth import SynthOptions, made_by, synthesize
-from .train import preset, reconstruct
+from .reconstruction.train import preset, reconstruct
 
 
 def render_shifted_path(scene_path, log_path, out, shift_m: float, fps: float = 10.0) -> Path:

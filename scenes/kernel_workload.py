@@ -17,10 +17,10 @@ def compile_kernels() -> None:
     import numpy as np
     from gsim.lidar import LidarSpec
     from gsim.resident import Renderer
-    from .evaluate import evaluate
+    from .evaluation.evaluate import evaluate
     from .log import load_log
     from .synth import SynthOptions, synthesize
-    from .train import preset, reconstruct
+    from .reconstruction.train import preset, reconstruct
     want = kernel_cache.fingerprint()
     with tempfile.TemporaryDirectory(prefix="gsim-kernels-") as tmp:
         tiny = SynthOptions(n_frames=9, width=64, height=40, supersample=1, lidar_beams=8,

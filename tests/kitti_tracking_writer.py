@@ -13,8 +13,8 @@ from typing import Dict
 import numpy as np
 
 from gsim.cameras import PinholeCamera
-from gsim.scenes.convert_util import make_pose
-from gsim.scenes.kitti_raw import EARTH_RADIUS_M, rotation
+from gsim.scenes.formats.convert_util import make_pose
+from gsim.scenes.formats.kitti_raw import EARTH_RADIUS_M, rotation
 from gsim.transforms import invert
 
 FRAME_US = 100_000

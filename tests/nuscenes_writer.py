@@ -1,5 +1,5 @@
 """A test-only writer of a gsim log as a nuScenes table set and sensor files, written from the format's description
-(the schema's fields and conventions) to read back with gsim.scenes.nuscenes: the round trip's other half.
+(the schema's fields and conventions) to read back with gsim.scenes.formats.nuscenes: the round trip's other half.
 
 What nuScenes cannot hold is left out or approximated, as the dataset itself does: only pinhole cameras (nuScenes
 images are undistorted; a distorted camera is skipped), per-point LiDAR times (each sweep is motion-compensated to

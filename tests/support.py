@@ -83,7 +83,7 @@ def scenario(root, name: str, edits=(), **closed_loop) -> str:
 
 def start_server(root, *extra, env=None):
     """A real `gsim serve` subprocess serving `loop_street` (root) and the ACROSS scenario."""
-    from gsim.bridges.server import ServerProcess
+    from gsim.bridges.api.server import ServerProcess
     path = scenario(root, "across", ACROSS)
     return ServerProcess([str(root / "scene"), path, "--sessions-dir", str(root / "sessions"), *extra], env=env)
 

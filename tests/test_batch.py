@@ -16,7 +16,7 @@ pytest.importorskip("sumolib")
 pytest.importorskip("libsumo")
 pytest.importorskip("yaml")
 
-from gsim.bridges import batch  # noqa: E402
+from gsim.bridges.cluster import batch  # noqa: E402
 from gsim.errors import InputError  # noqa: E402
 from support import ACROSS, scenario  # noqa: E402
 
@@ -54,7 +54,7 @@ def same_metrics(a: dict, b: dict) -> bool:
 
 
 def test_a_closed_loop_campaign_equals_the_in_process_batch_and_resumes(loop_street, local_ray, tmp_path):
-    from gsim.bridges.runner import run_batch
+    from gsim.bridges.closed_loop.runner import run_batch
     scenarios = [scenario(loop_street, "free"), scenario(loop_street, "across", ACROSS)]
     agents, seeds = ["replay", "lidar-aeb"], [0, 1, 2]
     alone = run_batch(scenarios, agents, seeds, tmp_path / "alone", progress=False, max_steps=10)
@@ -113,8 +113,8 @@ def three_logs(tmp_path_factory):
 
 
 def test_a_reconstruction_batch_equals_separate_runs_isolates_a_bad_log_and_resumes(three_logs, local_ray, tmp_path):
-    from gsim.scenes.evaluate import evaluate
-    from gsim.scenes.train import preset, reconstruct
+    from gsim.scenes.evaluation.evaluate import evaluate
+    from gsim.scenes.reconstruction.train import preset, reconstruct
     bad = tmp_path / "broken"
     bad.mkdir()
     (bad / "log.json").write_text("{not json")
@@ -152,7 +152,7 @@ def test_an_interrupted_reconstruction_resumes_from_its_checkpoint(three_logs, l
     import time
     cfg = {"iterations": 30, "checkpoint_every": 10}
     out = tmp_path / "batch"
-    code = (f"from gsim.scenes.train import preset, reconstruct; "
+    code = (f"from gsim.scenes.reconstruction.train import preset, reconstruct; "
             f"reconstruct({str(three_logs[0])!r}, {str(out / 'street0')!r}, preset('cpu', **{cfg!r}), progress=False)")
     p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "NUMBA_NUM_THREADS": "1",
                                                            "OMP_NUM_THREADS": "1"})  # as the batch's 1-CPU tasks

@@ -1,12 +1,12 @@
-"""Ego dynamics (gsim.bridges.dynamics): the bicycle model against closed forms, its limits, the tracking
+"""Ego dynamics (gsim.bridges.closed_loop.dynamics): the bicycle model against closed forms, its limits, the tracking
 controller on a lane change, a circle and a route's end, determinism, and clear errors for bad input."""
 import math
 
 import numpy as np
 import pytest
 
-from gsim.bridges.dynamics import (ActionError, BicycleModel, Controls, EgoState, TrajectoryTracker,
-                                   VehicleParams, lateral_accel, path_waypoints, yaw_rate)
+from gsim.bridges.closed_loop.dynamics import (ActionError, BicycleModel, Controls, EgoState, TrajectoryTracker,
+                                               VehicleParams, lateral_accel, path_waypoints, yaw_rate)
 
 P = VehicleParams()
 

@@ -13,9 +13,9 @@ pytest.importorskip("gymnasium")
 yaml = pytest.importorskip("yaml")
 
 import gsim  # noqa: E402
-from gsim.bridges.dynamics import ActionError, Controls  # noqa: E402
-from gsim.bridges.runner import AgentError, run  # noqa: E402
-from gsim.bridges.scenario import ScenarioError, load_loop_scenario  # noqa: E402
+from gsim.bridges.closed_loop.dynamics import ActionError, Controls  # noqa: E402
+from gsim.bridges.closed_loop.runner import AgentError, run  # noqa: E402
+from gsim.bridges.closed_loop.scenario import ScenarioError, load_loop_scenario  # noqa: E402
 from gsim.scenes.log import validate_log  # noqa: E402
 from support import ACROSS, scenario  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_a_network_of_your_own_with_its_transform(loop_street, tmp_path):
     """A user's .net.xml in its own frame (here: the street's network turned 90 degrees and shifted), with the
     transform to the world and its routes: SUMO traffic lands on the road, the replay stays on it."""
     import shutil
-    from gsim.bridges.sumo import RoadSpec, build_network
+    from gsim.bridges.closed_loop.sumo import RoadSpec, build_network
     log = gsim.scenes.log.load_log(loop_street / "log")
     T = np.array([[0.0, -1, 0, 100], [1, 0, 0, -40], [0, 0, 1, 0], [0, 0, 0, 1]])  # T_net_world
     path = log.ego_poses[:, :2, 3] @ T[:2, :2].T + T[:2, 3]
@@ -85,7 +85,7 @@ def test_a_network_of_your_own_with_its_transform(loop_street, tmp_path):
     m = run(scenario(loop_street, "own_net", road=road, traffic={"density_per_km_lane": 20}), "replay", tmp_path / "own",
             progress=False, render=False)
     assert m["drivable_area_compliance"] == 1.0 and m["route_completion"] > 0.97 and not m["collision"]
-    from gsim.bridges.road import Polyline
+    from gsim.bridges.closed_loop.road import Polyline
     cars = np.array([a["xyz"][:2] for a in steps(tmp_path / "own")[-1]["actors"] if a["id"] != "parked"])
     in_net = cars @ T[:2, :2].T + T[:2, 3]  # where they are in the net's own frame
     lanes = [Polyline(c) for _, c, _ in built.lanes() if np.ptp(c, axis=0).max() > 0]
@@ -118,8 +118,8 @@ def test_a_run_writes_metrics_video_log_and_mcap(loop_street, tmp_path):
 
 
 def test_a_run_without_video_needs_no_ffmpeg(loop_street, tmp_path, monkeypatch):
-    import gsim.bridges.record
-    monkeypatch.setattr(gsim.bridges.record, "write_video", lambda *a, **k: pytest.fail("no video was asked for"))
+    from gsim.bridges.recording import record
+    monkeypatch.setattr(record, "write_video", lambda *a, **k: pytest.fail("no video was asked for"))
     m = run(scenario(loop_street, "novideo", ACROSS), "replay", tmp_path / "nv", progress=False, render=False,
             max_steps=3, video=False)
     assert m["steps"] == 3 and (tmp_path / "nv" / "metrics.json").is_file()
@@ -200,10 +200,10 @@ def test_an_agent_in_its_own_process_drives_over_json_lines(loop_street, tmp_pat
 
 
 def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(loop_street, tmp_path, monkeypatch):
-    """SUMO dying (gsim.bridges.sumo raises SumoError, tested with a killed SUMO in test_bridges_sumo) ends
+    """SUMO dying (gsim.bridges.closed_loop.sumo raises SumoError, tested with a killed SUMO in test_bridges_sumo) ends
     the run with an error that names the step, after every completed step was recorded."""
-    from gsim.bridges import sumo
-    from gsim.bridges.loop import LoopError
+    from gsim.bridges.closed_loop import sumo
+    from gsim.bridges.closed_loop.loop import LoopError
     real = sumo.SumoTraffic.step
     calls = []
 
@@ -223,7 +223,7 @@ def test_a_sumo_failure_stops_the_run_naming_the_step_and_keeps_it(loop_street, 
 
 
 def test_log_actors_handed_to_sumo_keep_their_surfels_and_react(loop_street, tmp_path):
-    from gsim.bridges.loop import ClosedLoop
+    from gsim.bridges.closed_loop.loop import ClosedLoop
     lead = [{"kind": "insert", "asset": "suv", "id": "lead",
              "track": {"path": [[12.0, -1.75], [60.0, -1.75]], "speed_mps": 8.0}}]
     sc = load_loop_scenario(scenario(loop_street, "handover", lead, log_actors={"mode": "sumo", "handover_s": 0.5}))
@@ -251,7 +251,7 @@ def test_bad_closed_loop_scenarios_are_refused_naming_the_field(loop_street, tmp
 def test_gymnasium_environment_passes_check_env(loop_street):
     import gymnasium
     from gymnasium.utils.env_checker import check_env
-    import gsim.bridges.env  # noqa: F401  (registers gsim/ClosedLoop-v0)
+    import gsim.bridges.closed_loop.env  # noqa: F401  (registers gsim/ClosedLoop-v0)
     env = gymnasium.make("gsim/ClosedLoop-v0", scenario=scenario(loop_street, "gym", ACROSS))
     check_env(env.unwrapped, skip_render_check=True)
     obs, _ = env.reset(seed=1)
@@ -266,7 +266,7 @@ def test_gymnasium_environment_passes_check_env(loop_street):
 
 
 def test_route_extensions_follow_the_path_over_metres_not_jitter():
-    from gsim.bridges.loop import LoopError, _extended
+    from gsim.bridges.closed_loop.loop import LoopError, _extended
     rng = np.random.default_rng(0)
     path = np.c_[np.linspace(0.0, 20.0, 201), np.zeros(201)]
     path[:5] = path[0] + rng.normal(0, 0.01, (5, 2))  # a standing start: centimetres of jitter

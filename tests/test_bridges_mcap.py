@@ -1,4 +1,4 @@
-"""gsim.bridges.mcap_log: MCAP recording with Foxglove schemas, read back with the mcap reader."""
+"""gsim.bridges.recording.mcap_log: MCAP recording with Foxglove schemas, read back with the mcap reader."""
 from __future__ import annotations
 
 import io
@@ -19,8 +19,8 @@ from mcap.reader import make_reader  # noqa: E402
 from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoderFactory  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from gsim.bridges import mcap_log  # noqa: E402
-from gsim.bridges.mcap_log import Box, McapRecorder  # noqa: E402
+from gsim.bridges.recording import mcap_log  # noqa: E402
+from gsim.bridges.recording.mcap_log import Box, McapRecorder  # noqa: E402
 from gsim.transforms import quat_to_rotmat  # noqa: E402
 
 T0_US = 1_700_000_000_000_000  # a realistic epoch time: nanoseconds still fit uint64

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from gsim.bridges.metrics import Box, EgoKinematics, MetricsTracker
-from gsim.bridges.road import Polyline, Road
+from gsim.bridges.closed_loop.metrics import Box, EgoKinematics, MetricsTracker
+from gsim.bridges.closed_loop.road import Polyline, Road
 
 ROAD = Road.build([("lane", np.array([[-100.0, 0.0], [100.0, 0.0]]), 3.5)], np.array([[-100.0, 0.0], [100.0, 0.0]]),
                   (0.0, 0.0), (50.0, 0.0))

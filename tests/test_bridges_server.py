@@ -18,11 +18,11 @@ pytest.importorskip("sumolib")
 yaml = pytest.importorskip("yaml")
 
 import gsim  # noqa: E402
-from gsim.bridges import sensor_pb2 as pb  # noqa: E402
-from gsim.bridges.agents import load_agent  # noqa: E402
-from gsim.bridges.client import SensorClient  # noqa: E402
-from gsim.bridges.runner import run  # noqa: E402
-from gsim.bridges.server import ServerProcess as Served  # noqa: E402
+from gsim.bridges.api import sensor_pb2 as pb  # noqa: E402
+from gsim.bridges.closed_loop.agents import load_agent  # noqa: E402
+from gsim.bridges.api.client import SensorClient  # noqa: E402
+from gsim.bridges.closed_loop.runner import run  # noqa: E402
+from gsim.bridges.api.server import ServerProcess as Served  # noqa: E402
 from support import ACROSS, scenario, start_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,11 +37,11 @@ def server(loop_street):
 
 def test_the_committed_grpc_modules_match_the_proto(tmp_path):
     pytest.importorskip("grpc_tools")
-    from gsim.bridges.protogen import GENERATED, HERE, generate
+    from gsim.bridges.api.protogen import GENERATED, HERE, generate
     generate(tmp_path)
     for name in GENERATED:
         assert (tmp_path / name).read_text() == (HERE / name).read_text(), \
-            f"bridges/{name} is stale: run python -m gsim.bridges.protogen"
+            f"bridges/{name} is stale: run python -m gsim.bridges.api.protogen"
 
 
 def test_scenes_are_listed_and_described(server, loop_street):
@@ -219,7 +219,7 @@ BAD_NAMES = ("../x", "/abs", "a/b", "", "x" * 300, "sz\u00e8ne")
 
 @pytest.fixture(scope="module")
 def in_process(loop_street, tmp_path_factory):
-    from gsim.bridges.server import load_served, start
+    from gsim.bridges.api.server import load_served, start
     served = {s.id: s for s in (load_served(str(loop_street / "scene")), load_served(scenario(loop_street, "across", ACROSS)))}
     sessions = tmp_path_factory.mktemp("in-process-sessions")
     s = start(served, port=0, sessions_dir=sessions)
@@ -246,7 +246,7 @@ def test_a_bug_is_internal_with_a_request_id_and_its_traceback_logged(in_process
     error" and a request id in the details and the trailing metadata; the traceback is logged under that id."""
     import logging
     import re
-    from gsim.bridges import server
+    from gsim.bridges.api import server
 
     def renderer(*a, **kw):
         raise bug
@@ -264,8 +264,8 @@ def test_a_bug_is_internal_with_a_request_id_and_its_traceback_logged(in_process
 
 
 def test_deliberate_errors_get_client_statuses(in_process, monkeypatch):
-    from gsim.bridges import server
-    from gsim.bridges.loop import LoopError
+    from gsim.bridges.api import server
+    from gsim.bridges.closed_loop.loop import LoopError
     from gsim.errors import InputError, MissingExtra, NotFound, SceneFormatError
     c, _ = in_process
     for error, code in ((InputError("camera_model: too dark"), grpc.StatusCode.INVALID_ARGUMENT),
@@ -286,7 +286,7 @@ def test_deliberate_errors_get_client_statuses(in_process, monkeypatch):
 
 
 def test_a_bug_in_a_session_step_is_internal_and_the_run_is_recorded(in_process, monkeypatch):
-    from gsim.bridges.runner import Run
+    from gsim.bridges.closed_loop.runner import Run
     c, sessions = in_process
     sid = c.stub.StartSession(pb.StartSessionRequest(scenario="across", max_steps=5), timeout=600).session_id
 
@@ -320,7 +320,7 @@ def test_names_in_requests_never_become_paths(in_process):
 
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_a_scenario_whose_name_is_not_a_name_is_refused_at_load(loop_street, tmp_path, name):
-    from gsim.bridges.server import load_served
+    from gsim.bridges.api.server import load_served
     from gsim.errors import InputError
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump({"schema_version": 1, "name": name, "scene": str(loop_street / "scene"),
@@ -334,7 +334,7 @@ def test_a_scenario_whose_name_is_not_a_name_is_refused_at_load(loop_street, tmp
 def test_a_scene_folder_whose_name_is_not_a_name_is_refused_at_load(loop_street, tmp_path, folder):
     """The folder's name is the served id: refused by name, not renamed (the names a file system can hold;
     the others as scenario names, above)."""
-    from gsim.bridges.server import load_served
+    from gsim.bridges.api.server import load_served
     from gsim.errors import InputError
     (tmp_path / folder).symlink_to(loop_street / "scene", target_is_directory=True)
     with pytest.raises(InputError, match="the folder's name") as e:
@@ -347,7 +347,7 @@ def test_a_token_in_clear_is_refused_off_localhost_unless_insecure(monkeypatch, 
     """Before anything binds: a public host with a token and no TLS is refused; --insecure starts (here, up to
     the bind, which the test stops) with a loud warning; TLS starts without one."""
     import logging
-    from gsim.bridges import server
+    from gsim.bridges.api import server
     from gsim.errors import InputError
 
     class Binding(Exception):

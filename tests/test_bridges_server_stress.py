@@ -26,11 +26,11 @@ from hypothesis import strategies as st  # noqa: E402
 from google.protobuf.message import Message  # noqa: E402
 
 import gsim  # noqa: E402
-from gsim.bridges import sensor_pb2 as pb  # noqa: E402
-from gsim.bridges import sensor_pb2_grpc as pb_grpc  # noqa: E402
-from gsim.bridges.client import RemoteSession, SensorClient  # noqa: E402
-from gsim.bridges.dynamics import Controls  # noqa: E402
-from gsim.bridges.server import ServerProcess as Served  # noqa: E402
+from gsim.bridges.api import sensor_pb2 as pb  # noqa: E402
+from gsim.bridges.api import sensor_pb2_grpc as pb_grpc  # noqa: E402
+from gsim.bridges.api.client import RemoteSession, SensorClient  # noqa: E402
+from gsim.bridges.closed_loop.dynamics import Controls  # noqa: E402
+from gsim.bridges.api.server import ServerProcess as Served  # noqa: E402
 from support import start_server  # noqa: E402
 
 SERVICE = "/gsim.sensor.v1.SensorService/"

@@ -14,9 +14,7 @@ import pytest
 pytest.importorskip("sumolib", reason="SUMO's sumolib is not installed (pip install 'gsim[sumo]')")
 pytest.importorskip("libsumo", reason="libsumo is not installed (pip install 'gsim[sumo]')")
 
-from gsim.bridges.sumo import (  # noqa: E402
-    RoadSpec, SumoError, SumoTraffic, _run_netconvert, build_network, load_network,
-)
+from gsim.bridges.closed_loop.sumo import RoadSpec, SumoError, SumoTraffic, _run_netconvert, build_network, load_network
 
 W = 3.5  # lane width used throughout
 

@@ -1,4 +1,4 @@
-"""Checkpoints (`gsim.scenes.checkpoint`): nothing in a received checkpoint runs when gsim reads it (a crafted
+"""Checkpoints (`gsim.scenes.reconstruction.checkpoint`): nothing in a received checkpoint runs when gsim reads it (a crafted
 pickle is refused by every loader and never executes), a save/load round trip gives back the same state, a damaged
 file is refused naming the file and the field, a failed write keeps the last good checkpoint, and an old pickled
 checkpoint converts only when asked to."""
@@ -14,10 +14,10 @@ import torch
 
 from gsim import Surfels
 from gsim.errors import InputError
-from gsim.scenes import checkpoint
-from gsim.scenes import train as train_mod
+from gsim.scenes.reconstruction import checkpoint
+from gsim.scenes.reconstruction import train as train_mod
 from gsim.scenes.log import ActorTrack
-from gsim.scenes.model import SceneModel
+from gsim.scenes.reconstruction.model import SceneModel
 
 
 class _Plant:

@@ -178,9 +178,9 @@ def test_render_lidar_writes_every_format(street_dir, tmp_path):
 @pytest.fixture(scope="module")
 def recon(tmp_path_factory):
     """(log, reconstructed scene): a tiny synthetic log trained for 4 iterations at downscale 2."""
-    from gsim.scenes.init import InitOptions
+    from gsim.scenes.reconstruction.init import InitOptions
     from gsim.scenes.synth import SynthOptions, synthesize
-    from gsim.scenes.train import preset, reconstruct
+    from gsim.scenes.reconstruction.train import preset, reconstruct
     root = tmp_path_factory.mktemp("recon")
     log = synthesize(root / "log", seed=3, options=SynthOptions(n_frames=9, width=64, height=40, supersample=1,
                                                                 lidar_beams=16, lidar_azimuth_resolution_deg=1.0),
@@ -208,7 +208,7 @@ def test_eval_defaults_to_the_training_downscale_recorded_in_the_scene(recon, tm
 def test_evaluate_api_and_scenes_without_a_recorded_downscale(recon, tmp_path):
     import shutil
 
-    from gsim.scenes.evaluate import evaluate
+    from gsim.scenes.evaluation.evaluate import evaluate
     log, scene = recon
     assert gsim.load_scene(scene).train_downscale == 2
     with pytest.warns(GsimWarning, match="trained at downscale 2"):

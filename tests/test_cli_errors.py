@@ -440,14 +440,14 @@ class Inputs:
     def log_traj(self) -> Path:
         """One frame of the log's front camera, at its own resolution."""
         from gsim.scenes.log import load_log
-        from gsim.scenes.render_path import camera_path, path_camera
+        from gsim.scenes.evaluation.render_path import camera_path, path_camera
         log = load_log(self.log)
         camera_path(log, path_camera(log), 0.0, every=2).save(self.root / "log-t.json")
         return self.root / "log-t.json"
 
     @cached_property
     def nerfstudio(self) -> Path:
-        from gsim.scenes.nerfstudio import export_nerfstudio
+        from gsim.scenes.formats.nerfstudio import export_nerfstudio
         return export_nerfstudio(self.log, self.root / "ns", progress=False)
 
     @cached_property
@@ -500,7 +500,7 @@ class Inputs:
     @cached_property
     def recon(self) -> Path:
         """A 1-iteration reconstruction of `log` (its checkpoint is what expansion continues)."""
-        from gsim.scenes.train import preset, reconstruct
+        from gsim.scenes.reconstruction.train import preset, reconstruct
         reconstruct(self.log, self.root / "recon", preset("cpu", iterations=1, checkpoint_every=1), progress=False)
         return self.root / "recon"
 
@@ -594,7 +594,7 @@ def _full_disk(monkeypatch, root: Path) -> None:
 
 def _no_serving(monkeypatch) -> None:
     """`gsim serve` must fail before it binds: starting is a test failure (exit 3), never a server left running."""
-    import gsim.bridges.server as server
+    import gsim.bridges.api.server as server
 
     def start(*a, **k):
         raise AssertionError("gsim serve started a server")
@@ -728,7 +728,7 @@ def test_a_non_finite_option_is_named_in_one_line(capsys):
 def serve_spy(monkeypatch):
     """`gsim serve` with its server replaced: what start() was given, and whether anything was loaded."""
     pytest.importorskip("grpc")
-    import gsim.bridges.server as server
+    import gsim.bridges.api.server as server
     calls = {"start": [], "load": 0}
     real_load = server.load_served
 

@@ -64,7 +64,7 @@ def kitti_log(tmp_path_factory):
     pytest.importorskip("kiss_icp", reason="kiss-icp (the lidar extra) estimates the sample's poses")
     if not KITTI.is_dir():
         pytest.skip(f"KITTI raw sample not found at {KITTI}")
-    from gsim.scenes.kitti_raw import convert_kitti_raw
+    from gsim.scenes.formats.kitti_raw import convert_kitti_raw
     t = time.perf_counter()
     out = convert_kitti_raw(KITTI, tmp_path_factory.mktemp("kitti") / "log", progress=False)
     print(f"KITTI raw, 40 frames: converted in {time.perf_counter() - t:.1f} s")
@@ -159,7 +159,7 @@ def test_kitti_odometry_poses(kitti_log):
 
 
 def test_odometry_smoothing_keeps_steady_motion_and_removes_jitter():
-    from gsim.scenes.kitti_raw import smooth_positions
+    from gsim.scenes.formats.kitti_raw import smooth_positions
     rng = np.random.default_rng(0)
     t = np.cumsum(rng.uniform(90_000, 110_000, 60)).astype(np.int64)  # uneven sweep times
     s = (t - t[0]) / 1e6
@@ -178,7 +178,7 @@ def test_odometry_smoothing_keeps_steady_motion_and_removes_jitter():
 @needs_kitti
 def test_kitti_drive_layout_and_drive_choice(kitti_log, tmp_path):
     pytest.importorskip("kiss_icp")
-    from gsim.scenes.kitti_raw import convert_kitti_raw
+    from gsim.scenes.formats.kitti_raw import convert_kitti_raw
     date, _ = kitti_tree(tmp_path / "a", drive="2011_09_26_drive_0001_sync", image_03=True)
     log = validate_log(convert_kitti_raw(date, tmp_path / "out", max_frames=3, progress=False))
     assert len(log.frames) == 3 and log.name == "2011_09_26_drive_0001_sync"
@@ -208,7 +208,7 @@ OXTS_YAW = 0.3
 def kitti_oxts(d, n=40):
     """timestamps.txt for image_02, velodyne_points and oxts in sensor folder parent ``d``, and oxts records of a
     drive north-east along heading OXTS_YAW at 1 m per frame, written as lat/lon (inverse Mercator)."""
-    from gsim.scenes.kitti_raw import EARTH_RADIUS_M
+    from gsim.scenes.formats.kitti_raw import EARTH_RADIUS_M
     stamps = [f"2011-09-26 13:02:{25 + k // 10:02d}.{(k % 10) * 100_000 + 123:06d}417" for k in range(n)]
     for sensor in ("image_02", "velodyne_points", "oxts"):
         (d / sensor / "data").mkdir(parents=True, exist_ok=True)
@@ -228,7 +228,7 @@ def kitti_oxts(d, n=40):
 @needs_kitti
 def test_kitti_timestamps_and_oxts_poses(tmp_path):
     """Drives with timestamps.txt and oxts: times from the files, poses from GPS/IMU (no kiss-icp)."""
-    from gsim.scenes.kitti_raw import convert_kitti_raw
+    from gsim.scenes.formats.kitti_raw import convert_kitti_raw
     date, d = kitti_tree(tmp_path, drive="2011_09_26_drive_0001_sync")
     kitti_oxts(d)
     yaw = OXTS_YAW
@@ -245,7 +245,7 @@ def test_kitti_timestamps_and_oxts_poses(tmp_path):
 
 @needs_kitti
 def test_kitti_bad_inputs(tmp_path, monkeypatch):
-    from gsim.scenes.kitti_raw import convert_kitti_raw
+    from gsim.scenes.formats.kitti_raw import convert_kitti_raw
 
     def tree(name):
         return kitti_tree(tmp_path / name)[0]
@@ -291,7 +291,7 @@ def test_kitti_bad_inputs(tmp_path, monkeypatch):
 def test_kitti_sporadic_frame_losses(tmp_path):
     """As in 2011_09_26_drive_0009_sync (no sweeps for frames 177-180, empty lines in velodyne_points/timestamps.txt):
     frames a sensor lacks are left out and noted, the others keep their own files and times."""
-    from gsim.scenes.kitti_raw import convert_kitti_raw
+    from gsim.scenes.formats.kitti_raw import convert_kitti_raw
     date, d = kitti_tree(tmp_path, drive="2011_09_26_drive_0009_sync")
     kitti_oxts(d)
     (d / "velodyne_points/data/0000000002.bin").unlink()
@@ -338,7 +338,7 @@ CAR_POSES = [(10.0 + j, -2.0 + 0.1 * j, -1.7, 0.1 * j) for j in range(6)]  # fra
 def test_kitti_tracklets(tmp_path, drive):
     """tracklet_labels.xml beside the data (flattened layout) or in the drive folder (KITTI's): each tracklet is
     an actor whose box centre is the tracklet's bottom centre lifted by h/2, through the log's own sweep pose."""
-    from gsim.scenes.kitti_raw import convert_kitti_raw
+    from gsim.scenes.formats.kitti_raw import convert_kitti_raw
     date, d = kitti_tree(tmp_path, drive=drive)
     kitti_oxts(d)
     (d / "tracklet_labels.xml").write_text(tracklet_xml([("Car", 1.5, 1.7, 4.2, 1, CAR_POSES),
@@ -363,7 +363,7 @@ def test_kitti_tracklets(tmp_path, drive):
 
 @needs_kitti
 def test_kitti_bad_tracklets(tmp_path):
-    from gsim.scenes.kitti_raw import convert_kitti_raw, read_tracklets
+    from gsim.scenes.formats.kitti_raw import convert_kitti_raw, read_tracklets
     good = tracklet_xml([("Car", 1.5, 1.7, 4.2, 0, CAR_POSES[:2])])
     path = tmp_path / "tracklet_labels.xml"
 
@@ -403,7 +403,7 @@ def dgp_pose(p):
 def dgp_logs(tmp_path_factory):
     if not DDAD.is_dir():
         pytest.skip(f"DDAD/DGP sample not found at {DDAD}")
-    from gsim.scenes.dgp import convert_dgp
+    from gsim.scenes.formats.dgp import convert_dgp
     out = tmp_path_factory.mktemp("dgp")
     t = time.perf_counter()
     from_dataset = convert_dgp(DDAD / "scene_dataset_v1.0.json", out / "dataset", progress=False)
@@ -423,7 +423,7 @@ def test_dgp_dataset_and_scene_inputs(dgp_logs, tmp_path):
     a, b = validate_log(from_dataset[0]), validate_log(from_scene[0])
     assert a.name == b.name == "scene_01"
     assert np.array_equal(a.ego_poses, b.ego_poses) and len(a.actors) == len(b.actors)
-    from gsim.scenes.dgp import convert_dgp
+    from gsim.scenes.formats.dgp import convert_dgp
     assert convert_dgp(DDAD, tmp_path / "x", progress=False) == [tmp_path / "x/scene_01"]  # the dataset's folder
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="expected one scene.json or scene_"):
@@ -542,7 +542,7 @@ def dgp_tree(root, edit_scene=None, edit_calib=None):
 
 @needs_ddad
 def test_dgp_bad_inputs(tmp_path):
-    from gsim.scenes.dgp import convert_dgp
+    from gsim.scenes.formats.dgp import convert_dgp
 
     def tree(name, edit_scene=None, edit_calib=None):
         return dgp_tree(tmp_path / name, edit_scene, edit_calib)
@@ -605,7 +605,7 @@ def note_numbers(notes, sensor):
 def test_dgp_sensors_disagreeing_by_a_centimetre(tmp_path):
     """Real calibrations disagree by millimetres: the scene converts, the notes report the disagreement, the
     LiDAR (the reference) keeps its recorded pose and each camera its own (the extrinsic absorbs a constant offset)."""
-    from gsim.scenes.dgp import convert_dgp
+    from gsim.scenes.formats.dgp import convert_dgp
 
     def perturb(name, k):  # 1 cm / 0.02 deg; CAMERA_05's translation varies 8, 10, 12 mm over the samples
         return small_motion(0.008 + 0.002 * k if name == "CAMERA_05" else 0.01, 0.02)
@@ -646,7 +646,7 @@ def test_dgp_sensors_disagreeing_by_a_centimetre(tmp_path):
 @pytest.mark.parametrize("metres, degrees, numbers", [(3.0, 0.0, "3.000 m / 0.000 deg"),
                                                       (0.0, 5.0, "0.000 m / 5.000 deg")])
 def test_dgp_sensors_disagreeing_by_metres_are_refused(tmp_path, metres, degrees, numbers):
-    from gsim.scenes.dgp import convert_dgp
+    from gsim.scenes.formats.dgp import convert_dgp
     root = dgp_tree(tmp_path / "scene", co_timed_cameras(lambda name, k: small_motion(metres, degrees)))
     with pytest.raises(LogFormatError) as e:
         convert_dgp(root, tmp_path / "out", progress=False)
@@ -659,7 +659,7 @@ def test_dgp_sensors_disagreeing_by_metres_are_refused(tmp_path, metres, degrees
 
 def test_reference_ego_synthetic():
     """Reference choice, extrinsic correction, camera-only times and notes on hand-made datums."""
-    from gsim.scenes.dgp import _Datum, reference_ego
+    from gsim.scenes.formats.dgp import _Datum, reference_ego
 
     def ego(t):
         return small_motion(2.0 * t, 10.0 * t, axis=(0, 0, 1)) @ small_motion(0.1, 0.0, direction=(0, 0, 1))
@@ -722,7 +722,7 @@ def camera_log(path, cameras, n=3):
 
 
 def assert_round_trip(log, tmp_path):
-    from gsim.scenes.nerfstudio import export_nerfstudio, import_nerfstudio
+    from gsim.scenes.formats.nerfstudio import export_nerfstudio, import_nerfstudio
     back = validate_log(import_nerfstudio(export_nerfstudio(log, tmp_path / "ns", progress=False), tmp_path / "back",
                                           progress=False))
     a = [o for _, o in log.camera_observations()]
@@ -748,7 +748,7 @@ def test_nerfstudio_round_trip_fisheye_and_mixed_models(tmp_path):
     fish = FisheyeCamera(48, 40, 20.0, 20.5, 24.2, 19.9, k1=0.05, k2=-0.01, k3=0.002, k4=-0.0003)
     assert_round_trip(camera_log(tmp_path / "log", {"fish": (fish, look_at([0, 0, 2], [0, -5, 1]))}), tmp_path)
     assert json.loads((tmp_path / "ns/transforms.json").read_text())["camera_model"] == "OPENCV_FISHEYE"
-    from gsim.scenes.nerfstudio import export_nerfstudio
+    from gsim.scenes.formats.nerfstudio import export_nerfstudio
     mixed = camera_log(tmp_path / "mixed", {"fish": (fish, np.eye(4)),
                                             "pin": (PinholeCamera(8, 6, 5, 5, 4, 3), np.eye(4))})
     with pytest.raises(ValueError, match="mixes fisheye and perspective"):
@@ -765,7 +765,7 @@ def test_nerfstudio_round_trip_of_a_real_log(dgp_log, tmp_path):
 def test_nerfstudio_opengl_opencv_flip(tmp_path):
     from PIL import Image
 
-    from gsim.scenes.nerfstudio import export_nerfstudio, import_nerfstudio
+    from gsim.scenes.formats.nerfstudio import export_nerfstudio, import_nerfstudio
     # export: an OpenCV camera looking along world +x has its OpenGL -z along +x and its OpenGL y up
     log = camera_log(tmp_path / "log", {"c": (PinholeCamera(8, 6, 5, 5, 4, 3), look_at([0, 0, 0], [1, 0, 0]))}, n=1)
     T_world_camera = log.T_world_camera(log.frames[0].cameras["c"])
@@ -795,7 +795,7 @@ def test_nerfstudio_opengl_opencv_flip(tmp_path):
 def test_nerfstudio_bad_inputs(tmp_path):
     from PIL import Image
 
-    from gsim.scenes.nerfstudio import import_nerfstudio
+    from gsim.scenes.formats.nerfstudio import import_nerfstudio
     Image.new("RGB", (8, 6)).save(tmp_path / "a.png")
     good = {"fl_x": 5, "fl_y": 5, "cx": 4, "cy": 3, "w": 8, "h": 6, "camera_model": "OPENCV",
             "frames": [{"file_path": "a.png", "transform_matrix": np.eye(4).tolist()}]}

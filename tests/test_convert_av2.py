@@ -1,4 +1,4 @@
-"""The Argoverse 2 Sensor Dataset converter (gsim.scenes.av2) on the real sample in ../shared/data/av2 (two LiDAR
+"""The Argoverse 2 Sensor Dataset converter (gsim.scenes.formats.av2) on the real sample in ../shared/data/av2 (two LiDAR
 sweeps, calibration, poses, annotations; no images: AV2's public samples carry none) and on the synthetic street
 written in AV2's layout by a test-only writer (tests/av2_writer.py) and read back. The checks: the converted
 sweeps put every point where AV2's own formula (city_SE3_egovehicle @ point) does, each LiDAR's half of the
@@ -68,7 +68,7 @@ def tree(src, dst, leave_out=()):
 def sample_log(tmp_path_factory):
     if not AV2.is_dir():
         pytest.skip(f"Argoverse 2 sample not found at {AV2}")
-    from gsim.scenes.av2 import convert_av2
+    from gsim.scenes.formats.av2 import convert_av2
     return validate_log(convert_av2(AV2, tmp_path_factory.mktemp("av2") / "log", progress=False))
 
 
@@ -76,7 +76,7 @@ def sample_log(tmp_path_factory):
 
 @needs_av2
 def test_av2_sample_contents(sample_log):
-    from gsim.scenes.av2 import VLP32C
+    from gsim.scenes.formats.av2 import VLP32C
     log = sample_log
     assert log.name == AV2.name and log.source == "argoverse2"
     assert log.cameras == {} and any("no camera images" in n for n in log.notes)
@@ -89,7 +89,7 @@ def test_av2_sample_contents(sample_log):
     assert np.allclose(up[:3, 3], [1.35018, 0, 1.64042]) and up[:3, 2] @ [0, 0, 1] > 0.999  # upright, on the roof
     assert log.lidars["down_lidar"].T_vehicle_lidar[:3, 2] @ [0, 0, -1] > 0.99  # mounted upside down
     # the cameras' calibration (used when a log has images) maps OpenCV axes: y down, z out (within 3.5 deg of level)
-    from gsim.scenes.av2 import read_extrinsics
+    from gsim.scenes.formats.av2 import read_extrinsics
     ext = read_extrinsics(AV2 / "calibration/egovehicle_SE3_sensor.feather")
     cams = [n for n in ext if n.startswith(("ring_", "stereo_"))]
     assert len(cams) == 9 and all(ext[n][:3, 1] @ [0, 0, -1] > 0.99 and abs(ext[n][2, 2]) < 0.06 for n in cams)
@@ -136,7 +136,7 @@ def test_av2_world_points_are_av2s(sample_log):
 def test_av2_lidar_split_matches_vlp32c(sample_log):
     """laser_number 0-31 is up_lidar, 32-63 down_lidar: in its own LiDAR's frame each half lies on the VLP-32C's
     32 beam elevations; put into the other LiDAR's frame it does not."""
-    from gsim.scenes.av2 import VLP32C
+    from gsim.scenes.formats.av2 import VLP32C
     log = sample_log
     table = np.asarray(VLP32C.elevations_deg)
 
@@ -224,14 +224,14 @@ def test_av2_boxes_hold_their_points(sample_log, tmp_path):
 
 @needs_av2
 def test_av2_reconstruct_refuses_a_lidar_only_log(sample_log, tmp_path):
-    from gsim.scenes.train import preset, reconstruct
+    from gsim.scenes.reconstruction.train import preset, reconstruct
     with pytest.raises(InputError, match=f"{sample_log.root}: no camera images to train on .*no cameras"):
         reconstruct(sample_log.root, tmp_path / "recon", preset("cpu", iterations=1), progress=False)
 
 
 @needs_av2
 def test_av2_partial_sample(tmp_path):
-    from gsim.scenes.av2 import convert_av2
+    from gsim.scenes.formats.av2 import convert_av2
     for missing in ("city_SE3_egovehicle.feather", "calibration/egovehicle_SE3_sensor.feather"):
         src = tree(AV2, tmp_path / missing.replace("/", "_"), leave_out=[missing])
         with pytest.raises(LogFormatError, match=f"{missing}: file missing"):
@@ -261,7 +261,7 @@ def synth(tmp_path_factory):
 def test_av2_round_trip(synth, tmp_path):
     from PIL import Image
     from gsim.cameras import PinholeCamera
-    from gsim.scenes.av2 import VLP32C, convert_av2
+    from gsim.scenes.formats.av2 import VLP32C, convert_av2
     src, av2 = synth
     log = validate_log(convert_av2(av2, tmp_path / "log", progress=False))
     assert log.name == "synth-log" and set(log.lidars) == {"up_lidar"} and set(log.cameras) == set(src.cameras)
@@ -300,7 +300,7 @@ def test_av2_round_trip(synth, tmp_path):
 def test_av2_frames_group_20hz_images_with_10hz_sweeps():
     """AV2's cameras run at 20 Hz, its LiDARs at 10 Hz: a sweep opens a frame with the images after it, and a
     camera's second image before the next sweep opens a camera-only frame."""
-    from gsim.scenes.av2 import group_frames
+    from gsim.scenes.formats.av2 import group_frames
     ms = 1000
     ev = sorted([(0, 0, "lidar", None), (100 * ms, 0, "lidar", None)] +
                 [(t * ms + d, 1, c, None) for t in (5, 55, 105) for c, d in (("front", 0), ("rear", 30 * ms))])
@@ -316,7 +316,7 @@ def copy(av2, dst):
 
 
 def test_av2_partial_and_bad_inputs(synth, tmp_path):
-    from gsim.scenes.av2 import convert_av2
+    from gsim.scenes.formats.av2 import convert_av2
     _, av2 = synth
     # cameras without LiDAR: a camera-only log
     src = copy(av2, tmp_path / "cameras_only")

@@ -1,4 +1,4 @@
-"""The KITTI tracking converter (gsim.scenes.kitti_tracking) on the real sample in ../shared/data/kitti_tracking
+"""The KITTI tracking converter (gsim.scenes.formats.kitti_tracking) on the real sample in ../shared/data/kitti_tracking
 (sequence 0001: frames 0-1 of both colour cameras and the Velodyne, the whole sequence's calibration, oxts and
 labels) and on the synthetic street, with a rendered stereo partner for its front camera, written as a KITTI
 tracking sequence by a test-only writer (tests/kitti_tracking_writer.py) and read back. The checks: LiDAR points
@@ -18,7 +18,7 @@ from format_checks import DATA, OVERLAYS, box_iou_2d, edge_score, project, sweep
 from gsim.boxes import corners, edge_points
 from gsim.cameras import PinholeCamera
 from gsim.errors import InputError
-from gsim.scenes.convert_util import make_pose
+from gsim.scenes.formats.convert_util import make_pose
 from gsim.scenes.log import CameraObs, LogFormatError, LogWriter, load_log, validate_log
 from gsim.scenes.overlay import draw_overlay, in_camera
 from gsim.transforms import invert
@@ -75,7 +75,7 @@ def kitti_corners(h, w, l, x, y, z, ry):
 def sample_log(tmp_path_factory):
     if not TRAINING.is_dir():
         pytest.skip(f"KITTI tracking sample not found at {TRAINING}")
-    from gsim.scenes.kitti_tracking import convert_kitti_tracking
+    from gsim.scenes.formats.kitti_tracking import convert_kitti_tracking
     return validate_log(convert_kitti_tracking(TRAINING, tmp_path_factory.mktemp("kt") / "log", "0001",
                                                progress=False))
 
@@ -248,7 +248,7 @@ def synth(tmp_path_factory):
 def test_round_trip(synth, tmp_path):
     """Read back, the sequence is the stereo log in KITTI's frames: vehicle = the LiDAR, world = east-north-up from
     frame 0's IMU (the log's world moved by ``origin``), one ego pose a frame; points and images exact."""
-    from gsim.scenes.kitti_tracking import convert_kitti_tracking
+    from gsim.scenes.formats.kitti_tracking import convert_kitti_tracking
     src, training, written = synth
     log = validate_log(convert_kitti_tracking(training, tmp_path / "log", "7", progress=False))
     assert log.name == "kitti_tracking_training_0007" and set(log.lidars) == {"velodyne"}
@@ -288,7 +288,7 @@ def copy(training, dst, leave_out=()):
 
 
 def test_partial_sequences(synth, tmp_path):
-    from gsim.scenes.kitti_tracking import convert_kitti_tracking
+    from gsim.scenes.formats.kitti_tracking import convert_kitti_tracking
     src, training, _ = synth
 
     def convert(name, leave_out=()):
@@ -327,7 +327,7 @@ def test_partial_sequences(synth, tmp_path):
 
 
 def test_bad_inputs(synth, tmp_path):
-    from gsim.scenes.kitti_tracking import convert_kitti_tracking
+    from gsim.scenes.formats.kitti_tracking import convert_kitti_tracking
     _, training, _ = synth
 
     def check(name, edit, match, error=LogFormatError):

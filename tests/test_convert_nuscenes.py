@@ -1,4 +1,4 @@
-"""The nuScenes converter (gsim.scenes.nuscenes) on the real samples in ../shared/data and on table sets made here.
+"""The nuScenes converter (gsim.scenes.formats.nuscenes) on the real samples in ../shared/data and on table sets made here.
 
 The nuScenes sample has the sensor files of one scene-0061 keyframe but not its sample_data, ego_pose and
 sample_annotation tables; that keyframe's ego pose, calibration and 69 boxes are in an mmdet3d info pickle, read
@@ -41,7 +41,7 @@ MMDET3D_CLASSES = {"car": "vehicle.car", "truck": "vehicle.truck", "trailer": "v
 
 
 def convert(*args, **kw):
-    from gsim.scenes.nuscenes import convert_nuscenes
+    from gsim.scenes.formats.nuscenes import convert_nuscenes
     return convert_nuscenes(*args, progress=False, **kw)
 
 
@@ -566,7 +566,7 @@ def test_frames_group_sweeps_as_the_keyframes_do():
     """nuScenes' timing: LIDAR_TOP at 20 Hz stamps the end of its spin, each camera at 12 Hz fires when the spin
     passes it (CAM_FRONT 35 ms, CAM_BACK 10 ms before the LiDAR's time), keyframes at 2 Hz. A sweep image joins
     the spin it was taken in; an image far from any spin (a LiDAR gap) makes a frame of its own."""
-    from gsim.scenes.nuscenes import _Datum, group_frames
+    from gsim.scenes.formats.nuscenes import _Datum, group_frames
 
     def datum(channel, t, key, sample="s0"):
         return _Datum(f"{channel}{t}", channel, "lidar" if channel.startswith("LIDAR") else "camera", t, key,

@@ -1,4 +1,4 @@
-"""The Waymo Open Dataset v1 converter (gsim.scenes.waymo): the TFRecord framing and its CRCs, gsim's minimal schema
+"""The Waymo Open Dataset v1 converter (gsim.scenes.formats.waymo): the TFRecord framing and its CRCs, gsim's minimal schema
 against Waymo's own .proto files and the real record, the real one-frame sample (cameras, per-image poses,
 calibration, 3D labels checked against Waymo's own projections and the 2D camera labels), and a round trip of the
 synthetic street written as a Waymo segment (tests/waymo_writer.py: range images with per-pixel poses, second
@@ -20,10 +20,10 @@ pytest.importorskip("google.protobuf", reason="the Waymo converter needs protobu
 from gsim.boxes import corners, edge_points  # noqa: E402
 from gsim.cameras import OpenCVCamera  # noqa: E402
 from gsim.errors import InputError  # noqa: E402
-from gsim.scenes import waymo  # noqa: E402
+from gsim.scenes.formats import waymo  # noqa: E402
 from gsim.scenes.log import LogFormatError, validate_log  # noqa: E402
 from gsim.scenes.overlay import draw_overlay, in_camera, sweep_in_world  # noqa: E402
-from gsim.scenes.waymo import convert_waymo, read_records, schema  # noqa: E402
+from gsim.scenes.formats.waymo import convert_waymo, read_records, schema  # noqa: E402
 
 from format_checks import DATA, OVERLAYS, box_iou_2d, sweep_agreement  # noqa: E402
 from waymo_writer import BASE_US, SIDE, write_records, write_waymo  # noqa: E402

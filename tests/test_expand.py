@@ -115,9 +115,9 @@ def test_options_are_checked():
 
 @pytest.fixture(scope="module")
 def recon(tmp_path_factory):
-    from gsim.scenes.init import InitOptions
+    from gsim.scenes.reconstruction.init import InitOptions
     from gsim.scenes.synth import SynthOptions, synthesize
-    from gsim.scenes.train import preset, reconstruct
+    from gsim.scenes.reconstruction.train import preset, reconstruct
     root = tmp_path_factory.mktemp("expand")
     log = synthesize(root / "log", seed=3, options=SynthOptions(n_frames=9, width=64, height=40, supersample=1,
                                                                 lidar_beams=16, lidar_azimuth_resolution_deg=1.0),
@@ -130,7 +130,7 @@ def recon(tmp_path_factory):
 def _train_psnr(scene, log):
     from gsim.images import image_metrics, render_image
     from gsim.scenes.log import load_log
-    from gsim.scenes.views import make_views, split_frames
+    from gsim.scenes.reconstruction.views import make_views, split_frames
     lg = load_log(log)
     views = make_views(lg, split_frames(lg)[0], 2)
     return np.mean([image_metrics(render_image(scene, v.camera, v.T_world_camera, v.timestamp_us, v.sensor)[0],
@@ -215,9 +215,9 @@ def test_pseudo_views_teach_only_where_the_repair_changed_the_render_or_it_was_a
 @pytest.fixture(scope="module")
 def small_recon(tmp_path_factory):
     """A smaller reconstruction of another synthetic seed (5)."""
-    from gsim.scenes.init import InitOptions
+    from gsim.scenes.reconstruction.init import InitOptions
     from gsim.scenes.synth import SynthOptions, synthesize
-    from gsim.scenes.train import preset, reconstruct
+    from gsim.scenes.reconstruction.train import preset, reconstruct
     root = tmp_path_factory.mktemp("guard")
     log = synthesize(root / "log", seed=5, options=SynthOptions(
         n_frames=9, width=48, height=32, supersample=1, lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
@@ -237,7 +237,7 @@ def collapse_at_stage(monkeypatch, stage: int):
     """From the given stage (1-based) on, the first surfels a stage adds come with every opacity pushed near 0:
     the collapse seen when an expansion diverged (the background's median opacity fell 0.66 -> 0.39)."""
     import gsim.diffusion.expand as ex
-    import gsim.scenes.train as tr
+    import gsim.scenes.reconstruction.train as tr
     stages, add = [], ex.add_surfels
 
     def counting(run):
@@ -311,7 +311,7 @@ def test_pseudo_views_leave_the_training_views_pose_corrections_alone(either_rec
     """A pseudo view is rendered where the scene puts its camera; learning the training view's pose correction
     from it (a repaired image taken metres away) dragged the scene's poses."""
     from gsim.diffusion.expand import checkpoint_of, pseudo_view
-    from gsim.scenes.train import TrainConfig, load_state, start, train_step
+    from gsim.scenes.reconstruction.train import TrainConfig, load_state, start, train_step
     log, scene_dir = either_recon
     state = load_state(checkpoint_of(scene_dir))
     t = start(log, TrainConfig.from_dict(state["config"]), state)

@@ -27,7 +27,7 @@ def test_the_fingerprint_follows_every_source_file(monkeypatch, tmp_path):
 def test_gsims_sources_include_every_kernel_module():
     files = {p.as_posix() for p in kernel_cache._sources()}
     for module in ("gsim/render/numba_grad.py", "gsim/render/numba_raster.py", "lidar/kernel.py", "lidar/sweep.py",
-                   "scenes/movers.py"):
+                   "scenes/reconstruction/movers.py"):
         assert any(f.endswith(module) for f in files), module
 
 
@@ -60,11 +60,11 @@ def test_a_failing_child_is_an_error_with_its_output(unprimed, monkeypatch):
 
 def test_a_reconstruction_in_a_fresh_process_equals_one_here(tmp_path):
     from gsim.scenes.synth import SynthOptions, synthesize
-    from gsim.scenes.train import preset, reconstruct
+    from gsim.scenes.reconstruction.train import preset, reconstruct
     tiny = SynthOptions(n_frames=9, width=64, height=40, supersample=1, lidar_beams=8, lidar_azimuth_resolution_deg=2.0)
     log = synthesize(tmp_path / "log", seed=3, options=tiny, progress=False)
     reconstruct(log, tmp_path / "here", preset("cpu", iterations=10), progress=False)
-    code = ("from gsim.scenes.train import preset, reconstruct; "
+    code = ("from gsim.scenes.reconstruction.train import preset, reconstruct; "
             f"reconstruct({str(log)!r}, {str(tmp_path / 'there')!r}, preset('cpu', iterations=10), progress=False)")
     subprocess.run([sys.executable, "-c", code], check=True)
     files = sorted(p.relative_to(tmp_path / "here") for p in (tmp_path / "here" / "scene").rglob("*") if p.is_file())

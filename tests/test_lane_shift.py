@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import gsim
-from gsim.scenes.evaluate import evaluate
-from gsim.scenes.lane_shift import street_of, truth
-from gsim.scenes.render_path import offset_pose
+from gsim.scenes.evaluation.evaluate import evaluate
+from gsim.scenes.evaluation.lane_shift import street_of, truth
+from gsim.scenes.evaluation.render_path import offset_pose
 from gsim.scenes.log import load_log
 from gsim.scenes.synth import SynthOptions, synthesize
 
@@ -53,7 +53,7 @@ def test_evaluate_reports_both_sides_of_each_shift_and_the_path_ahead(log_dir, t
 
 
 def test_a_log_without_ground_truth_off_the_path_is_refused_before_any_work(log_dir, tmp_path):
-    real = dataclasses.replace(load_log(log_dir), source="gsim.scenes.kitti_raw")
+    real = dataclasses.replace(load_log(log_dir), source="gsim.scenes.formats.kitti_raw")
     with pytest.raises(ValueError, match="no ground truth off the driven path"):
         street_of(real)
     gsim.Scene(background=gsim.street.street_surfels(100)).save(tmp_path / "scene")

@@ -112,7 +112,7 @@ def test_no_module_level_import_runs_up_the_layers():
 def test_the_import_graph_sees_what_it_checks():
     """The walk finds the modules and edges the two tests above judge (a walk that found nothing would pass them)."""
     graph = _graph(top_level_only=False)
-    assert len(graph) > 100 and "gsim.scenes.kitti_raw" in graph and "gsim.lidar.groups" in graph
+    assert len(graph) > 100 and "gsim.scenes.formats.kitti_raw" in graph and "gsim.lidar.groups" in graph
     assert "gsim.lidar.groups" in graph["gsim.lidar.render"] and "gsim.sh" in graph["gsim.surfels"]
     assert "gsim.lidar.heads" in graph["gsim.scene"]  # inside a function: a circle's edge all the same
     assert "gsim.lidar.heads" not in _graph(top_level_only=True)["gsim.scene"]
@@ -120,7 +120,7 @@ def test_the_import_graph_sees_what_it_checks():
 
 def test_the_network_client_does_not_import_gymnasium():
     pytest.importorskip("grpc")
-    code = "import sys, gsim.bridges.client; assert 'gymnasium' not in sys.modules, 'gymnasium imported'"
+    code = "import sys, gsim.bridges.api.client; assert 'gymnasium' not in sys.modules, 'gymnasium imported'"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
 
@@ -129,18 +129,18 @@ def test_the_gymnasium_environment_registers_from_its_own_module():
     gymnasium = pytest.importorskip("gymnasium")
     # the id names the module, which gymnasium imports; the environment's own check of its arguments answers
     with pytest.raises(InputError, match="action must be"):
-        gymnasium.make("gsim.bridges.env:gsim/ClosedLoop-v0", action="steer")
+        gymnasium.make("gsim.bridges.closed_loop.env:gsim/ClosedLoop-v0", action="steer")
     assert "gsim/ClosedLoop-v0" in gymnasium.registry
 
 
 def test_render_and_image_metrics_come_from_core_not_the_evaluation():
     """editing, diffusion, bridges and the lane-shift evaluation take renders and image metrics from gsim.images,
-    never from gsim.scenes.evaluate (which imports scenes.lane_shift: no cycle); running the evaluation itself
-    (`evaluate`, as gsim batch does for each log) is the one thing they may take from it."""
+    never from gsim.scenes.evaluation.evaluate (which imports evaluation.lane_shift: no cycle); running the
+    evaluation itself (`evaluate`, as gsim batch does for each log) is the one thing they may take from it."""
     files = [f for d in ("editing", "diffusion", "bridges") for f in (ROOT / d).rglob("*.py")]
-    files.append(ROOT / "scenes" / "lane_shift.py")
+    files.append(ROOT / "scenes" / "evaluation" / "lane_shift.py")
     bad = [(f.name, m, names) for f in files for m, names in _imports(f)
-           if m == "gsim.scenes.evaluate" and (f.name == "lane_shift.py" or set(names) != {"evaluate"})]
+           if m == "gsim.scenes.evaluation.evaluate" and (f.name == "lane_shift.py" or set(names) != {"evaluate"})]
     assert not bad
 
 
@@ -148,3 +148,11 @@ def test_lidar_kernels_import_no_private_name_of_the_camera_backend():
     bad = [(f.name, m, n) for f in (ROOT / "lidar").glob("*.py") for m, names in _imports(f)
            if m.startswith("gsim.render") for n in names if n.startswith("_")]
     assert not bad
+
+
+def test_every_package_is_in_the_distribution():
+    """pyproject.toml lists each package (a wheel holds only those): a new subpackage missing there would import
+    here, from the checkout, and not from an installed wheel."""
+    tomllib = pytest.importorskip("tomllib")  # (Python 3.11+)
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert listed == {m for m, f in _modules().items() if f.name == "__init__.py"}

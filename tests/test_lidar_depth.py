@@ -1,4 +1,4 @@
-"""gsim.scenes.lidar_depth and the reference paste built on it: depth for any camera from the log's LiDAR, real
+"""gsim.scenes.reconstruction.lidar_depth and the reference paste built on it: depth for any camera from the log's LiDAR, real
 pixels pasted where references agree."""
 import json
 
@@ -8,12 +8,12 @@ import pytest
 import gsim
 from gsim.diffusion.references import ReferencePaste, agreement, training_lidar
 from gsim.errors import InputError
-from gsim.scenes.lane_shift import street_of
-from gsim.scenes.lidar_depth import LidarDepth
+from gsim.scenes.evaluation.lane_shift import street_of
+from gsim.scenes.reconstruction.lidar_depth import LidarDepth
 from gsim.scenes.log import LogWriter, load_log
-from gsim.scenes.render_path import offset_pose
+from gsim.scenes.evaluation.render_path import offset_pose
 from gsim.scenes.synth import SynthOptions, render_camera, synthesize
-from gsim.scenes.views import split_frames
+from gsim.scenes.reconstruction.views import split_frames
 from support import plane
 
 

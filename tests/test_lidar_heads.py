@@ -85,7 +85,7 @@ def test_ray_metrics_on_a_known_case():
 
 
 def test_sweep_rays_put_points_on_the_beam_grid_and_label_drops(tmp_path):
-    from gsim.scenes.lidar_rays import sweep_rays
+    from gsim.scenes.reconstruction.lidar_rays import sweep_rays
     from gsim.scenes.log import load_log
     from gsim.scenes.synth import SynthOptions, synthesize
     opts = SynthOptions(n_frames=2, width=32, height=20, supersample=1, lidar_beams=8,

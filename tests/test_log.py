@@ -268,7 +268,7 @@ def test_bad_schema_2_fields_are_named(log_dir, field, value, fragment):
 
 
 def test_dataset_ids_become_stable_actor_ids_and_boxes_become_tracks():
-    from gsim.scenes.convert_util import TrackBuilder, actor_id
+    from gsim.scenes.formats.convert_util import TrackBuilder, actor_id
     assert actor_id("car_12") == "car_12"
     a, b = actor_id("-Kz8/Vc"), actor_id("_Kz8_Vc")
     assert a != b and a == actor_id("-Kz8/Vc") and a.startswith("Kz8_Vc_") and b == "_Kz8_Vc"

@@ -10,15 +10,15 @@ import torch
 
 from gsim.cameras import PinholeCamera
 from gsim.scene import load_scene
-from gsim.scenes import losses
-from gsim.scenes.init import InitOptions
-from gsim.scenes.lidar_rays import sweep_rays
+from gsim.scenes.reconstruction import losses
+from gsim.scenes.reconstruction.init import InitOptions
+from gsim.scenes.reconstruction.lidar_rays import sweep_rays
 from gsim.scenes.log import load_log
 from gsim.boxes import box_iou
-from gsim.scenes.movers import MoverOptions, _box_track, _clusters, _Detection, _Track, detect_movers
+from gsim.scenes.reconstruction.movers import MoverOptions, _box_track, _clusters, _Detection, _Track, detect_movers
 from gsim.scenes.synth import SynthOptions, synthesize
-from gsim.scenes.train import preset, reconstruct
-from gsim.scenes.views import make_views, split_frames, sweep_world, transient_mask
+from gsim.scenes.reconstruction.train import preset, reconstruct
+from gsim.scenes.reconstruction.views import make_views, split_frames, sweep_world, transient_mask
 
 # 24 frames (2.4 s) of the default street: one moving car within 20 m all along, another from frame 11 on
 SMALL = SynthOptions(n_frames=24, width=64, height=40, supersample=1, lidar_azimuth_resolution_deg=0.8)
@@ -169,7 +169,7 @@ def test_masked_photometric_and_robust_mask():
 
 
 def test_lidar_covered_is_below_each_columns_highest_lidar_point():
-    from gsim.scenes.views import View
+    from gsim.scenes.reconstruction.views import View
     cam = PinholeCamera(20, 10, 30.0, 30.0, 10.0, 5.0)
     pix = np.array([4 * 20 + 3, 7 * 20 + 3, 6 * 20 + 15])  # rows 4 and 7 in column 3, row 6 in column 15
     v = View(0, "cam", 0, cam, np.eye(4), np.zeros((10, 20, 3), np.float32), np.zeros((10, 20, 3), np.float32),

@@ -9,7 +9,7 @@ trimesh = pytest.importorskip("trimesh")
 pytest.importorskip("yaml")
 
 import gsim  # noqa: E402
-from gsim.bridges.scenario import load_loop_scenario  # noqa: E402
+from gsim.bridges.closed_loop.scenario import load_loop_scenario  # noqa: E402
 from gsim.editing import AssetLibrary, asset_from_actor, asset_from_mesh, insert_actor  # noqa: E402
 from gsim.editing.library import Asset, Source, load_asset  # noqa: E402
 from gsim.editing.scenario import ScenarioError, load_scenario, parse_scenario  # noqa: E402
@@ -142,7 +142,7 @@ def test_a_manifest_whose_id_is_no_name_is_refused(tmp_path):
 def test_a_batch_agent_spec_never_becomes_a_path():
     """Agent specs name folders of a closed-loop batch: a valid name is its own folder; a module or command spec
     (which may hold '/', '..' or spaces) gets its safe characters and a hash of the whole spec."""
-    from gsim.bridges.runner import agent_folder
+    from gsim.bridges.closed_loop.runner import agent_folder
     from gsim.errors import check_name
     assert agent_folder("lidar-aeb") == "lidar-aeb"
     specs = ["exec:../../x", "exec:/bin/agent --x", "mod.sub:Agent", "exec:" + "a" * 300, "exec:naïve", "exec:.."]

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from gsim import Surfels
-from gsim.scenes.model import SceneModel
-from gsim.scenes.optim import Adam, DensifyOptions, Densifier
+from gsim.scenes.reconstruction.model import SceneModel
+from gsim.scenes.reconstruction.optim import Adam, DensifyOptions, Densifier
 
 
 def test_adam_matches_torch_adam():

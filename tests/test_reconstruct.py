@@ -11,15 +11,15 @@ import torch
 import gsim
 from gsim.errors import InputError
 from gsim.images import render_image
-from gsim.scenes import train as train_mod
-from gsim.scenes.evaluate import evaluate
-from gsim.scenes.init import InitOptions, initial_surfels
+from gsim.scenes.reconstruction import losses, train as train_mod
+from gsim.scenes.evaluation.evaluate import evaluate
+from gsim.scenes.reconstruction.init import InitOptions, initial_surfels
 from gsim.scenes.log import LogWriter, load_log
-from gsim.scenes.model import SceneModel
-from gsim.scenes.optim import DensifyOptions
+from gsim.scenes.reconstruction.model import SceneModel
+from gsim.scenes.reconstruction.optim import DensifyOptions
 from gsim.scenes.synth import SynthOptions, synthesize
-from gsim.scenes.train import preset, reconstruct
-from gsim.scenes.views import make_views, split_frames, sweep_world
+from gsim.scenes.reconstruction.train import preset, reconstruct
+from gsim.scenes.reconstruction.views import make_views, split_frames, sweep_world
 from support import own_device_waits
 
 TINY = SynthOptions(n_frames=9, width=64, height=40, supersample=1, lidar_beams=16, lidar_azimuth_resolution_deg=1.0)
@@ -69,7 +69,7 @@ def test_init_puts_actor_points_in_their_boxes(log_dir):
 
 def test_unseen_points_take_a_coarser_voxel():
     """What no camera saw (the LiDAR's alone) takes ``unseen`` voxels; what a camera saw keeps the fine one."""
-    from gsim.scenes.init import _Points, _within
+    from gsim.scenes.reconstruction.init import _Points, _within
     g = np.stack(np.meshgrid(np.arange(0, 6, 0.05), np.arange(0, 6, 0.05)), -1).reshape(-1, 2)
     xyz = np.c_[g, np.zeros(len(g))]
     seen = xyz[:, 0] < 3
@@ -86,7 +86,7 @@ def test_points_seeded_above_the_lidar_lie_on_the_facades(log_dir):
     """Image points seeded above the LiDAR's top beam, re-cast analytically from the side cameras
     (which face the facades; the front camera sees them at grazing angles, where a column's wall
     depth is only a first guess): most of those whose ray meets a building lie on it."""
-    from gsim.scenes.init import _above_lidar, _cameras_seeing
+    from gsim.scenes.reconstruction.init import _above_lidar, _cameras_seeing
     from gsim.scenes.synth import BUILDING, build_street
     log, street = load_log(log_dir), build_street(3, TINY)
     f = log.frames[4]
@@ -113,9 +113,9 @@ def test_points_seeded_above_an_actor_take_the_walls_beside_it(log_dir):
     of the walls on either side (what is above the actor is behind it), and those lie on the facade;
     above an actor the top beam hits (a truck beside the ego, maybe taller than seen) they take its depth
     and name its point, so that they go to that actor (collect_points), none to the background."""
-    from gsim.scenes.init import _above_lidar, _cameras_seeing
+    from gsim.scenes.reconstruction.init import _above_lidar, _cameras_seeing
     from gsim.scenes.synth import BUILDING, build_street
-    from gsim.scenes.views import CLIP_M, above_top_beam, top_beam_tan
+    from gsim.scenes.reconstruction.views import CLIP_M, above_top_beam, top_beam_tan
     log, street = load_log(log_dir), build_street(3, TINY)
     f = log.frames[4]
     world, origin, _, _ = sweep_world(log, f.lidars["top"])
@@ -157,7 +157,7 @@ def test_points_seeded_above_an_actor_take_the_walls_beside_it(log_dir):
 def test_seeds_above_a_clipped_actor_go_into_its_box(log_dir, monkeypatch):
     """Where every LiDAR point counts as at the top beam (clipped), the image points above an actor's
     highest point are that actor's, in its box frame and within its box; the background gets none of them."""
-    from gsim.scenes import init as init_mod
+    from gsim.scenes.reconstruction import init as init_mod
     log = load_log(log_dir)
     train, _ = split_frames(log)
     opt = InitOptions(above_stride=2)
@@ -182,8 +182,8 @@ def training_view_gain(log_dir, scene, init: InitOptions, backend: str = "auto")
     init_scene = SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras)).to_scene()
 
     def mean_psnr(sc):
-        return np.mean([gsim.scenes.losses.psnr(render_image(sc, v.camera, v.T_world_camera, v.timestamp_us,
-                                                             v.sensor, backend)[0], v.image) for v in views])
+        return np.mean([losses.psnr(render_image(sc, v.camera, v.T_world_camera, v.timestamp_us, v.sensor, backend)[0],
+                                    v.image) for v in views])
     return mean_psnr(scene) - mean_psnr(init_scene)
 
 
@@ -432,7 +432,7 @@ def test_lidar_ray_losses_are_means_over_their_rays():
     0 where no ray qualifies."""
     import torch.nn.functional as F
 
-    from gsim.scenes.losses import lidar_rays
+    from gsim.scenes.reconstruction.losses import lidar_rays
     g = torch.Generator().manual_seed(0)
     R = 400
     alpha = torch.rand(R, generator=g, requires_grad=True)

@@ -99,7 +99,7 @@ def test_non_finite_numbers_are_refused_naming_the_field(tmp_path, text, where):
     ("closed_loop: {vehicle: {wheelbase_m: .nan}}", r"closed_loop\.vehicle\.wheelbase_m"),
 ])
 def test_non_finite_numbers_are_refused_in_closed_loop_scenarios(tmp_path, text, where):
-    from gsim.bridges.scenario import load_loop_scenario
+    from gsim.bridges.closed_loop.scenario import load_loop_scenario
     head = "schema_version: 1\nname: t\nscene: s\nlog: l\n"
     with pytest.raises(ScenarioError, match=rf"s\.yaml: {where}: Input should be a finite number"):
         load_loop_scenario(write(tmp_path, head + text + "\n"))

@@ -18,7 +18,7 @@ from gsim.cameras import OpenCVCamera, PinholeCamera
 from gsim.scenes.log import load_log
 from gsim.scenes.synth import (BOX, CAR_BODY, CAR_CABIN, CYLINDER, FRAME_PERIOD_US, GROUND, PLANE, SIDEWALK, SPHERE,
                                SynthOptions, build_street, synthesize)
-from gsim.scenes.views import sweep_world
+from gsim.scenes.reconstruction.views import sweep_world
 
 SEED = 0
 TINY = SynthOptions(n_frames=3, width=64, height=40, supersample=1, lidar_beams=16,

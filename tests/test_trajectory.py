@@ -1,4 +1,4 @@
-"""Render trajectories from a log's camera (scenes.render_path, `gsim trajectory`) on a tiny synthetic log."""
+"""Render trajectories from a log's camera (scenes.evaluation.render_path, `gsim trajectory`) on a tiny synthetic log."""
 import subprocess
 import sys
 
@@ -8,12 +8,12 @@ import pytest
 
 import gsim
 from gsim.io import to_uint8
-from gsim.scenes.init import InitOptions, initial_surfels
+from gsim.scenes.reconstruction.init import InitOptions, initial_surfels
 from gsim.scenes.log import load_log
-from gsim.scenes.model import SceneModel
-from gsim.scenes.render_path import camera_path
+from gsim.scenes.reconstruction.model import SceneModel
+from gsim.scenes.evaluation.render_path import camera_path
 from gsim.scenes.synth import SynthOptions, synthesize
-from gsim.scenes.views import split_frames
+from gsim.scenes.reconstruction.views import split_frames
 from gsim.trajectory import load_trajectory
 
 TINY = SynthOptions(n_frames=9, width=48, height=30, supersample=1, lidar_beams=16, lidar_azimuth_resolution_deg=1.0)

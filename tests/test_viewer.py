@@ -1,4 +1,4 @@
-"""`gsim view` (bridges.viewer): opening what it shows, clear errors, and the page in a real headless Chromium:
+"""`gsim view` (bridges.browser.viewer): opening what it shows, clear errors, and the page in a real headless Chromium:
 not blank, the view from a log camera equals gsim's own render at that camera, the time slider moves an actor."""
 import shutil
 import socket
@@ -35,7 +35,7 @@ def street(tmp_path_factory):
 
 
 def test_open_target_and_bad_input(street, tmp_path):
-    from gsim.bridges.viewer import Viewer, open_target
+    from gsim.bridges.browser.viewer import Viewer, open_target
     t = open_target(str(street / "scene"))  # the log beside the scene folder
     assert t.log is not None and len(t.scene.actors) == 1
     assert open_target(str(street / "scene"), log=str(street / "log")).log.name == t.log.name
@@ -98,7 +98,7 @@ def screenshot(d) -> np.ndarray:
 
 
 def test_the_page_shows_what_the_sensors_see(street):
-    from gsim.bridges.viewer import Viewer, open_target
+    from gsim.bridges.browser.viewer import Viewer, open_target
     from gsim.images import psnr
     target = open_target(str(street / "scene"))
     v = Viewer(target, port=0, backend="numba")
@@ -155,8 +155,8 @@ def test_a_closed_loop_run_replays(loop_street, tmp_path):
     """A run records its scenario (run.json); the viewer rebuilds its scene, draws the ego and the actors per step
     and plots its metrics; an older run without run.json opens with its images alone."""
     import json
-    from gsim.bridges.runner import run
-    from gsim.bridges.viewer import Viewer, open_target
+    from gsim.bridges.closed_loop.runner import run
+    from gsim.bridges.browser.viewer import Viewer, open_target
     from support import ACROSS, scenario
     pytest.importorskip("libsumo")
     out = tmp_path / "run"
@@ -187,7 +187,7 @@ def test_a_closed_loop_run_replays(loop_street, tmp_path):
 
 
 def test_a_scenario_output_marks_its_edits(edit_street, tmp_path):
-    from gsim.bridges.viewer import Viewer, open_target
+    from gsim.bridges.browser.viewer import Viewer, open_target
     from gsim.editing.outputs import render_world
     from gsim.editing.scenario import parse_scenario
     from gsim.editing.world import apply
@@ -209,7 +209,7 @@ def test_a_scenario_output_marks_its_edits(edit_street, tmp_path):
 
 def test_a_scene_without_a_log_opens_alone(tmp_path):
     """No frusta, no path: the time slider runs over the actors' tracks; without tracks there is none."""
-    from gsim.bridges.viewer import Viewer, open_target
+    from gsim.bridges.browser.viewer import Viewer, open_target
     car = gsim.Actor(id="c", category="car", size=(2.0, 2.0, 2.0), surfels=random_scene(50, 1, z=0.0),
                      track_timestamps_us=np.array([0, 2_000_000]), track_poses=np.stack([pose(5, 0), pose(9, 0)]))
     gsim.Scene(background=plane(extent=10.0, spacing=1.0), actors=(car,)).save(tmp_path / "moving")
@@ -231,7 +231,7 @@ def test_a_scene_without_a_log_opens_alone(tmp_path):
 
 def test_lidar_and_the_side_by_side_panel(street):
     """gsim's sweep and the log's beside it, gsim's range image, and the log camera rendered beside its image."""
-    from gsim.bridges.viewer import Viewer, open_target
+    from gsim.bridges.browser.viewer import Viewer, open_target
     t = open_target(str(street / "scene"))
     v = Viewer(t, port=0, backend="numba")
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gsim.scenes.waymo import masked_crc32c, schema
+from gsim.scenes.formats.waymo import masked_crc32c, schema
 
 BASE_US = 1_553_735_853_000_000
 SWEEP_US = 100_000

@@ -15,10 +15,10 @@ from gsim.diffusion import open_repairer
 from gsim.images import psnr, render_image, repaired
 from gsim.io import to_uint8, write_png
 from gsim.scene import load_scene
-from gsim.scenes.lane_shift import street_of, truth
+from gsim.scenes.evaluation.lane_shift import street_of, truth
 from gsim.scenes.log import load_log
-from gsim.scenes.render_path import offset_pose
-from gsim.scenes.views import split_frames
+from gsim.scenes.evaluation.render_path import offset_pose
+from gsim.scenes.reconstruction.views import split_frames
 
 
 def main() -> int:

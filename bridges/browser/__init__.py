@@ -1,0 +1,1 @@
+"""`gsim view`: scenes, reconstructions and closed-loop runs in the browser (viser)."""
