@@ -6,10 +6,11 @@ def cmd_render_lidar(a) -> int:
     import numpy as np
     from tqdm import tqdm
 
-    from gsim.lidar import LidarSpec, render_lidar
+    from gsim.lidar import render_lidar
     from gsim.lidar.io import load_lidar_trajectory, write_sweep
+    from gsim.lidar.spec import lidar_preset
     from gsim.scene import load_scene
-    spec = LidarSpec.preset(a.spec)
+    spec = lidar_preset(a.spec)
     scene = load_scene(a.scene)
     times, poses = load_lidar_trajectory(a.trajectory)
     # each sweep starts at a frame of the trajectory; the sensor moves along it while the sweep spins
@@ -25,11 +26,12 @@ def cmd_render_lidar(a) -> int:
 
 
 def register(sub) -> None:
-    from gsim.lidar.spec import preset_names  # numpy only
+    from gsim.lidar.spec import preset_names, ray_table_preset_names  # numpy only
+    names = preset_names() + ray_table_preset_names()
     rl = sub.add_parser("render-lidar", help="render LiDAR sweeps of a scene along a LiDAR trajectory")
     rl.add_argument("scene")
-    rl.add_argument("--spec", required=True, choices=preset_names(), metavar="PRESET",
-                    help=f"a LiDAR preset: {', '.join(preset_names())}")
+    rl.add_argument("--spec", required=True, choices=names, metavar="PRESET",
+                    help=f"a LiDAR preset: {', '.join(names)}")
     rl.add_argument("--trajectory", required=True,
                     help='JSON {"schema_version": 1, "frames": [{"timestamp_us": ..., "T_world_lidar": 4x4}]}')
     rl.add_argument("--out", required=True)

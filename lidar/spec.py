@@ -14,6 +14,7 @@ Renderers only need `ray_directions()` and `time_offsets_us()`.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar, Dict, Tuple
@@ -191,7 +192,10 @@ class LidarSpec(_SpecIO):
     def preset(cls, name: str) -> "LidarSpec":
         """A preset from public spec sheets (see `preset_names()` and the sources in `PRESETS`)."""
         if name not in PRESETS:
-            raise InputError(f"LidarSpec.preset: unknown name {name!r}; valid names: {', '.join(preset_names())}")
+            hint = (f" ({name!r} is not a spinning LiDAR: use RayTableSpec.preset)"
+                    if name in _RAY_TABLE_BUILDERS else "")
+            raise InputError(f"LidarSpec.preset: unknown name {name!r}{hint}; valid names: "
+                             f"{', '.join(preset_names())}")
         return PRESETS[name]
 
 
@@ -242,6 +246,15 @@ class RayTableSpec(_SpecIO):
         az = np.degrees(np.arctan2(d[:, 1], d[:, 0]))
         return cls(name, tuple(el.tolist()), tuple(az.tolist()), min_range_m, max_range_m, frame_hz,
                    tuple(np.asarray(firing_offsets_us, dtype=np.float64).ravel().tolist()))
+
+    @classmethod
+    def preset(cls, name: str) -> "RayTableSpec":
+        """A fixed-pattern preset from public sources (see `ray_table_preset_names()`; the sources are in
+        the builders' comments). Built on first use (the tables are large), then shared."""
+        if name not in _RAY_TABLE_BUILDERS:
+            raise InputError(f"RayTableSpec.preset: unknown name {name!r}; valid names: "
+                             f"{', '.join(ray_table_preset_names())}")
+        return _ray_table_preset(name)
 
     @property
     def rays(self) -> int:
@@ -401,7 +414,13 @@ def _pandar64() -> LidarSpec:
 # Hesai Pandar128 channels 1..128: tier4/nebula src/nebula_hesai/nebula_hesai_decoders/calibration/
 # Pandar128E4X.csv (Laser id, Elevation, Azimuth; azimuth clockwise positive). APPROXIMATION: one
 # unit's angle-correction file, not the manual's design table, which was not found; it spans
-# +15.1..-24.7 deg, finest 0.125 deg near the horizon, as the sheet's -25..+15.
+# +15.1..-24.7 deg against the sheet's 40 deg, -25..+15 (as quoted for the Pandar128E3X; the sheet itself
+# could not be read here). Its 65 channels from +2.08 to -5.91 deg are 0.125 deg apart on average (this
+# unit 0.10-0.15), the sheet's finest vertical resolution. Each public table found ends within 0.6 deg
+# of the sheet's -25 and +15: this one, HesaiLidar_SDK_2.0's
+# "correction/angle_correction/Pandar128E3X_Angle Correction File.csv" (another unit) +14.44..-25.02 and
+# AWSIM's HesaiPandar128E4X laser table (GreenDinoBV/GD-AWSIM-Labs, an AWSIM-Labs fork,
+# Assets/RGLUnityPlugin/Scripts/LidarModels/LaserArrayLibrary.cs) +14.99..-24.77.
 _PANDAR128 = """
 15.139 0.157 13.432 0.129 11.919 1.258 10.634 1.247 9.967 0.145 9.3 0.123 8.621 0.1 7.945 0.078
 7.595 1.338 7.244 1.316 6.905 1.298 6.55 1.28 6.193 1.282 5.843 1.334 5.482 1.314 5.116 1.363
@@ -423,9 +442,12 @@ _PANDAR128 = """
 
 
 def _pandar128() -> LidarSpec:
-    # Standard mode 0.2 deg at 10 Hz (1800 columns; the Pandar128E3X manual's block start times,
-    # 27.778 us per 0.1 deg in high-resolution mode). Range 0.3-200 m (spec sheet;
-    # APPROXIMATION: not re-checked here). APPROXIMATION: firing offsets 0. The manual's per-channel
+    # 360 deg, standard mode 0.2 deg at 10 Hz (1800 columns; the Pandar128E3X manual's block start times,
+    # 27.778 us per 0.1 deg in high-resolution mode, which halves the step on some channels and is not
+    # modelled). Range 0.3-200 m as quoted from the spec sheet, whose table could not be read here;
+    # AWSIM's Pandar128E4X laser table agrees: near-field minimum 0.3 m (1.4 m on the channels
+    # without near-field firing), 200 m on the channels near the horizon, 30-140 m on the outer ones,
+    # which one max_range_m cannot express. APPROXIMATION: firing offsets 0. The manual's per-channel
     # firing table depends on the operating state and on near/far-field firing.
     table = np.array(_PANDAR128.split(), np.float64).reshape(128, 2)
     return _spinning("hesai-pandar128", table[:, 0], 0.2, 0.3, 200.0, az_cw=table[:, 1])
@@ -436,5 +458,102 @@ PRESETS: Dict[str, LidarSpec] = {s.name: s for s in (
 
 
 def preset_names() -> Tuple[str, ...]:
-    """The names `LidarSpec.preset` accepts."""
+    """The names `LidarSpec.preset` accepts (spinning LiDARs; see also `ray_table_preset_names`)."""
     return tuple(PRESETS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Ray-table presets: LiDARs that do not sweep 360 degrees, which `LidarSpec` cannot express (its
+# columns always divide a full revolution and fill the whole period 1 / spin_hz).
+# ----------------------------------------------------------------------------------------------
+
+# Hesai AT128 (AT128E2X) per-channel firing time within a column (us), channels 1..128: tier4/nebula
+# src/nebula_hesai/nebula_hesai_decoders/include/nebula_hesai_decoders/decoders/pandar_at128.hpp
+# (firing_time_offset_ns). AWSIM's AT128E2X laser table (tier4/AWSIM
+# Assets/RGLUnityPlugin/Scripts/LidarModels/LaserArrayLibrary.cs, from the AT128E2X user manual
+# A01-en-230510) has the same times but for channel 106 (4.112); HesaiLidar_SDK_2.0's
+# "correction/firetime_correction/AT128E2X_Firetime Correction File.csv" differs in channels 5, 60, 80,
+# 105 and 106 (by up to 9.9 us).
+_AT128_FIRE_US = (
+    0.0, 0.0, 8.24, 4.112, 4.144, 8.24, 0.0, 0.0, 12.424, 4.144, 4.112, 8.264, 12.376, 12.376, 8.264, 12.424,
+    0.0, 0.0, 4.112, 8.24, 4.144, 0.0, 0.0, 4.144, 12.424, 8.264, 4.112, 12.376, 12.376, 12.424, 8.264, 0.848,
+    2.504, 4.976, 6.616, 6.616, 9.112, 2.504, 0.848, 10.768, 13.28, 13.28, 4.976, 9.112, 14.928, 14.928, 10.768,
+    2.504, 0.848, 6.616, 4.976, 9.112, 6.616, 0.848, 2.504, 13.28, 10.768, 4.976, 13.28, 14.928, 9.112, 10.768,
+    14.928, 13.28, 0.848, 9.112, 13.28, 2.504, 4.976, 0.848, 2.504, 14.928, 10.768, 10.768, 14.928, 4.976, 6.616,
+    6.616, 9.112, 0.848, 13.28, 13.28, 9.112, 4.976, 2.504, 2.504, 0.848, 10.768, 14.928, 14.928, 10.768, 6.616,
+    4.976, 9.112, 6.616, 4.112, 12.424, 0.0, 4.144, 0.0, 0.0, 12.424, 0.0, 8.264, 4.112, 4.144, 8.24, 8.24,
+    8.264, 12.376, 12.376, 12.424, 4.112, 4.144, 0.0, 0.0, 0.0, 0.0, 0.0, 12.424, 8.264, 8.24, 4.144, 8.264,
+    8.24, 12.376, 12.376, 8.264)
+AT128_COLUMNS = 1200  # 0.1 deg over the 120 deg field of view, one frame
+
+
+def _at128() -> RayTableSpec:
+    """Hesai AT128 (AT128E2X), a 128-channel hybrid solid-state LiDAR: a rotating three-facet mirror
+    sweeps 128 stacked lasers across a 120 deg horizontal field of view, one facet per frame, 10 Hz.
+
+    Sheet values (Hesai AT128E2X user manual A01-en-230510, as carried by the public code below; the
+    manual's specification table itself could not be read here): 128 channels; 120 deg horizontal field
+    of view at 0.1 deg; 25.4 deg vertical (-12.5 to +12.9) at 0.2 deg; 10 Hz; 200 m for the middle 64
+    channels, 100 m for the outer ones (AWSIM's per-channel table); 0.5 m minimum (near-field firings).
+    - Channels: tier4/nebula src/nebula_hesai/nebula_hesai_decoders/calibration/PandarAT128.csv, the
+      design table: channel ch (1 = top) at 12.93 - 0.2 (ch - 1) deg (+12.93 .. -12.47), clockwise-positive
+      azimuth offsets +2.4 / -0.65 alternating in channels 1-16, 33-48, 65-80, 97-112 and -2.4 / +0.65 in
+      the others. AWSIM's AT128E2X table (from the manual) has the same angles. HesaiLidar_SDK_2.0's
+      "correction/angle_correction/AT128E2X_Angle Correction File.dat" (one unit, v1.5) has the same
+      azimuth offsets and elevations within 0.05 deg of these.
+    - Field of view and resolution: nebula's PandarAT128 decoder (pandar_at128.hpp: fov 30..150 deg
+      azimuth, -12.5..+12.9 deg elevation, peak resolution 0.1 x 0.2 deg), nebula's docs/filters.md
+      (an AT128 frame is 1200 x 128) and HesaiLidar_SDK_2.0's AT128 parser (udp4_3_parser.cc: range image
+      at 0.1 deg azimuth, 0.2 deg elevation).
+    - Timing: nebula's decoder puts consecutive columns (blocks) 41.666 us apart; the motor turns at 200 rpm
+      (nebula PandarAT128.param.yaml, rotation_speed) and a column's azimuth is twice the encoder's past
+      its facet's start (udp4_3_parser.cc; the SDK's AT128E2X correction file lists 3 facets, 120 deg of
+      the motor each), so 0.1 deg of azimuth is 0.05 deg of the motor,
+      125/3 us, and the 1200 columns take 50 ms of each 100 ms frame. Channel firing times: _AT128_FIRE_US.
+    - Range: 0.5 m is the near-field minimum and 200 m the far end, as in AWSIM's AT128 model
+      (RGL plugin LidarConfiguration.cs: near field 0.5-7.2 m on the NF-enabled channels, far field
+      beyond; LaserArrayLibrary.cs: per-channel 100 / 200 m).
+
+    Frame: the SDK's and nebula's point-cloud frame, x through the middle of the field of view, y left,
+    z up (their azimuth a, clockwise from +y, maps to 90 - a here). Column c points 59.95 - 0.1 c deg
+    (left to right, the order the facet sweeps), each channel beside it by its offset; rays are stored
+    column by column: ray c * 128 + l is channel l + 1 of column c (so a frame's 1 x N range image
+    reshaped to (1200, 128) and transposed is the AT128's 128 x 1200 image), fired at c * 125/3 us plus
+    the channel's firing time.
+
+    APPROXIMATIONS (what the spec cannot express): one min / max range for all rays, where the AT128
+    measures 0.5-7.2 m only on every fourth channel (at half the horizontal resolution), the other
+    channels from 7.2 m, and the outer 64 channels reach 100 m rather than 200 m; the design angles,
+    without a unit's per-azimuth corrections (up to 0.24 deg of elevation and 0.9 deg of azimuth in the
+    SDK's sample file) or the facet-to-facet differences between frames; rays are not cut at the
+    driver's 30..150 deg window (nebula's cloud_min_angle / cloud_max_angle), so channels reach
+    +-62.35 deg; single return.
+    """
+    n = len(_AT128_FIRE_US)
+    el = 12.93 - 0.2 * np.arange(n)
+    group_sign = np.where((np.arange(n) // 16) % 2 == 0, 1.0, -1.0)
+    az_cw = np.where(np.arange(n) % 2 == 0, 2.4, -0.65) * group_sign
+    col = np.arange(AT128_COLUMNS)[:, None]
+    az = (59.95 - 0.1 * col) - az_cw[None, :]  # counter-clockwise, x forward
+    t = col * (125.0 / 3.0) + np.asarray(_AT128_FIRE_US)[None, :]
+    r = lambda x: tuple(float(v) for v in np.round(np.broadcast_to(x, az.shape), 6).ravel())  # noqa: E731
+    return RayTableSpec("hesai-at128", r(el[None, :]), r(az), 0.5, 200.0, 10.0, r(t))
+
+
+_RAY_TABLE_BUILDERS = {"hesai-at128": _at128}
+
+
+@functools.lru_cache(maxsize=None)
+def _ray_table_preset(name: str) -> RayTableSpec:
+    return _RAY_TABLE_BUILDERS[name]()
+
+
+def ray_table_preset_names() -> Tuple[str, ...]:
+    """The names `RayTableSpec.preset` accepts (LiDARs that do not sweep 360 degrees)."""
+    return tuple(_RAY_TABLE_BUILDERS)
+
+
+def lidar_preset(name: str):
+    """A LiDAR preset by name: a spinning `LidarSpec` (`preset_names`) or a fixed-pattern `RayTableSpec`
+    (`ray_table_preset_names`)."""
+    return RayTableSpec.preset(name) if name in _RAY_TABLE_BUILDERS else LidarSpec.preset(name)

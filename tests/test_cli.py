@@ -259,3 +259,19 @@ def test_diffusion_train_takes_the_library_defaults():
     assert a.crop is None and a.steps == TrainOptions().steps
     assert a.references == 2 and a.reference_depth == "lidar"  # reference-conditioned by default (issue 36)
     assert build_parser().parse_args(["diffusion", "train", "s", "l", "--out", "m", "--crop", "96"]).crop == 96
+
+
+def test_render_lidar_takes_a_fixed_pattern_preset(street_dir, tmp_path):
+    """The Hesai AT128 (120 degrees, a ray table, not a spinning LidarSpec): a sweep from the street's middle
+    sees only what lies ahead, its range image one row of the table's rays."""
+    T = np.eye(4)
+    T[:3, 3] = [5.0, -3.0, 1.8]
+    traj = tmp_path / "lidar.json"
+    traj.write_text(json.dumps({"schema_version": 1, "frames": [{"timestamp_us": 0, "T_world_lidar": T.tolist()}]}))
+    p = gsim_cli("render-lidar", street_dir / "scene", "--spec", "hesai-at128", "--trajectory", traj, "--out",
+                 tmp_path / "o")
+    assert "sweeps of hesai-at128" in p.stdout
+    table = np.load(tmp_path / "o" / "points" / "000000.npy")
+    assert len(table) > 1000 and np.all(table[:, 0] > 0)  # x forward: nothing behind the sensor
+    assert np.degrees(np.abs(np.arctan2(table[:, 1], table[:, 0]))).max() < 62.4  # the 120-degree window
+    assert imageio.imread(tmp_path / "o" / "range" / "000000.png").shape == (1, 1200 * 128)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gsim.lidar import LidarSpec, RayTableSpec, estimate_beams, preset_names, spec_from_dict
+from gsim.lidar.spec import ray_table_preset_names
 
 KITTI = Path(__file__).resolve().parents[2] / "shared/data/kitti_raw/2011_09_26/velodyne_points/data"
 
@@ -64,6 +65,110 @@ def test_preset_tables_match_the_manuals():
     p64 = LidarSpec.preset("hesai-pandar64")
     assert len(set(p64.firing_offsets_us)) == 32  # channels fire in pairs
     assert min(p64.firing_offsets_us) > 0 and max(p64.firing_offsets_us) < p64.column_period_us
+
+
+def test_pandar128_matches_its_sheet():
+    """Pandar128E3X/E4X sheet: 128 channels, 360 x 40 deg (-25..+15), finest 0.125 deg near the horizon,
+    0.2 deg at 10 Hz (standard mode), 0.3-200 m. The table is one unit's calibration: ends within 0.3 deg."""
+    s = LidarSpec.preset("hesai-pandar128")
+    el = np.array(s.elevations_deg)
+    assert s.lasers == 128 and s.spin_hz == 10.0 and s.azimuth_resolution_deg == 0.2
+    assert el.max() == pytest.approx(15.0, abs=0.3) and el.min() == pytest.approx(-25.0, abs=0.3)
+    fine = el[(el <= 2.1) & (el >= -6.0)]  # the dense band: 65 channels, 0.125 deg apart on average
+    assert len(fine) == 65 and (fine.max() - fine.min()) / (len(fine) - 1) == pytest.approx(0.125, abs=0.001)
+    az = s.column_azimuths_deg()  # all the way round, one column per 0.2 deg
+    assert s.columns * s.azimuth_resolution_deg == pytest.approx(360.0)
+    assert len(np.unique(np.round(az, 6))) == s.columns == 1800
+    assert s.lasers * s.columns == 230_400  # rays per sweep; x 10 Hz = 2.3 M points/s single return
+    assert (s.min_range_m, s.max_range_m) == (0.3, 200.0)
+
+
+# AT128 channels (1-based) from nebula's PandarAT128.csv: elevation, clockwise azimuth offset
+AT128_CHANNELS = {1: (12.93, 2.4), 2: (12.73, -0.65), 17: (9.73, -2.4), 18: (9.53, 0.65), 33: (6.53, 2.4),
+                  64: (0.33, 0.65), 65: (0.13, 2.4), 127: (-12.27, -2.4), 128: (-12.47, 0.65)}
+
+
+@pytest.fixture(scope="module")
+def at128():
+    return RayTableSpec.preset("hesai-at128")
+
+
+def at128_grid(values):
+    """(1200 columns, 128 channels) view of a per-ray AT128 table (rays stored column by column)."""
+    return np.asarray(values).reshape(1200, 128)
+
+
+def test_at128_is_a_ray_table_preset(at128):
+    assert isinstance(at128, RayTableSpec) and at128.name == "hesai-at128"
+    assert RayTableSpec.preset("hesai-at128") is at128  # built once
+    assert ray_table_preset_names() == ("hesai-at128",) and not set(ray_table_preset_names()) & set(preset_names())
+    with pytest.raises(ValueError, match="RayTableSpec.preset"):
+        LidarSpec.preset("hesai-at128")  # a 120 deg sensor is not a spinning LidarSpec
+    with pytest.raises(ValueError, match="hesai-at128"):
+        RayTableSpec.preset("hesai-at64")
+
+
+def test_at128_matches_its_sheet(at128):
+    """AT128E2X: 128 channels, 120 deg (0.1 deg) x 25.4 deg (-12.5..+12.9, 0.2 deg), 10 Hz, 0.5-200 m."""
+    assert at128.rays == 128 * 1200 and at128.frame_hz == 10.0
+    assert at128.rays * at128.frame_hz == 1_536_000  # points per second, single return
+    assert (at128.min_range_m, at128.max_range_m) == (0.5, 200.0)
+    el = at128_grid(at128.elevations_deg)
+    assert (el == el[:1]).all()  # every column has the same 128 channels, top first
+    np.testing.assert_allclose(np.diff(el[0]), -0.2, atol=1e-9)
+    assert el.max() == pytest.approx(12.9, abs=0.05) and el.min() == pytest.approx(-12.5, abs=0.05)
+    assert el.max() - el.min() == pytest.approx(25.4, abs=1e-9)
+    az = at128_grid(at128.azimuths_deg)
+    np.testing.assert_allclose(np.diff(az, axis=0), -0.1, atol=1e-9)  # 0.1 deg per column, left to right
+    rotor = az.mean(axis=1)  # the channels' offsets cancel
+    assert rotor[0] == pytest.approx(59.95) and rotor[-1] == pytest.approx(-59.95)  # 1200 x 0.1 = 120 deg
+    assert np.abs(az).max() == pytest.approx(62.35)  # nothing behind: 60 deg each side plus the offsets
+    for ch, (e, cw) in AT128_CHANNELS.items():
+        assert el[0, ch - 1] == pytest.approx(e) and az[0, ch - 1] == pytest.approx(59.95 - cw)
+    d = at128.ray_directions()
+    assert (d[:, 0] > 0.45).all()  # all forward of the sensor
+
+
+def test_at128_timing(at128):
+    """Columns 125/3 us apart (0.1 deg at 200 rpm through the mirror), 50 ms of each 100 ms frame; the
+    channels fire within 15 us of their column's start, so the columns do not overlap."""
+    t = at128_grid(at128.firing_offsets_us)
+    np.testing.assert_allclose(np.diff(t, axis=0), 125.0 / 3.0, atol=1e-5)
+    assert t[0].min() == 0.0 and t[0].max() == pytest.approx(14.928)
+    assert (t[1:].min(axis=1) > t[:-1].max(axis=1)).all()
+    assert t.max() < 50_000 < 1e6 / at128.frame_hz
+    ts = at128.time_offsets_us()
+    assert ts.dtype == np.int64 and ts.max() == 49_973
+
+
+def test_at128_round_trip(at128):
+    d = json.loads(json.dumps(at128.to_dict()))
+    assert d["kind"] == "ray_table" and spec_from_dict(d) == at128
+
+
+def test_at128_and_pandar128_render_a_wall():
+    """A wall 10 m ahead (x = 10, |y| <= 25, |z| <= 6): every AT128 ray meets it, at its own azimuth and
+    elevation; the Pandar128 meets it only in front."""
+    import gsim
+    from gsim.lidar import render_lidar
+    ys, zs = np.meshgrid(np.arange(-25, 25.01, 0.25), np.arange(-6, 6.01, 0.25))
+    n = ys.size
+    facing = [math.cos(math.pi / 4), 0.0, math.sin(math.pi / 4), 0.0]  # local z along world x
+    wall = gsim.Surfels(np.stack([np.full(n, 10.0), ys.ravel(), zs.ravel()], 1), np.tile(facing, (n, 1)),
+                        np.full((n, 2), 0.3), np.full(n, 0.99), np.full((n, 3), 0.5))
+    spec = RayTableSpec.preset("hesai-at128")
+    f = render_lidar(wall, spec, np.eye(4), backend="numba")
+    assert f.range_image.shape == (1, 128 * 1200) and len(f.points) == spec.rays
+    np.testing.assert_allclose(f.points[:, 0], 10.0, atol=1e-3)
+    az = np.degrees(np.arctan2(f.points[:, 1], f.points[:, 0]))
+    el = np.degrees(np.arctan2(f.points[:, 2], np.hypot(f.points[:, 0], f.points[:, 1])))
+    np.testing.assert_allclose(az, np.asarray(spec.azimuths_deg)[f.column], atol=1e-3)
+    np.testing.assert_allclose(el, np.asarray(spec.elevations_deg)[f.column], atol=1e-3)
+    assert np.array_equal(f.time_offset_us, spec.time_offsets_us()[f.column])
+    image = f.range_image.reshape(1200, 128).T  # the AT128's own 128 x 1200 range image
+    assert (image > 0).all() and image[:, 600].min() > 10.0 - 1e-3
+    p = render_lidar(wall, LidarSpec.preset("hesai-pandar128"), np.eye(4), backend="numba")
+    assert 0 < len(p.points) < 128 * 1800 // 2 and (p.points[:, 0] > 0).all()
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
