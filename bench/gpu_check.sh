@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU checks in one run, for a CUDA machine lent for minutes: gsplat's kernel build, the 1080p camera benchmark
+# The GPU checks in one run, for a CUDA machine rented for minutes: gsplat's kernel build, the 1080p camera benchmark
 # (numpy API, resident, a profile of the resident call), the `cuda` preset on the demo street and on a log side by
 # side with a wall-time budget each (the CUDA tests beside them), then LiDAR on the GPU against numba (speed,
 # parity) on the street, the loop's sensor step, gsim serve with 4 workers, a profile of training steps, and the

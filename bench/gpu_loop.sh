@@ -1,5 +1,5 @@
 #!/bin/bash
-# The closed loop and gsim serve on a lent GPU, with SUMO itself (issue 32, item 4): SUMO's wheels are larger than a
+# The closed loop and gsim serve on a rented GPU, with SUMO itself (issue 32, item 4): SUMO's wheels are larger than a
 # device call carries, so bench/pack_sumo.py packs what the loop loads (libsumo and its libraries, netconvert, SUMO's
 # schemas) and the loop's pure-Python packages into 57 MB (.sumo/1: one call), and the server's grpcio 1.85.1 (the image
 # has 1.84.0; the generated modules refuse it) and diffusers into .sumo/2 (another). Run it on the machine that
