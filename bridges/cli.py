@@ -47,16 +47,18 @@ def cmd_closed_loop(a) -> int:
     seeds = a.seed
     for name in agents:
         load_agent(name)  # bad input fails before anything starts
+    scenarios = []
     for sc in a.scenario:
         loaded = load_loop_scenario(sc)
         if sc in SHIPPED:
             ensure_demo(loaded)
-    if len(a.scenario) == 1 and len(agents) == 1 and len(seeds) == 1:
-        m = run(a.scenario[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo, video=not a.no_video)
+        scenarios.append(loaded.with_dynamics(a.dynamics, a.vehicle))
+    if len(scenarios) == 1 and len(agents) == 1 and len(seeds) == 1:
+        m = run(scenarios[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo, video=not a.no_video)
         print(f"{m['scenario']} / {m['agent']} (seed {m['seed']}): score {m['score']:.3f}, collision {m['collision']}, "
               f"route completion {m['route_completion']:.2f}, {m['steps']} steps in {m['wall_s']:.1f} s -> {a.out}")
         return 0
-    rows = run_batch(a.scenario, agents, seeds, a.out, max_steps=a.steps, client=a.sumo, video=not a.no_video)
+    rows = run_batch(scenarios, agents, seeds, a.out, max_steps=a.steps, client=a.sumo, video=not a.no_video)
     print(f"{len(rows)} runs -> {Path(a.out) / 'table.md'}")
     return 0
 
@@ -155,6 +157,7 @@ def cmd_view(a) -> int:
 
 
 def register(sub) -> None:
+    from .closed_loop.vehicle_models import MODELS, VEHICLES  # (no extra: CommonRoad's package loads in a run)
     cl = sub.add_parser("closed-loop", formatter_class=argparse.RawDescriptionHelpFormatter,
                         help="drive an agent through a scenario with SUMO traffic, with metrics, video, log and MCAP",
                         description=CLOSED_LOOP_HELP)
@@ -169,6 +172,13 @@ def register(sub) -> None:
     cl.add_argument("--sumo", choices=("libsumo", "traci", "gui"), default="libsumo",
                     help="how SUMO runs: in this process (libsumo, default), as a process (traci) or with its GUI")
     cl.add_argument("--no-video", action="store_true", help="write no video.mp4 (no ffmpeg needed)")
+    cl.add_argument("--dynamics", choices=("bicycle",) + MODELS, default=None,
+                    help="the ego's vehicle model: gsim's kinematic bicycle, or CommonRoad's kinematic single track "
+                         "(ks), single track with tyre slip (st), with drivetrain (std) or multi-body (mb) (the "
+                         "dynamics extra); default: the scenario's ego.dynamics, else bicycle")
+    cl.add_argument("--vehicle", type=int, choices=tuple(VEHICLES), default=None,
+                    help="CommonRoad's parameter set: " + ", ".join(f"{k} {v}" for k, v in VEHICLES.items())
+                         + " (default: the scenario's ego.vehicle, else 2 for CommonRoad's models)")
     cl.set_defaults(fn=cmd_closed_loop)
 
     sv = sub.add_parser("serve", formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -71,11 +71,13 @@ def scenario_dict(root, **over):
     return d
 
 
-def scenario(root, name: str, edits=(), **closed_loop) -> str:
-    """A closed-loop scenario file on `loop_street` (root), written beside it; returns its path."""
+def scenario(root, name: str, edits=(), ego=None, **closed_loop) -> str:
+    """A closed-loop scenario file on `loop_street` (root), written beside it (``ego``: its ego section); returns
+    its path."""
     import yaml
     d = {"schema_version": 1, "name": name, "scene": str(root / "scene"), "log": str(root / "log"),
-         "edits": list(edits), "sensors": {"cameras": ["front"], "lidars": ["top"]}, "closed_loop": closed_loop}
+         "edits": list(edits), "sensors": {"cameras": ["front"], "lidars": ["top"]}, "closed_loop": closed_loop,
+         **({} if ego is None else {"ego": ego})}
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(d))
     return str(path)

@@ -274,3 +274,69 @@ def test_route_extensions_follow_the_path_over_metres_not_jitter():
     assert np.allclose(ext[0], [-100.0, 0.0], atol=1.0) and np.allclose(ext[-1], [120.0, 0.0], atol=1.0)
     with pytest.raises(LoopError, match="moves 0.0"):
         _extended(np.zeros((10, 2)) + rng.normal(0, 0.01, (10, 2)), 100.0)
+
+
+def _rk4_steps(f, x, u, p, dt, n):
+    """Re-integrating a steps.jsonl line from the line before, as docs/closed_loop.md says: n classical Runge-Kutta
+    sub-steps of the package's f, a brake holding the car at rest, a sub-step below 0 m/s ending at rest."""
+    motion = {7: (3, 5, 6)}  # ST's velocity entries
+    for _ in range(n):
+        v = lambda y: y[3] * np.cos(y[6])  # noqa: E731  (the rear axle's speed along the heading)
+        w = [u[0], 0.0] if u[1] < 0 and v(x) <= 0 else u
+        k1 = np.array(f(list(x), w, p))
+        k2 = np.array(f(list(x + dt / n / 2 * k1), w, p))
+        k3 = np.array(f(list(x + dt / n / 2 * k2), w, p))
+        k4 = np.array(f(list(x + dt / n * k3), w, p))
+        x = x + dt / n / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        if v(x) < 0:
+            x[list(motion[len(x)])] = 0.0
+    return x
+
+
+def test_the_ego_on_commonroads_single_track_records_what_re_integrates(loop_street, tmp_path):
+    """ego: {dynamics: st}: the run drives on CommonRoad's ST (vehicle 2 by default), and each steps.jsonl line's
+    dynamics re-integrate from the line before with the package's own derivative."""
+    pytest.importorskip("vehiclemodels")
+    from vehiclemodels.vehicle_dynamics_st import vehicle_dynamics_st
+    from vehiclemodels.vehicle_parameters import setup_vehicle_parameters
+    m = run(scenario(loop_street, "st", ego={"dynamics": "st"}), "privileged", tmp_path / "st", progress=False,
+            render=False, max_steps=12)
+    assert m["steps"] == 12 and m["collision"] is False
+    rows = steps(tmp_path / "st")
+    d = [r["dynamics"] for r in rows]
+    assert {(x["model"], x["vehicle"], x["integrator"]) for x in d} == {("st", 2, "rk4")}
+    assert d[0]["u"] is None and d[0]["substeps"] == 0 and all(x["substeps"] == 100 and x["dt"] == 0.1 for x in d[1:])
+    p = setup_vehicle_parameters(vehicle_id=2)
+    for a, b in zip(d, d[1:]):
+        again = _rk4_steps(vehicle_dynamics_st, np.array(a["x"]), b["u"], p, b["dt"], b["substeps"])
+        assert np.abs(again - np.array(b["x"])).max() < 1e-9
+    # the line's ego state is the rear axle of CommonRoad's centre of mass (p.b ahead of it along the yaw)
+    x, ego = d[-1]["x"], rows[-1]["ego"]
+    assert abs(ego["x_m"] + p.b * np.cos(x[4]) - x[0]) < 1e-9 and abs(ego["y_m"] + p.b * np.sin(x[4]) - x[1]) < 1e-9
+    assert any(abs(x["u"][1]) > 0 for x in d[1:])  # the tracker drove it
+
+
+def test_the_bicycle_records_its_state_and_commonroads_limits_come_from_one_place(loop_street, tmp_path):
+    run(scenario(loop_street, "bike"), "privileged", tmp_path / "b", progress=False, render=False, max_steps=3)
+    d = [r["dynamics"] for r in steps(tmp_path / "b")]
+    assert [(x["model"], x["vehicle"], x["integrator"], x["substeps"]) for x in d] == \
+        [("bicycle", None, "exact arc", 0)] + [("bicycle", None, "exact arc", 1)] * 3
+    assert len(d[1]["x"]) == 5 and len(d[1]["u"]) == 2
+    with pytest.raises(ScenarioError, match="closed_loop.vehicle sets wheelbase_m, which CommonRoad's parameter set"):
+        load_loop_scenario(scenario(loop_street, "clash", ego={"dynamics": "ks"}, vehicle={"wheelbase_m": 3.0}))
+    with pytest.raises(ScenarioError, match="ego.dynamics"):
+        load_loop_scenario(scenario(loop_street, "nodyn", ego={"dynamics": "dt"}))
+    sc = load_loop_scenario(scenario(loop_street, "cli")).with_dynamics("mb", 3)
+    assert (sc.ego.dynamics, sc.ego.vehicle, sc.vehicle_id) == ("mb", 3, 3)
+    assert load_loop_scenario(scenario(loop_street, "cli2")).with_dynamics("st").vehicle_id == 2
+
+
+def test_closed_loop_takes_the_ego_model_and_vehicle_on_its_command_line():
+    from gsim.cli import build_parser
+    a = build_parser().parse_args(["closed-loop", "s.yaml", "--out", "o", "--dynamics", "st", "--vehicle", "3"])
+    assert (a.dynamics, a.vehicle) == ("st", 3)
+    a = build_parser().parse_args(["closed-loop", "s.yaml", "--out", "o"])
+    assert (a.dynamics, a.vehicle) == (None, None)  # the scenario's
+    for bad in (["--vehicle", "5"], ["--dynamics", "dt"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["closed-loop", "s.yaml", "--out", "o", *bad])

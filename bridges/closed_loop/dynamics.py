@@ -45,7 +45,7 @@ def _check_positive_time(name: str, v) -> float:
     return float(v)
 
 
-def _check_dt(v) -> float:
+def check_dt(v) -> float:
     """A step length: finite, > 0 and at least 1 us (the timestamps are integer microseconds)."""
     dt = _check_positive_time("dt_s", v)
     if round(dt * 1e6) < 1:
@@ -53,7 +53,7 @@ def _check_dt(v) -> float:
     return dt
 
 
-def _wrap(angle: float) -> float:
+def wrap_angle(angle: float) -> float:
     """An angle in radians wrapped to [-pi, pi]."""
     return math.remainder(angle, 2.0 * math.pi)
 
@@ -208,10 +208,9 @@ class BicycleModel:
     def step(self, state: EgoState, controls: Controls, dt_s: float) -> EgoState:
         """The state ``dt_s`` seconds after ``state`` under ``controls`` (see the class docstring)."""
         p = self.params
-        dt = _check_dt(dt_s)
+        dt = check_dt(dt_s)
         controls.check()
-        a = min(max(controls.accel_mps2, -p.max_decel_mps2), p.max_accel_mps2)
-        rate = min(max(controls.steer_rate_rps, -p.max_steer_rate_rps), p.max_steer_rate_rps)
+        rate, a = self.applied(controls)
         steer0 = min(max(state.steer_rad, -p.max_steer_rad), p.max_steer_rad)
         steer1 = min(max(steer0 + rate * dt, -p.max_steer_rad), p.max_steer_rad)
         steer_mid = min(max(steer0 + rate * dt / 2, -p.max_steer_rad), p.max_steer_rad)
@@ -220,8 +219,25 @@ class BicycleModel:
         dyaw = math.tan(steer_mid) / p.wheelbase_m * s
         chord, heading = s * _sinc(dyaw / 2), state.yaw_rad + dyaw / 2
         return EgoState(x_m=state.x_m + chord * math.cos(heading), y_m=state.y_m + chord * math.sin(heading),
-                        yaw_rad=_wrap(state.yaw_rad + dyaw), speed_mps=v1, steer_rad=steer1, accel_mps2=a_end,
+                        yaw_rad=wrap_angle(state.yaw_rad + dyaw), speed_mps=v1, steer_rad=steer1, accel_mps2=a_end,
                         timestamp_us=state.timestamp_us + round(dt * 1e6))
+
+    def applied(self, controls: Controls) -> Tuple[float, float]:
+        """The inputs a step applies: (steer rate rad/s, acceleration m/s^2) clipped to the vehicle's limits."""
+        p = self.params
+        return (min(max(controls.steer_rate_rps, -p.max_steer_rate_rps), p.max_steer_rate_rps),
+                min(max(controls.accel_mps2, -p.max_decel_mps2), p.max_accel_mps2))
+
+    def yaw_rate(self, state: EgoState) -> float:
+        return yaw_rate(state, self.params)
+
+    def record(self, state: EgoState, controls: Optional[Controls], dt_s: float) -> dict:
+        """What a run's steps.jsonl keeps of the step that ended in ``state`` under ``controls`` (None: the start),
+        enough to re-integrate it (docs/closed_loop.md): x in the order of CommonRoad's KS state (x, y, steering angle, speed, yaw; the rear axle), u the applied
+        (steering velocity, acceleration)."""
+        return {"model": "bicycle", "x": [state.x_m, state.y_m, state.steer_rad, state.speed_mps, state.yaw_rad],
+                "u": None if controls is None else list(self.applied(controls)), "dt": dt_s,
+                "substeps": 0 if controls is None else 1, "integrator": "exact arc"}
 
 
 def _check_waypoints(waypoints) -> np.ndarray:
@@ -317,7 +333,7 @@ class TrajectoryTracker:
         """Controls for the next ``dt_s`` s towards ``waypoints`` (K,3): rows (t_s after now, x_m, y_m) in
         the ego (rear-axle) frame, t_s > 0 and strictly increasing."""
         p = self.params
-        dt = _check_dt(dt_s)
+        dt = check_dt(dt_s)
         w = _check_waypoints(waypoints)
         poly = np.vstack([[0.0, 0.0], w[:, 1:]])
 

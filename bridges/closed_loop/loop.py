@@ -26,10 +26,12 @@ import numpy as np
 from gsim.errors import GsimError, InputError
 from gsim.scene import Actor
 
-from .dynamics import ActionError, BicycleModel, Controls, EgoState, TrajectoryTracker, VehicleParams, yaw_rate
+from .dynamics import ActionError, BicycleModel, Controls, EgoState, TrajectoryTracker, VehicleParams
 from .metrics import Box, EgoKinematics, MetricsTracker
 from .road import Road
 from .scenario import LoopScenario
+from .vehicle_models import CommonRoadModel, vehicle_limits
+
 
 GROUND_CELL_M = 2.0
 ROUTE_AHEAD_M = 60.0  # an observation's route: this far ahead, a point a metre
@@ -158,9 +160,12 @@ class ClosedLoop:
         self.world = world = apply(scenario, progress=progress, ego_overlaps=True)
         log = self.log = world.log
         ego = scenario.ego
+        self.vehicle = scenario.vehicle_id  # CommonRoad's parameter set, or None: gsim's own VehicleParams
+        limits = {} if self.vehicle is None else vehicle_limits(self.vehicle)
         self.params = VehicleParams.from_dict({**VehicleParams().to_dict(), "length_m": ego.size_m[0],
                                                "width_m": ego.size_m[1], "height_m": ego.size_m[2],
-                                               "rear_axle_to_centre_m": ego.box_offset_m[0], **cl.vehicle})
+                                               "rear_axle_to_centre_m": ego.box_offset_m[0], **limits,
+                                               **cl.vehicle})
         self.dt = cl.step_s
         self.dt_us = int(round(cl.step_s * 1e6))
         self.t0 = int(world.frames[0].timestamp_us)
@@ -186,7 +191,8 @@ class ClosedLoop:
         target = cl.target_speed_mps or max(self.road.length_m / duration, 1.0)
         self.info = LoopInfo(route, self.params, self.dt, float(target), scenario.name, world.T_world_vehicle,
                              int(ts[-1]), {n: log.lidars[n].T_vehicle_lidar for n in log.lidars})
-        self.model = BicycleModel(self.params)
+        self.model = (BicycleModel(self.params) if ego.dynamics == "bicycle"
+                      else CommonRoadModel(ego.dynamics, self.vehicle, self.params))
         self.tracker = TrajectoryTracker(self.params)
         self.cameras, self.lidars = mounted_rig(log, scenario.sensors)
         self.traffic = None
@@ -247,12 +253,18 @@ class ClosedLoop:
             self._step_traffic()
         obs = self._observe()
         with self.timer("metrics"):
-            kin = EgoKinematics(self.state.speed_mps, self.state.accel_mps2, yaw_rate(self.state, self.params))
+            kin = EgoKinematics(self.state.speed_mps, self.state.accel_mps2, self.model.yaw_rate(self.state))
             m = self.metrics.step(self.state.timestamp_us, self.ego_box(), kin, obs.actors)
         return obs, m, k >= self.n_steps
 
     def summary(self) -> dict:
         return self.metrics.summary()
+
+    def dynamics_record(self, controls: Optional[Controls]) -> dict:
+        """The ego model's record of the step that ended now under ``controls`` (None: the start), for steps.jsonl:
+        model, vehicle, x (its state), u (the inputs it applied over the step), dt, substeps, integrator."""
+        r = self.model.record(self.state, controls, self.dt)
+        return {"model": r.pop("model"), "vehicle": self.vehicle, **r}
 
     def close(self) -> None:
         self._close_traffic()

@@ -158,10 +158,11 @@ def batch_run(scenario, agent: str, seed: int, out, progress: bool = True, max_s
 def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[int], out,
               progress: bool = True, max_steps: Optional[int] = None, client: str = "libsumo",
               video: bool = True) -> List[dict]:
-    """Every scenario x agent x seed into `run_dir`, in this process, and out/table.md + table.json."""
+    """Every scenario (files, shipped names or `LoopScenario`s) x agent x seed into `run_dir`, in this process, and
+    out/table.md + table.json."""
     for a in agents:
         load_agent(a)  # unknown agents fail before anything starts
-    scs = [load_loop_scenario(s) for s in scenarios]
+    scs = [load_loop_scenario(s) if isinstance(s, (str, Path)) else s for s in scenarios]
     rows = [batch_run(sc, a, seed, out, progress, max_steps, client, video) for sc in scs for a in agents
             for seed in seeds]
     write_batch_tables(out, rows)

@@ -14,6 +14,9 @@ own actors do, the ego vehicle and its target speed. A closed-loop run is such a
         vehicles: [{route: forward, lane: 0, pos_m: 60, speed_mps: 8, vclass: passenger}]
       log_actors: {mode: replay}   # or {mode: sumo, handover_s: 1.0}: handed to SUMO then
       vehicle: {wheelbase_m: 2.8}  # VehicleParams overrides
+    ego: {dynamics: st, vehicle: 2}  # the ego's model: bicycle (default) or CommonRoad's ks, st, std, mb, with
+                                     # CommonRoad's parameter set 1-4 (default 2 for its models; the bicycle takes
+                                     # the set's wheelbase and limits when one is given)
 
 Shipped scenarios (`SHIPPED`) live in the repository's ``scenarios/`` folder and run on the demo's street.
 """
@@ -24,10 +27,11 @@ from typing import Dict, List, Literal, Optional, Tuple
 
 from pydantic import Field, model_validator
 
-from gsim.editing.scenario import Scenario, ScenarioError, _Strict, load_scenario
+from gsim.editing.scenario import Ego, Scenario, ScenarioError, _Strict, load_scenario, parse_scenario
 from gsim.errors import InputError
 
 from .sumo import VEHICLE_CLASSES
+from .vehicle_models import LIMIT_FIELDS, MODELS, VEHICLES
 
 SCENARIOS_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 SHIPPED = {"stopped-car": "stopped_car.yaml", "lead-car": "lead_car.yaml", "traffic": "traffic.yaml"}
@@ -83,9 +87,38 @@ class ClosedLoopSection(_Strict):
     vehicle: Dict[str, float] = {}
 
 
+class LoopEgo(Ego):
+    dynamics: Literal[("bicycle",) + MODELS] = "bicycle"
+    vehicle: Optional[Literal[tuple(VEHICLES)]] = None  # CommonRoad's parameter set
+
+
 class LoopScenario(Scenario):
     output: Optional[str] = None  # a closed-loop run writes where `gsim closed-loop --out` says
+    ego: LoopEgo = LoopEgo()
     closed_loop: ClosedLoopSection = ClosedLoopSection()
+
+    @model_validator(mode="after")
+    def _limits_from_one_place(self):
+        clash = sorted(set(self.closed_loop.vehicle) & set(LIMIT_FIELDS))
+        if clash and (self.ego.dynamics != "bicycle" or self.ego.vehicle is not None):
+            raise ValueError(f"closed_loop.vehicle sets {', '.join(clash)}, which CommonRoad's parameter set gives "
+                             f"(ego: dynamics {self.ego.dynamics}, vehicle {self.vehicle_id}): choose another vehicle "
+                             f"instead")
+        return self
+
+    @property
+    def vehicle_id(self) -> Optional[int]:
+        """CommonRoad's parameter set of the ego: the scenario's, else 2 (BMW 320i) for CommonRoad's models."""
+        return self.ego.vehicle if self.ego.vehicle is not None or self.ego.dynamics == "bicycle" else 2
+
+    def with_dynamics(self, dynamics: Optional[str] = None, vehicle: Optional[int] = None) -> "LoopScenario":
+        """This scenario with the ego's model and vehicle replaced where given (`gsim closed-loop --dynamics
+        --vehicle`), checked as a file's would be."""
+        if dynamics is None and vehicle is None:
+            return self
+        ego = {**self.ego.model_dump(), **{k: v for k, v in (("dynamics", dynamics), ("vehicle", vehicle))
+                                           if v is not None}}
+        return parse_scenario({**self.model_dump(), "ego": ego}, f"scenario {self.name}", LoopScenario)
 
     def resolve(self, base: Path) -> "LoopScenario":
         out = self.model_copy(update={"output": self.output or "."})

@@ -3,7 +3,8 @@ fails keeps every completed step.
 
     DIR/run.json           what ran: the scenario (resolved, as a scenario file holds it) and the seed, so that
                            the run can be shown again on its scene (`gsim view DIR`)
-    DIR/steps.jsonl        one JSON line per step: ego state, controls, actors' boxes, the step's metrics
+    DIR/steps.jsonl        one JSON line per step: ego state, controls, the ego model's state and inputs
+                           (``dynamics``, docs/closed_loop.md), actors' boxes, the step's metrics
     DIR/metrics.json       the run's metrics (`gsim.bridges.closed_loop.metrics`), with completed / error
     DIR/metrics.md         the same as a table
     DIR/video.mp4          the first camera beside a bird's-eye plot of the road, the ego and the traffic
@@ -101,6 +102,7 @@ class RunRecorder:
         rec = {"step": obs.step, "t_us": t, "agent": agent_name, "ego": obs.ego.to_dict(),
                "controls": None if controls is None else {"accel_mps2": controls.accel_mps2,
                                                            "steer_rate_rps": controls.steer_rate_rps},
+               "dynamics": loop.dynamics_record(controls),
                "ego_box": _box_dict(ego), "actors": [_box_dict(a) for a in obs.actors], "metrics": metrics}
         self.steps_file.write(json.dumps(rec) + "\n")
         self.steps_file.flush()
