@@ -340,3 +340,10 @@ def test_closed_loop_takes_the_ego_model_and_vehicle_on_its_command_line():
     for bad in (["--vehicle", "5"], ["--dynamics", "dt"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["closed-loop", "s.yaml", "--out", "o", *bad])
+
+
+def test_the_shipped_scenarios_load_by_name():
+    from gsim.bridges.closed_loop.scenario import SHIPPED, shipped_path
+    for name in SHIPPED:
+        assert shipped_path(name).is_file(), name
+        assert load_loop_scenario(name).name == name

@@ -33,7 +33,7 @@ from gsim.errors import InputError
 from .sumo import VEHICLE_CLASSES
 from .vehicle_models import LIMIT_FIELDS, MODELS, VEHICLES
 
-SCENARIOS_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 SHIPPED = {"stopped-car": "stopped_car.yaml", "lead-car": "lead_car.yaml", "traffic": "traffic.yaml"}
 VCLASSES = tuple(VEHICLE_CLASSES)
 
