@@ -45,8 +45,9 @@ def cmd_closed_loop(a) -> int:
     from .closed_loop.scenario import SHIPPED, ensure_demo, load_loop_scenario
     agents = a.agent.split(",") if not a.agent.startswith("exec:") else [a.agent]
     seeds = a.seed
+    options = {"deadline_s": a.egodriver_deadline_s, "image_format": a.egodriver_image}
     for name in agents:
-        load_agent(name)  # bad input fails before anything starts
+        load_agent(name, **options)  # bad input fails before anything starts
     scenarios = []
     for sc in a.scenario:
         loaded = load_loop_scenario(sc)
@@ -54,11 +55,13 @@ def cmd_closed_loop(a) -> int:
             ensure_demo(loaded)
         scenarios.append(loaded.with_dynamics(a.dynamics, a.vehicle))
     if len(scenarios) == 1 and len(agents) == 1 and len(seeds) == 1:
-        m = run(scenarios[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo, video=not a.no_video)
+        m = run(scenarios[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo, video=not a.no_video,
+                agent_options=options)
         print(f"{m['scenario']} / {m['agent']} (seed {m['seed']}): score {m['score']:.3f}, collision {m['collision']}, "
               f"route completion {m['route_completion']:.2f}, {m['steps']} steps in {m['wall_s']:.1f} s -> {a.out}")
         return 0
-    rows = run_batch(scenarios, agents, seeds, a.out, max_steps=a.steps, client=a.sumo, video=not a.no_video)
+    rows = run_batch(scenarios, agents, seeds, a.out, max_steps=a.steps, client=a.sumo, video=not a.no_video,
+                     agent_options=options)
     print(f"{len(rows)} runs -> {Path(a.out) / 'table.md'}")
     return 0
 
@@ -163,8 +166,10 @@ def register(sub) -> None:
                         description=CLOSED_LOOP_HELP)
     cl.add_argument("scenario", nargs="+", help="scenario YAML files or shipped names (stopped-car, lead-car, "
                                                  "traffic); several: a batch")
-    cl.add_argument("--agent", default="lidar-aeb", help="replay, privileged, lidar-aeb or module:attribute; "
-                                                         "comma-separated: a batch (default lidar-aeb)")
+    cl.add_argument("--agent", default="lidar-aeb", help="replay, privileged, lidar-aeb, module:attribute or "
+                                                         "egodriver:HOST:PORT (an AlpaSim policy server; "
+                                                         "egodriver:unix:///path too); comma-separated: a batch "
+                                                         "(default lidar-aeb)")
     cl.add_argument("--out", required=True, help="the run directory (a batch: one per scenario/agent/seed and "
                                                  "table.md)")
     cl.add_argument("--seed", type=seed_list, default=(0,), help="SUMO's and the traffic's seed; comma-separated: a batch")
@@ -172,6 +177,10 @@ def register(sub) -> None:
     cl.add_argument("--sumo", choices=("libsumo", "traci", "gui"), default="libsumo",
                     help="how SUMO runs: in this process (libsumo, default), as a process (traci) or with its GUI")
     cl.add_argument("--no-video", action="store_true", help="write no video.mp4 (no ffmpeg needed)")
+    cl.add_argument("--egodriver-deadline-s", type=finite_float(0, low_open=True), default=10.0,
+                    help="an egodriver policy's deadline for each call (seconds; default 10)")
+    cl.add_argument("--egodriver-image", choices=("jpeg", "png"), default="jpeg",
+                    help="how camera images go to an egodriver policy (default jpeg)")
     cl.add_argument("--dynamics", choices=("bicycle",) + MODELS, default=None,
                     help="the ego's vehicle model: gsim's kinematic bicycle, or CommonRoad's kinematic single track "
                          "(ks), single track with tyre slip (st), with drivetrain (std) or multi-body (mb) (the "

@@ -269,11 +269,15 @@ class ProcessAgent:
 BUILTIN = {"replay": ReplayAgent, "privileged": PrivilegedAgent, "lidar-aeb": LidarAebAgent}
 
 
-def load_agent(name: str):
-    """A built-in agent by name, ``exec:COMMAND`` (`ProcessAgent`) or ``module:attribute`` (a class or
-    factory called without arguments)."""
+def load_agent(name: str, deadline_s: float = 10.0, image_format: str = "jpeg"):
+    """A built-in agent by name, ``egodriver:HOST:PORT`` or ``egodriver:unix:///path`` (an AlpaSim policy server,
+    `egodriver.EgodriverAgent`, with each call's ``deadline_s`` and its images' ``image_format``), ``exec:COMMAND``
+    (`ProcessAgent`) or ``module:attribute`` (a class or factory called without arguments)."""
     if name in BUILTIN:
         return BUILTIN[name]()
+    if name.startswith("egodriver:"):
+        from .egodriver import EgodriverAgent
+        return EgodriverAgent(name[len("egodriver:"):], deadline_s, image_format)
     if name.startswith("exec:"):
         if not name[5:].strip():
             raise InputError("agent 'exec:': give the command, e.g. exec:'python my_agent.py'")
@@ -288,4 +292,5 @@ def load_agent(name: str):
         if not callable(getattr(agent, "act", None)):
             raise InputError(f"agent {name!r}: the object has no act(observation) method")
         return agent
-    raise InputError(f"unknown agent {name!r}; built-in: {', '.join(BUILTIN)}, or module:attribute, or exec:COMMAND")
+    raise InputError(f"unknown agent {name!r}; built-in: {', '.join(BUILTIN)}, or module:attribute, or exec:COMMAND, "
+                     f"or egodriver:HOST:PORT")

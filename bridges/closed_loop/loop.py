@@ -17,7 +17,7 @@ import math
 import tempfile
 import time
 from concurrent import futures
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -46,6 +46,11 @@ class LoopError(GsimError, RuntimeError):
     """A closed-loop run that cannot go on (a SUMO fault, an agent's bad action): names the step."""
 
 
+class EndRun(Exception):
+    """Raised by an agent's ``act`` to end the run before its last step (an egodriver policy's terminate_session):
+    the run stops there as completed, its metrics saying why (``ended_by_agent``)."""
+
+
 @dataclass(frozen=True)
 class Observation:
     """What an agent sees at a step. Sensors: cameras {name: uint8 (H,W,3)}, lidars {name: (N,5) float32
@@ -68,7 +73,8 @@ class Observation:
 class LoopInfo:
     """What an agent may know before the run: the route (world x-y polyline), the vehicle, the step, the
     target speed, the scenario's name and the logged ego path (`T_world_vehicle(t_us)` within
-    ``logged_until_us``, for replay)."""
+    ``logged_until_us``, for replay), the sensors' mounts, the cameras {name: (camera model, T_vehicle_camera)},
+    the ego frame's height over the rear axle's point on the ground (m) and the run's seed."""
 
     route_xy: np.ndarray
     params: VehicleParams
@@ -78,6 +84,9 @@ class LoopInfo:
     logged_pose: Callable[[int], np.ndarray]
     logged_until_us: int
     T_vehicle_lidar: Dict[str, np.ndarray]
+    cameras: Dict[str, tuple] = field(default_factory=dict)
+    rig_height_m: float = 0.0
+    seed: int = 0
 
 
 class GroundGrid:
@@ -189,12 +198,13 @@ class ClosedLoop:
         a, b, c = self.ground.plane(P0[0, 3], P0[1, 3])
         self.lift = float(P0[2, 3] - (a * P0[0, 3] + b * P0[1, 3] + c))
         target = cl.target_speed_mps or max(self.road.length_m / duration, 1.0)
+        self.cameras, self.lidars = mounted_rig(log, scenario.sensors)
         self.info = LoopInfo(route, self.params, self.dt, float(target), scenario.name, world.T_world_vehicle,
-                             int(ts[-1]), {n: log.lidars[n].T_vehicle_lidar for n in log.lidars})
+                             int(ts[-1]), {n: log.lidars[n].T_vehicle_lidar for n in log.lidars}, dict(self.cameras),
+                             self.lift, self.seed)
         self.model = (BicycleModel(self.params) if ego.dynamics == "bicycle"
                       else CommonRoadModel(ego.dynamics, self.vehicle, self.params))
         self.tracker = TrajectoryTracker(self.params)
-        self.cameras, self.lidars = mounted_rig(log, scenario.sensors)
         self.traffic = None
         self._pool = None  # the LiDARs' render thread, started with the first step that renders
         self._renderer = None  # the scene resident where it renders (gsim.resident), made by the first such step

@@ -16,7 +16,7 @@ from gsim.io import child_path, write_bytes, write_json
 
 from .agents import load_agent
 from .dynamics import ActionError
-from .loop import ClosedLoop, LoopError
+from .loop import ClosedLoop, EndRun, LoopError
 from .sumo import SumoError
 from ..recording.record import RunRecorder
 from .scenario import load_loop_scenario
@@ -46,7 +46,7 @@ class Run:
         except BaseException:
             loop.close()
             raise
-        self.done, self.summary = 0, None
+        self.done, self.summary, self.ended_by_agent = 0, None, None
 
     def start(self):
         obs = self.loop.reset()
@@ -76,6 +76,7 @@ class Run:
                             "completed": error is None,
                             "error": None if error is None else f"{type(error).__name__}: {error}",
                             "steps": self.done, "truncated": self.n < loop.n_steps,
+                            "ended_by_agent": self.ended_by_agent,
                             "wall_s": round(time.perf_counter() - self.t_start, 2),
                             "timing_ms": {k: round(1e3 * float(np.median(v)), 2) for k, v in loop.timings.items()}})
             self.rec.finish(summary, failed=error is not None)
@@ -86,15 +87,16 @@ class Run:
 
 
 def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, max_steps: Optional[int] = None,
-        render: bool = True, client: str = "libsumo", video: bool = True) -> dict:
+        render: bool = True, client: str = "libsumo", video: bool = True, agent_options: Optional[dict] = None) -> dict:
     """Run ``scenario`` (a file, a shipped name or a `LoopScenario`) with the agent ``agent_name`` into
     ``out``; returns the run's metrics (also written to out/metrics.json). A failure (SUMO, an agent's
     error or bad action, Ctrl-C) is raised after the run directory has been closed with every completed step.
     ``max_steps`` truncates the run (metrics.json says ``truncated``; EP still compares with the whole run's
-    reference progress)."""
+    reference progress). ``agent_options``: `load_agent`'s keywords (an egodriver's deadline and image format). An
+    agent that raises `EndRun` ends the run there (metrics.json's ``ended_by_agent`` says why)."""
     from tqdm import tqdm
     sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
-    agent = load_agent(agent_name)  # an unknown agent fails before anything starts
+    agent = load_agent(agent_name, **(agent_options or {}))  # an unknown agent fails before anything starts
     r = Run(sc, out, agent_name, seed=seed, max_steps=max_steps, render=render, client=client, video=video)
     error = None
     try:
@@ -109,6 +111,9 @@ def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, ma
             try:
                 with r.loop.timer("agent"):
                     action = agent.act(obs)
+            except EndRun as e:
+                r.ended_by_agent = str(e)
+                break
             except Exception as e:  # the agent under test: any error it raises is its own
                 raise AgentError(f"step {k + 1}: agent {agent_name!r} raised {type(e).__name__}: {e}") from e
             obs, _, done = r.step(action, t_step)
@@ -142,13 +147,14 @@ def run_dir(out, scenario_name: str, agent: str, seed: int) -> Path:
 
 
 def batch_run(scenario, agent: str, seed: int, out, progress: bool = True, max_steps: Optional[int] = None,
-              client: str = "libsumo", video: bool = True) -> dict:
+              client: str = "libsumo", video: bool = True, agent_options: Optional[dict] = None) -> dict:
     """One run of a batch into `run_dir`: its metrics, or for a run the loop, SUMO or the agent stopped, what it
     recorded and its "error" (the batch goes on). `run_batch` and the Ray batch (`gsim batch closed-loop`) share it."""
     sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
     d = run_dir(out, sc.name, agent, seed)
     try:
-        return run(sc, agent, d, seed=seed, progress=progress, max_steps=max_steps, client=client, video=video)
+        return run(sc, agent, d, seed=seed, progress=progress, max_steps=max_steps, client=client, video=video,
+                   agent_options=agent_options)
     except (LoopError, ActionError, AgentError, SumoError) as e:  # the table shows the failed run
         saved = d / "metrics.json"
         return {**(json.loads(saved.read_text()) if saved.is_file() else
@@ -157,14 +163,14 @@ def batch_run(scenario, agent: str, seed: int, out, progress: bool = True, max_s
 
 def run_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[int], out,
               progress: bool = True, max_steps: Optional[int] = None, client: str = "libsumo",
-              video: bool = True) -> List[dict]:
+              video: bool = True, agent_options: Optional[dict] = None) -> List[dict]:
     """Every scenario (files, shipped names or `LoopScenario`s) x agent x seed into `run_dir`, in this process, and
     out/table.md + table.json."""
     for a in agents:
-        load_agent(a)  # unknown agents fail before anything starts
+        load_agent(a, **(agent_options or {}))  # unknown agents fail before anything starts
     scs = [load_loop_scenario(s) if isinstance(s, (str, Path)) else s for s in scenarios]
-    rows = [batch_run(sc, a, seed, out, progress, max_steps, client, video) for sc in scs for a in agents
-            for seed in seeds]
+    rows = [batch_run(sc, a, seed, out, progress, max_steps, client, video, agent_options) for sc in scs
+            for a in agents for seed in seeds]
     write_batch_tables(out, rows)
     return rows
 
