@@ -4,12 +4,11 @@ default), each driven by the loop's own tracker along two routes at 10 Hz: a 3.5
 (`model.step` alone) and the largest distance of the rear axle from the route after the first 2 s (how well and
 how stably the tracker holds it), and whether every state stayed finite.
 
-Usage: python bench/bench_dynamics.py [--vehicle 2] [--dt 0.1] [--json OUT]
+Usage: python bench/bench_dynamics.py [--vehicle 2] [--dt 0.1]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -57,7 +56,6 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vehicle", type=int, default=2)
     ap.add_argument("--dt", type=float, default=0.1)
-    ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     out = {}
     for route, (path, speed, seconds) in routes().items():
@@ -65,9 +63,6 @@ def main(argv=None) -> dict:
             r = out.setdefault(route, {})[name] = drive(name, a.vehicle, path, speed, seconds, a.dt)
             print(f"{route:24s} {name:8s} step median {r['median_ms']:7.3f} ms  p90 {r['p90_ms']:7.3f} ms  "
                   f"max cross-track {r['max_cross_track_m']:.3f} m  finite {r['finite']}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
     return out
 
 

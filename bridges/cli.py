@@ -12,8 +12,9 @@ from gsim.errors import InputError
 SERVE_HELP = """Serve scenes over gRPC (the network sensor API: bridges/api/sensor.proto, docs/network_api.md).
 
 Services: gsim.sensor.v1.SensorService (ListScenes, DescribeScene, RenderCamera, RenderLidar, StartSession,
-StepSession, EndSession, GetServerInfo), grpc.health.v1.Health and server reflection (grpcurl works without
-the proto). Python: from gsim.bridges.api.client import SensorClient.
+StepSession, EndSession, GetServerInfo), NVIDIA AlpaSim's nre.grpc.protos.sensorsim.SensorsimService (gsim as
+AlpaSim's renderer; the alpasim extra; docs/closed_loop.md), grpc.health.v1.Health and server reflection (grpcurl
+works without the proto). Python: from gsim.bridges.api.client import SensorClient.
 
 Bound to 127.0.0.1 unless --host says otherwise; then a bearer token is required (--token-file or
 GSIM_SERVE_TOKEN) and so is TLS (--tls-cert, --tls-key), since the token would otherwise travel in clear:

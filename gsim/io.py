@@ -130,6 +130,20 @@ def to_uint8(rgb) -> np.ndarray:
     return (np.clip(np.asarray(rgb, dtype=np.float32), 0, 1) * 255 + 0.5).astype(np.uint8)
 
 
+def image_bytes(rgb: np.ndarray, fmt: str, quality: int = 90) -> bytes:
+    """uint8 (H,W,3) RGB encoded as "png" (fast: zlib level 1) or "jpeg" (``quality`` 1-100), for the wire."""
+    import io
+    from PIL import Image
+    buf = io.BytesIO()
+    if fmt == "png":
+        Image.fromarray(rgb).save(buf, format="PNG", compress_level=1)
+    elif fmt == "jpeg":
+        Image.fromarray(rgb).save(buf, format="JPEG", quality=int(quality))
+    else:
+        raise InputError(f"image format: expected png or jpeg, got {fmt!r}")
+    return buf.getvalue()
+
+
 def write_png(path, image: np.ndarray) -> None:
     """uint8 (H,W[,3]) or uint16 (H,W) image as PNG."""
     from PIL import Image

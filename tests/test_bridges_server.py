@@ -246,17 +246,17 @@ def test_a_bug_is_internal_with_a_request_id_and_its_traceback_logged(in_process
     error" and a request id in the details and the trailing metadata; the traceback is logged under that id."""
     import logging
     import re
-    from gsim.bridges.api import server
+    from gsim.bridges.api import server, status
 
     def renderer(*a, **kw):
         raise bug
-    monkeypatch.setattr(server.SensorServicer, "_renderer", renderer)  # the still camera's path: a resident renderer
+    monkeypatch.setattr(server.SensorServicer, "renderer", renderer)  # the still camera's path: a resident renderer
     caplog.set_level(logging.ERROR, logger=server.log.name)
     c, _ = in_process
     e = rpc_error(c.stub.RenderCamera, CAMERA_REQUEST)
     assert e.code() == grpc.StatusCode.INTERNAL and "internal error" in e.details(), e.details()
     rid = re.search(r"request id ([0-9a-f]{16})", e.details()).group(1)
-    assert dict(e.trailing_metadata())[server.REQUEST_ID_KEY] == rid
+    assert dict(e.trailing_metadata())[status.REQUEST_ID_KEY] == rid
     logged = [r for r in caplog.records if rid in r.getMessage()]
     assert len(logged) == 1 and logged[0].exc_info[1] is bug and "RenderCamera" in logged[0].getMessage()
     assert "Traceback" in caplog.text and str(bug) not in e.details()  # (the details carry no internals)
@@ -275,7 +275,7 @@ def test_deliberate_errors_get_client_statuses(in_process, monkeypatch):
                         (LoopError("step 3: SUMO died"), grpc.StatusCode.ABORTED)):
         def renderer(*a, **kw):
             raise error
-        monkeypatch.setattr(server.SensorServicer, "_renderer", renderer)
+        monkeypatch.setattr(server.SensorServicer, "renderer", renderer)
         e = rpc_error(c.stub.RenderCamera, CAMERA_REQUEST)
         assert (e.code(), e.details()) == (code, str(error))
     monkeypatch.undo()

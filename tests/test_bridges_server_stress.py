@@ -116,6 +116,27 @@ def render_tiny(c: SensorClient):
     return c.render_camera("scene", TINY, T_WORLD_CAMERA, timestamp_us=T_ACTORS_US)
 
 
+# AlpaSim's sensorsim service on the same server (gsim.bridges.api.sensorsim), called with AlpaSim's messages
+SENSORSIM = "/nre.grpc.protos.sensorsim.SensorsimService/"
+SENSORSIM_METHODS = ("get_version", "get_available_scenes", "get_loaded_scenes", "get_available_cameras",
+                     "get_available_trajectories", "get_available_ego_masks", "render_rgb", "render_lidar",
+                     "batch_render_rgb", "render_aggregated")
+
+
+def sensorsim_rgb(channel, timeout: float = CALL_TIMEOUT_S) -> bytes:
+    """A small sensorsim render_rgb (PNG) of the still camera's view, as AlpaSim's runtime would ask for it."""
+    from carla_driver_interface import protocol as P
+    from gsim.bridges.closed_loop.alpasim import camera_spec, pose_message
+    req = P.sensorsim_pb2.RGBRenderRequest(scene_id="scene", resolution_w=TINY.width, resolution_h=TINY.height,
+                                           camera_intrinsics=camera_spec(TINY, "tiny"), frame_start_us=T_ACTORS_US,
+                                           frame_end_us=T_ACTORS_US, image_format=P.ImageFormat.PNG)
+    req.sensor_pose.start_pose.CopyFrom(pose_message(T_WORLD_CAMERA))
+    req.sensor_pose.end_pose.CopyFrom(pose_message(T_WORLD_CAMERA))
+    call = channel.unary_unary(SENSORSIM + "render_rgb", request_serializer=lambda m: m.SerializeToString(),
+                               response_deserializer=P.sensorsim_pb2.RGBRenderReturn.FromString)
+    return call(req, timeout=timeout).image_bytes
+
+
 def assert_still_serving(s: Served) -> None:
     """The process runs, its health check says SERVING and a small render comes back."""
     assert s.proc.poll() is None, "gsim serve exited:\n" + "".join(s.lines[-40:])
@@ -326,7 +347,7 @@ def fuzz_call(client, method: str, req) -> None:
     except grpc.RpcError as e:
         code, details, r = e.code(), e.details(), None
     FUZZ_CODES[method, code.name] += 1
-    assert code not in BUGS, f"{method} answered {code.name}: {details}\nrequest: {req}"
+    assert code not in BUGS, f"{method} answered {code.name}: {details}\nrequest: {req}" + "".join(server.lines[-30:])
     if method == "StartSession" and r is not None:
         client.stub.EndSession(pb.EndSessionRequest(session_id=r.session_id), timeout=CALL_TIMEOUT_S)
 
@@ -375,6 +396,86 @@ def test_bytes_that_are_not_protobuf_get_no_internal_or_unknown(server, method, 
         call = ch.unary_unary(SERVICE + method, request_serializer=None, response_deserializer=None)
         code, details = status(call, payload, timeout=CALL_TIMEOUT_S)
     assert code not in BUGS, f"{method} answered {code.name} to {payload!r}: {details}"
+
+
+@settings(FUZZ, max_examples=200)
+@given(method=st.sampled_from(SENSORSIM_METHODS),
+       payload=st.one_of(st.binary(max_size=300),
+                         st.sampled_from([b"\xff", b"\x0a\x05ab", b"\x0a\x02\xc3\x28", b"\x08", b"\x00\x00"])))
+def test_bytes_to_the_sensorsim_service_get_no_internal_or_unknown(server, method, payload):
+    """Raw random bytes as any sensorsim RPC's request: answered, or refused as INVALID_ARGUMENT (never INTERNAL)."""
+    with grpc.insecure_channel(server.address) as ch:
+        call = ch.unary_unary(SENSORSIM + method, request_serializer=None, response_deserializer=None)
+        code, details = status(call, payload, timeout=CALL_TIMEOUT_S)
+    assert code not in BUGS, f"{method} answered {code.name} to {payload!r}: {details}"
+
+
+SENSORSIM_CODES = Counter()
+
+
+def _sensorsim_requests():
+    """Fuzzed AlpaSim render requests: scene ids, resolutions, camera models and coefficients, shutters, times,
+    poses (NaN, huge, non-unit quaternions), actors, formats and qualities, LiDAR devices."""
+    from carla_driver_interface import protocol as P
+    S = P.sensorsim_pb2
+    num = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32), st.sampled_from([0.0, 1.0, 40.0]))
+    vec = st.builds(P.Vec3, x=num, y=num, z=num)
+    quat = st.one_of(st.just(P.Quat(w=1.0)), st.builds(P.Quat, w=num, x=num, y=num, z=num))
+    from gsim.bridges.closed_loop.alpasim import camera_spec, pose_message
+    pose = mostly(st.just(pose_message(T_WORLD_CAMERA)), st.builds(P.Pose, vec=vec, quat=quat), 70)
+    pair = st.builds(S.PosePair, start_pose=pose, end_pose=pose)
+    pinhole = st.builds(P.OpenCVPinholeCameraParam, principal_point_x=num, principal_point_y=num, focal_length_x=num,
+                        focal_length_y=num, radial_coeffs=st.lists(num, max_size=4),
+                        tangential_coeffs=st.lists(num, max_size=3))
+    fisheye = st.builds(S.OpenCVFisheyeCameraParam, principal_point_x=num, principal_point_y=num, focal_length_x=num,
+                        focal_length_y=num, radial_coeffs=st.lists(num, max_size=5), max_angle=num)
+    size = st.integers(0, 5000)
+    spec = mostly(st.just(camera_spec(TINY, "tiny")), st.one_of(st.builds(P.CameraSpec, opencv_pinhole_param=pinhole, resolution_w=size, resolution_h=size,
+                               shutter_type=st.integers(0, 6)),
+                     st.builds(P.CameraSpec, opencv_fisheye_param=fisheye, resolution_w=size, resolution_h=size),
+                     st.builds(P.CameraSpec, ftheta_param=st.just(S.FthetaCameraParam())), st.just(P.CameraSpec())))
+    times = mostly(st.just(T_ACTORS_US), st.integers(0, 2**40), 70)
+    objects = mostly(st.just([]), st.lists(st.builds(S.DynamicObject, track_id=st.sampled_from(["parked", "ghost", ""]),
+                                                     pose_pair=pair), max_size=2))
+    rgb = st.builds(S.RGBRenderRequest, scene_id=mostly(st.just("scene"), st.sampled_from(["across", "", "nope"])),
+                    resolution_w=mostly(st.integers(1, 64), st.integers(0, 3000)),
+                    resolution_h=mostly(st.integers(1, 48), st.integers(0, 3000)), camera_intrinsics=spec,
+                    frame_start_us=times, frame_end_us=times, sensor_pose=pair, dynamic_objects=objects,
+                    image_format=mostly(st.sampled_from([1, 2]), st.integers(0, 8)), image_quality=num)
+    lidar = st.builds(S.LidarRenderRequest, scene_id=mostly(st.just("scene"), st.just("nope")),
+                      lidar_config=st.builds(S.LidarSpec, lidar_type=mostly(st.integers(0, 1), st.integers(2, 9))), frame_start_us=times,
+                      frame_end_us=times, sensor_pose=pair, dynamic_objects=objects)
+    return st.one_of(st.tuples(st.just("render_rgb"), rgb), st.tuples(st.just("render_lidar"), lidar),
+                     st.tuples(st.just("batch_render_rgb"), st.builds(
+                         S.BatchRGBRenderRequest, items=st.lists(st.builds(S.BatchRGBRenderRequestItem,
+                                                                           camera_name=st.text(max_size=5),
+                                                                           request=rgb), max_size=2))),
+                     st.tuples(st.just("render_aggregated"), st.builds(
+                         S.AggregatedRenderRequest, rgb_requests=st.lists(rgb, max_size=1),
+                         lidar_requests=st.lists(lidar, max_size=1))))
+
+
+@settings(FUZZ, max_examples=120)
+@given(data=st.data())
+def test_fuzzed_sensorsim_requests_get_no_internal_or_unknown(server, data):
+    method, req = data.draw(_sensorsim_requests(), label="request")
+    with grpc.insecure_channel(server.address) as ch:
+        call = ch.unary_unary(SENSORSIM + method, request_serializer=lambda m: m.SerializeToString(),
+                              response_deserializer=None)
+        code, details = status(call, req, timeout=CALL_TIMEOUT_S)
+    SENSORSIM_CODES[method, code.name] += 1
+    assert code not in BUGS, f"{method} answered {code.name}: {details}\nrequest: {req}" + "".join(server.lines[-30:])
+
+
+def test_the_sensorsim_fuzz_reached_the_renders(server):
+    print("\nfuzzed sensorsim calls (method, status): count\n" +
+          "\n".join(f"  {k}: {v}" for k, v in sorted(SENSORSIM_CODES.items())))
+    if SENSORSIM_CODES:  # (this test alone: nothing to check about the fuzz)
+        for method in ("render_rgb", "render_lidar"):  # rendered, and refused
+            assert SENSORSIM_CODES[method, "OK"] > 0 and SENSORSIM_CODES[method, "INVALID_ARGUMENT"] > 0, method
+    assert_still_serving(server)
+    with grpc.insecure_channel(server.address) as ch:
+        assert sensorsim_rgb(ch)[:4] == b"\x89PNG"
 
 
 def test_undecodable_requests_are_invalid_argument_naming_the_request(server):
@@ -536,6 +637,8 @@ def test_concurrent_clients_against_a_small_queue_keep_memory_bounded(server):
         elif kind == "lidar":
             f = c.render_lidar("scene", "velodyne-vlp16", T_WORLD_LIDAR, timestamp_us=T_ACTORS_US)
             assert len(f.ranges) > 100 and f.range_image.shape[0] == 16
+        elif kind == "sensorsim":
+            assert sensorsim_rgb(c.channel)[:8] == b"\x89PNG\r\n\x1a\n"
         else:
             assert {s.id for s in c.list_scenes()} == {"scene", "across"}
 
@@ -551,7 +654,7 @@ def test_concurrent_clients_against_a_small_queue_keep_memory_bounded(server):
             with SensorClient(server.address, timeout_s=CALL_TIMEOUT_S) as c:
                 go.wait()
                 for k in range(calls):
-                    kind = ("camera", "lidar", "scenes")[(i + k) % 3]
+                    kind = ("camera", "lidar", "scenes", "sensorsim")[(i + k) % 4]
                     give_up = time.monotonic() + 60
                     while True:
                         try:
@@ -591,7 +694,8 @@ def test_concurrent_clients_against_a_small_queue_keep_memory_bounded(server):
           f"attempts RESOURCE_EXHAUSTED (retried); server RSS {rss0 / 2**20:.0f} -> {rss1 / 2**20:.0f} MiB "
           f"(growth {growth:+.1f} MiB, bound {MAX_RSS_GROWTH_MB} MiB)")
     assert not failed, failed
-    assert sum(ok.values()) == LOAD_THREADS * LOAD_CALLS and set(ok) == {"camera", "lidar", "scenes"}, codes
+    assert sum(ok.values()) == LOAD_THREADS * LOAD_CALLS and set(ok) == {"camera", "lidar", "scenes", "sensorsim"}, \
+        codes
     assert exhausted > 0, f"8 clients against 3 admitted calls were never refused: admission is not bounded {codes}"
     assert growth < MAX_RSS_GROWTH_MB
     assert_still_serving(server)
@@ -729,8 +833,10 @@ def test_sigterm_under_load_exits_cleanly_and_records_the_open_session(loop_stre
                 while not stop.is_set():
                     k += 1
                     try:
-                        if k % 2:
+                        if k % 3 == 1:
                             cl.render_camera("scene", SMALL, T_WORLD_CAMERA, timestamp_us=T_ACTORS_US)
+                        elif k % 3 == 2:
+                            sensorsim_rgb(cl.channel)
                         else:
                             cl.render_lidar("scene", "velodyne-vlp16", T_WORLD_LIDAR, timestamp_us=T_ACTORS_US)
                         note(("render", "OK"))

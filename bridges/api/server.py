@@ -1,4 +1,5 @@
-"""`gsim serve`: the network sensor API (`sensor.proto`) over gRPC, on the public API and the closed loop.
+"""`gsim serve`: the network sensor API (`sensor.proto`) over gRPC, on the public API and the closed loop, and on the
+same port AlpaSim's sensorsim service (`sensorsim`, with the alpasim extra).
 
 Served scenes are loaded once at start: a reconstruction directory (``recon/scene`` and ``log`` inside, as
 `gsim demo` writes; its id is the folder's name), a scene directory (``scene.json``; its log from the
@@ -11,9 +12,7 @@ gracefully: new calls are refused, in-flight ones finish, sessions are ended and
 from __future__ import annotations
 
 import contextlib
-import functools
 import hmac
-import logging
 import secrets
 import signal
 import threading
@@ -25,7 +24,7 @@ from typing import Dict, Optional, Tuple
 import grpc
 import numpy as np
 
-from gsim.errors import GsimError, InputError, NotFound, Unavailable, check_name
+from gsim.errors import GsimError, InputError, NotFound, check_name
 from gsim.io import child_path, to_uint8
 from gsim.lidar import LidarSpec, render_lidar
 from gsim.render import available_backends, backend_report, render_camera
@@ -33,17 +32,13 @@ from gsim.render.common import to_numpy
 
 from . import sensor_pb2 as pb
 from . import sensor_pb2_grpc as pb_grpc
+from .status import Capacity, Precondition, ShuttingDown, Stopped, log, request_parser, rpc
 from .wire import (WireError, encode_image, from_array, from_camera_model, from_lidar_spec, from_transform,
                    lidar_response, to_array, to_camera_model, to_lidar_spec, to_loop_info, to_observation, to_struct,
                    to_trajectory, to_transform)
 
 LOCALHOST = ("127.0.0.1", "localhost", "::1", "[::1]")
-REQUEST_ID_KEY = "gsim-request-id"  # trailing metadata of an INTERNAL status: the id its logged traceback is under
-log = logging.getLogger(__name__)
 SERVICE = pb.DESCRIPTOR.services_by_name["SensorService"].full_name
-# An error message's length at most: it travels percent-encoded (up to 12 bytes a character) in the trailing
-# metadata, which clients refuse beyond 16 KiB (they would see RESOURCE_EXHAUSTED instead of the status).
-MAX_DETAILS_CHARS = 1000
 # What one render may span (bounds on its work: a sweep's columns are traced in bundles of like poses)
 MAX_MOTION_US, MAX_MOTION_M = 10_000_000, 200.0
 MIN_SPIN_HZ, MAX_SPIN_HZ = 1.0, 100.0
@@ -63,14 +58,6 @@ class Limits:
     max_response_bytes: int = 1 << 30
     max_sessions: int = 4
     session_idle_s: float = 300.0
-
-
-class Precondition(GsimError, RuntimeError):
-    """A call that the state of its session refuses (stepping a run that is over)."""
-
-
-class ShuttingDown(Unavailable):
-    """The server is stopping: UNAVAILABLE (another server, or this one restarted, may answer)."""
 
 
 @dataclass
@@ -140,24 +127,6 @@ class _Session:
         self.over = False
 
 
-class _Undecodable:
-    """What a request's bytes became when they do not parse as its message: the handler answers
-    INVALID_ARGUMENT with ``why`` (gRPC itself would answer INTERNAL, "Exception deserializing request!")."""
-
-    def __init__(self, why: str):
-        self.why = why
-
-
-def _request_parser(message_class):
-    def parse(data: bytes):
-        try:
-            return message_class.FromString(data)
-        except Exception as e:  # DecodeError: truncated, a wrong wire type, a string that is not UTF-8, ...
-            return _Undecodable(f"request: {len(data)} bytes that are not a {message_class.DESCRIPTOR.full_name} "
-                                f"message ({type(e).__name__}: {e})")
-    return parse
-
-
 def _add_service(servicer, server) -> None:
     """`sensor_pb2_grpc.add_SensorServiceServicer_to_server`, with request parsers that let the handler answer
     INVALID_ARGUMENT for bytes that are not the request's message."""
@@ -165,47 +134,10 @@ def _add_service(servicer, server) -> None:
     for m in pb.DESCRIPTOR.services_by_name["SensorService"].methods:
         request, response = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
         handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, m.name), request_deserializer=_request_parser(request),
+            getattr(servicer, m.name), request_deserializer=request_parser(request),
             response_serializer=response.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
-
-
-# gsim's deliberate errors (`gsim.errors`) and the status each gets; the first match wins (subclasses first)
-STATUS_OF = ((NotFound, grpc.StatusCode.NOT_FOUND),  # an unknown scene, session, camera, LiDAR, actor
-             (InputError, grpc.StatusCode.INVALID_ARGUMENT),  # a bad request field (WireError, ActionError, ...)
-             (Precondition, grpc.StatusCode.FAILED_PRECONDITION),  # a session's run is over
-             (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
-             (Unavailable, grpc.StatusCode.FAILED_PRECONDITION),  # this server lacks a backend, extra or program
-             (GsimError, grpc.StatusCode.ABORTED))  # a closed-loop run that cannot go on (LoopError, SumoError, ...)
-
-
-def _rpc(method):
-    """Maps gsim's deliberate errors to status codes (`STATUS_OF`); anything else is a bug in gsim: INTERNAL,
-    with its traceback logged under a fresh request id that the status carries (details and trailing metadata
-    ``gsim-request-id``), so that the bug's report can quote it."""
-    @functools.wraps(method)
-    def wrapped(self, request, context):
-        try:
-            if isinstance(request, _Undecodable):
-                raise WireError(request.why)
-            return method(self, request, context)
-        except _Capacity as e:
-            code, msg = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
-        except _Stopped as e:
-            code, msg = e.code, str(e)
-        except GsimError as e:
-            code, msg = next(c for cls, c in STATUS_OF if isinstance(e, cls)), str(e)
-        except Exception as e:  # a bug in gsim, not the caller's
-            rid = secrets.token_hex(8)
-            log.exception("request %s: %s failed (a bug in gsim)", rid, method.__name__)
-            context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
-            code, msg = grpc.StatusCode.INTERNAL, (f"internal error in gsim ({type(e).__name__}; request id {rid}: "
-                                                   f"the server's log has its traceback): please report it")
-        if len(msg) > MAX_DETAILS_CHARS:  # (messages quote request fields, which may be megabytes long)
-            msg = msg[:MAX_DETAILS_CHARS] + f"... ({len(msg) - MAX_DETAILS_CHARS} more characters)"
-        context.abort(code, msg)
-    return wrapped
 
 
 def _check_encoding(encoding: int, jpeg_quality: int, field: str) -> None:
@@ -213,16 +145,6 @@ def _check_encoding(encoding: int, jpeg_quality: int, field: str) -> None:
         raise WireError(f"{field}: unknown value {encoding}; RAW, PNG or JPEG")
     if jpeg_quality > 100:
         raise WireError(f"jpeg_quality: expected 1..100 (0: 90), got {jpeg_quality}")
-
-
-class _Capacity(RuntimeError):
-    """Calls or sessions beyond the server's limits: RESOURCE_EXHAUSTED (retry later)."""
-
-
-class _Stopped(RuntimeError):
-    def __init__(self, code, msg):
-        super().__init__(msg)
-        self.code = code
 
 
 class SensorServicer(pb_grpc.SensorServiceServicer):
@@ -237,13 +159,13 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         self._resident = threading.local()  # per worker thread: {(scene id, backend): gsim.resident.Renderer}
 
     # ---------------------------------------------------------------------------------------- helpers
-    def _scene(self, scene_id: str) -> Served:
+    def served_scene(self, scene_id: str) -> Served:
         if scene_id not in self.served:
             raise NotFound(f"scene_id: no served scene {scene_id!r}; served: {', '.join(sorted(self.served))}")
         return self.served[scene_id]
 
     @contextlib.contextmanager
-    def _slot(self, context):
+    def slot(self, context):
         """Holds a render slot, waited for while the call is alive; raises when it was cancelled or timed out."""
         while not self.slots.acquire(timeout=0.02):
             self._alive(context)
@@ -259,10 +181,10 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         if not context.is_active():
             left = context.time_remaining()
             if left is not None and left <= 0:
-                raise _Stopped(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed before its render")
-            raise _Stopped(grpc.StatusCode.CANCELLED, "the call was cancelled")
+                raise Stopped(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed before its render")
+            raise Stopped(grpc.StatusCode.CANCELLED, "the call was cancelled")
 
-    def _backend(self, name: str) -> str:
+    def checked_backend(self, name: str) -> str:
         name = name or self.backend
         if name != "auto" and name not in available_backends():
             why = backend_report().get(name, "unknown backend")
@@ -270,7 +192,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                             f"{', '.join(available_backends())}")
         return name
 
-    def _renderer(self, served: Served, scene, backend: str):
+    def renderer(self, served: Served, scene, backend: str):
         """This worker thread's resident renderer of a served scene (its actors as ``scene`` places them): the
         scene goes to the device once per thread, each call after that only moves the actors."""
         from gsim.resident import Renderer
@@ -334,7 +256,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         return np.array([t, request.end_timestamp_us], np.int64), np.stack([T, T_end])
 
     # ---------------------------------------------------------------------------------------- scenes
-    @_rpc
+    @rpc
     def ListScenes(self, request, context):
         out = []
         for s in self.served.values():
@@ -343,9 +265,9 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                                        closed_loop=s.scenario is not None))
         return pb.ListScenesResponse(scenes=out)
 
-    @_rpc
+    @rpc
     def DescribeScene(self, request, context):
-        s = self._scene(request.scene_id)
+        s = self.served_scene(request.scene_id)
         t0, t1 = s.time_range
         return pb.SceneDescription(
             id=s.id, kind=s.kind, start_us=t0, end_us=t1, closed_loop=s.scenario is not None,
@@ -357,7 +279,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                                  track=to_trajectory(a.track_timestamps_us, a.track_poses)) for a in s.scene.actors],
             ego=to_trajectory(*s.ego) if s.ego is not None else None)
 
-    @_rpc
+    @rpc
     def GetServerInfo(self, request, context):
         from importlib.metadata import version
         from gsim.lidar.spec import preset_names
@@ -367,9 +289,9 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                              max_sessions=L.max_sessions)
 
     # ---------------------------------------------------------------------------------------- rendering
-    @_rpc
+    @rpc
     def RenderCamera(self, request, context):
-        s = self._scene(request.scene_id)
+        s = self.served_scene(request.scene_id)
         which = request.WhichOneof("camera")
         sensor, T_vc = None, None
         if which == "camera_name":
@@ -393,14 +315,14 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             raise WireError(f"readout_us: expected at most 10 s of readout, got {request.readout_us} us")
         _check_encoding(request.encoding, request.jpeg_quality, "encoding")
         scene = self._with_poses(s.scene, request.actor_poses, t)
-        backend = self._backend(request.backend)
-        with self._slot(context):
+        backend = self.checked_backend(request.backend)
+        with self.slot(context):
             t0 = time.perf_counter()
             if isinstance(pose, tuple) or request.readout_us:  # a moving or rolling-shutter camera
                 f = render_camera(scene, camera, pose, backend=backend, timestamp_us=t, sensor=sensor,
                                   readout_us=int(request.readout_us))
             else:
-                f = self._renderer(s, scene, backend).camera(camera, pose, t, sensor)
+                f = self.renderer(s, scene, backend).camera(camera, pose, t, sensor)
             # only what the reply carries comes to the host (from a GPU: 8-bit rgb unless RAW is asked for)
             rgb = to_numpy(f.rgb) if request.encoding == pb.RAW else to_uint8(f.rgb)
             depth = to_numpy(f.depth) if request.depth else None
@@ -410,10 +332,10 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                                        depth=None if depth is None else to_array(depth),
                                        alpha=None if alpha is None else to_array(alpha), render_ms=ms)
 
-    @_rpc
+    @rpc
     def RenderLidar(self, request, context):
         from gsim.lidar.spec import preset_names
-        s = self._scene(request.scene_id)
+        s = self.served_scene(request.scene_id)
         which = request.WhichOneof("lidar")
         T_vl = None
         if which == "preset":
@@ -445,7 +367,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         if backend not in ("auto", "numba", "cuda"):  # (the torch twin is a binning-free test reference: minutes)
             raise WireError(f"backend: expected auto, numba or cuda for LiDAR, got {backend!r}")
         scene = self._with_poses(s.scene, request.actor_poses, t)
-        with self._slot(context):
+        with self.slot(context):
             t0 = time.perf_counter()
             f = render_lidar(scene, spec, pose, backend=backend, timestamp_us=t, hit_alpha=hit_alpha,
                              rolling=not request.freeze_time)
@@ -453,7 +375,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
         return lidar_response(f, ms)
 
     # ---------------------------------------------------------------------------------------- sessions
-    @_rpc
+    @rpc
     def StartSession(self, request, context):
         from ..closed_loop.runner import Run
         s = self.served.get(request.scenario)
@@ -467,12 +389,12 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             if self.stopping.is_set():
                 raise ShuttingDown("the server is shutting down")
             if len(self.sessions) >= self.limits.max_sessions:
-                raise _Capacity(f"{len(self.sessions)} sessions are open (max_sessions {self.limits.max_sessions}); "
+                raise Capacity(f"{len(self.sessions)} sessions are open (max_sessions {self.limits.max_sessions}); "
                                 f"end one or retry later")
             self.sessions[sid] = session = _Session(None, request.camera_encoding, request.jpeg_quality or 90)
             session.lock.acquire()  # nobody steps it before it has started
         try:
-            with self._slot(context):
+            with self.slot(context):
                 out = child_path(child_path(self.sessions_dir, s.id, "scene id"), sid, "session id")
                 run = Run(s.scenario, out, agent, seed=int(request.seed),
                           max_steps=request.max_steps or None, client="traci")
@@ -500,7 +422,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
                 raise NotFound(f"session_id: no open session {sid!r} (ended, expired or never started)")
             return self.sessions[sid]
 
-    @_rpc
+    @rpc
     def StepSession(self, request, context):
         from ..closed_loop.dynamics import Controls
         session = self._session(request.session_id)
@@ -518,7 +440,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             if request.session_id not in self.sessions:
                 raise NotFound(f"session_id: session {request.session_id!r} has ended")
             try:
-                with self._slot(context):
+                with self.slot(context):
                     obs, m, done = self._step(session, request.session_id, action, t_step)
             finally:
                 session.last_used = time.monotonic()
@@ -542,7 +464,7 @@ class SensorServicer(pb_grpc.SensorServiceServicer):
             raise LoopError(f"session {sid}: the run stopped at step {session.run.done + 1}: "
                             f"{type(e).__name__}: {e}") from None
 
-    @_rpc
+    @rpc
     def EndSession(self, request, context):
         session = self._session(request.session_id)
         with session.lock:
@@ -656,16 +578,23 @@ def start(served: Dict[str, Served], host: str = "127.0.0.1", port: int = 50051,
                                   ("grpc.max_send_message_length", limits.max_response_bytes)])
     servicer = SensorServicer(served, limits, Path(sessions_dir), backend)
     _add_service(servicer, server)  # (the generated registration would answer INTERNAL to undecodable bytes)
+    services = (SERVICE,)
+    try:
+        from .sensorsim import SERVICE as SENSORSIM, add_sensorsim
+        add_sensorsim(servicer, server)
+        services += (SENSORSIM,)
+    except ImportError as e:  # (the alpasim extra is in the default set-up; gsim's own API needs only serve)
+        log.warning("AlpaSim's sensorsim service is not served: %s (pip install 'gsim[alpasim]')", e)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection(services + (health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{host}:{port}"
     bound = server.add_secure_port(address, grpc.ssl_server_credentials([tls])) if tls else \
         server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"could not bind {address} (in use, or not an address of this machine)")
     server.start()
-    for name in ("", SERVICE):
+    for name in ("",) + services:
         hs.set(name, health_pb2.HealthCheckResponse.SERVING)
     return Server(server, servicer, hs, bound)
 

@@ -149,15 +149,10 @@ def encode_image(rgb, encoding: int, quality: int = 90) -> pb.EncodedImage:
     """RAW sends the array as it is (a render's float32 rgb, an observation's uint8); PNG and JPEG send 8 bits."""
     if encoding == pb.RAW:
         return pb.EncodedImage(encoding=pb.RAW, raw=to_array(rgb))
-    from PIL import Image
-    from gsim.io import to_uint8
+    from gsim.io import image_bytes, to_uint8
     img = rgb if rgb.dtype == np.uint8 else to_uint8(rgb)
-    buf = io.BytesIO()
-    if encoding == pb.PNG:
-        Image.fromarray(img).save(buf, format="PNG", compress_level=1)
-    else:
-        Image.fromarray(img).save(buf, format="JPEG", quality=int(quality or 90))
-    return pb.EncodedImage(encoding=encoding, data=buf.getvalue())
+    return pb.EncodedImage(encoding=encoding, data=image_bytes(img, "png" if encoding == pb.PNG else "jpeg",
+                                                               quality or 90))
 
 
 def decode_image(m: pb.EncodedImage, field: str = "image") -> np.ndarray:

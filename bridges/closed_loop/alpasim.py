@@ -70,8 +70,8 @@ def camera_spec(camera: Camera, logical_id: str):
 def available_camera(camera: Camera, T_rig_camera: np.ndarray, logical_id: str):
     """A rig camera as ``AvailableCamera`` (contract revision 2: ``rig_to_camera`` the optical frame in the rig)."""
     _, protocol = _contract()
-    return protocol.AvailableCamera(intrinsics=camera_spec(camera, logical_id), rig_to_camera=pose_message(T_rig_camera),
-                                    logical_id=logical_id)
+    return protocol.AvailableCamera(intrinsics=camera_spec(camera, logical_id),
+                                    rig_to_camera=pose_message(T_rig_camera), logical_id=logical_id)
 
 
 def lift(height_m: float) -> np.ndarray:

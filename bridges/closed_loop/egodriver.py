@@ -19,7 +19,6 @@ for that step instead (`FALLBACK`), with a warning naming the step and why.
 """
 from __future__ import annotations
 
-import io
 import math
 import uuid
 import warnings
@@ -28,6 +27,7 @@ from typing import List, Optional
 import numpy as np
 
 from gsim.errors import GsimWarning, InputError
+from gsim.io import image_bytes
 
 from . import alpasim
 from .dynamics import path_waypoints, yaw_rate
@@ -117,7 +117,7 @@ class EgodriverAgent:
             image = protocol.RolloutCameraImage(session_uuid=sid)
             image.camera_image.logical_id = name
             image.camera_image.frame_start_us = image.camera_image.frame_end_us = t
-            image.camera_image.image_bytes = self._encode(rgb)
+            image.camera_image.image_bytes = image_bytes(rgb, self.image_format, 90)
             self._call("submit_image_observation", lambda: self.stub.submit_image_observation(
                 image, timeout=self.deadline_s), k)
         ego = protocol.RolloutEgoTrajectory(session_uuid=sid)
@@ -159,13 +159,6 @@ class EgodriverAgent:
                                  f"{e.details()}") from None
         except ContractError as e:
             raise EgodriverError(f"egodriver {self.target}: {name}: {e}") from None
-
-    def _encode(self, rgb: np.ndarray) -> bytes:
-        from PIL import Image
-        buf = io.BytesIO()
-        Image.fromarray(rgb).save(buf, format="JPEG" if self.image_format == "jpeg" else "PNG",
-                                  **({"quality": 90} if self.image_format == "jpeg" else {}))
-        return buf.getvalue()
 
     def _dynamic_state(self, s):
         """The rig's velocity, yaw rate and acceleration in the rig frame (the bicycle's kinematics)."""

@@ -1,0 +1,286 @@
+"""`gsim serve` as AlpaSim's renderer: NVIDIA AlpaSim's ``nre.grpc.protos.sensorsim.SensorsimService`` (the neural
+renderer's contract, NuRec's place) on the same port as gsim's own API, with the same token, TLS, limits, health and
+reflection. Its messages are AlpaSim's generated modules unchanged (`carla_driver_interface.protocol`, the
+``alpasim`` extra); the package ships no service stub for it, so it is served through a generic handler under the
+service's full name.
+
+Conventions as AlpaSim's runtime uses them (`gsim.bridges.closed_loop.alpasim` for the frames):
+- scenes: gsim's served ids; cameras: a served scene's log cameras, ``rig_to_camera`` the camera's optical frame in
+  the rig; trajectories: the logged (or, for a scenario, edited) ego path, ``T_local_rig`` at each logged time. The
+  rig is the log's vehicle frame: for gsim's synthetic street and the closed loop the rear axle's centre on the
+  ground, for a converted log its dataset's vehicle frame (docs/formats.md). What holds whatever the log:
+  ``T_local_rig(t) @ rig_to_camera`` is the logged camera's pose.
+- ``render_rgb``: ``sensor_pose`` the camera's optical frame in local at ``frame_start_us`` and ``frame_end_us``
+  (a rolling shutter's first and last row, top to bottom, where the two differ; one exposure where they are equal or
+  the shutter is global); ``camera_intrinsics`` at its own resolution, scaled to the request's
+  ``resolution_w`` x ``resolution_h``; ``dynamic_objects`` place the scene's actors by track id (the box centre,
+  ``local -> aabb``, at the frame's start and end; actors not named stay on their own tracks); PNG or JPEG
+  (``image_quality`` 1-100, 0: 95).
+- ``render_lidar``: ``PANDAR128`` (gsim's ``hesai-pandar128``) or ``AT128`` (``hesai-at128``); ``sensor_pose`` the
+  LiDAR in local at the spin's start and end; points in the end-of-spin LiDAR frame, intensities in [0, 1] (0 where the
+  scene has no LiDAR head), in both the repeated fields and the buffers (little-endian float32: x, y, z per point).
+- ``batch_render_rgb`` and ``render_aggregated`` render their requests in order (on a GPU, a batch's cameras of one
+  scene and time in one resident call); ``get_available_ego_masks``: none (gsim's scenes have no ego masks).
+Errors: an unknown scene is NOT_FOUND; an unknown track id, a windshield model, a bad field INVALID_ARGUMENT; an
+image format other than PNG and JPEG, or an f-theta camera, UNIMPLEMENTED.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import grpc
+import numpy as np
+
+from gsim.cameras import FisheyeCamera, OpenCVCamera, PinholeCamera
+from gsim.errors import InputError
+from gsim.io import image_bytes, to_uint8
+from gsim.scenes.formats.convert_util import OPENCV_PIXEL_CENTRE_SHIFT
+
+from ..closed_loop import alpasim
+from .status import Unimplemented, request_parser, rpc
+
+SERVICE = "nre.grpc.protos.sensorsim.SensorsimService"
+LIDARS = {"PANDAR128": "hesai-pandar128", "AT128": "hesai-at128"}  # AlpaSim's LidarDeviceType -> gsim's preset
+
+
+def _name(enum, value: int) -> str:
+    """An enum value's name, or the number an unknown value is."""
+    return enum.Name(value) if value in enum.values() else f"unknown value {value}"
+
+
+def _protocol():
+    from carla_driver_interface import protocol
+    return protocol
+
+
+class SensorsimServicer:
+    """The sensorsim service over a `server.SensorServicer` (``core``): its served scenes, render slots, resident
+    renderers and limits."""
+
+    def __init__(self, core):
+        self.core = core
+
+    # ---------------------------------------------------------------------------------------- catalogue
+    @rpc
+    def get_version(self, request, context):
+        from importlib.metadata import version
+        P = _protocol()
+        return P.VersionId(version_id=f"gsim {version('gsim')}", grpc_api_version=P.ALPASIM_API_VERSION)
+
+    @rpc
+    def get_available_scenes(self, request, context):
+        return _protocol().common_pb2.AvailableScenesReturn(scene_ids=sorted(self.core.served))
+
+    @rpc
+    def get_loaded_scenes(self, request, context):
+        P = _protocol()
+        n = len(self.core.served)
+        return P.sensorsim_pb2.LoadedScenesReturn(
+            scenes=[P.sensorsim_pb2.LoadedSceneEntry(scene_id=s, loaded_instance_count=1, reusable_instance_count=1)
+                    for s in sorted(self.core.served)], loaded_instance_capacity=n)
+
+    @rpc
+    def get_available_cameras(self, request, context):
+        s = self.core.served_scene(request.scene_id)
+        return _protocol().AvailableCamerasReturn(available_cameras=[
+            alpasim.available_camera(cam, T_vc, name) for name, (cam, T_vc) in s.cameras.items()])
+
+    @rpc
+    def get_available_trajectories(self, request, context):
+        P = _protocol()
+        s = self.core.served_scene(request.scene_id)
+        out = P.sensorsim_pb2.AvailableTrajectoriesReturn()
+        if s.ego is not None:
+            out.available_trajectories.add().trajectory.CopyFrom(alpasim.trajectory_message(*s.ego))
+        return out
+
+    @rpc
+    def get_available_ego_masks(self, request, context):
+        return _protocol().sensorsim_pb2.AvailableEgoMasksReturn()
+
+    # ---------------------------------------------------------------------------------------- rendering
+    @rpc
+    def render_rgb(self, request, context):
+        return self._render_rgb(request, context)
+
+    @rpc
+    def batch_render_rgb(self, request, context):
+        P = _protocol()
+        out = P.sensorsim_pb2.BatchRGBRenderReturn()
+        for item in request.items:
+            try:
+                out.items.add(camera_name=item.camera_name, result=self._render_rgb(item.request, context),
+                              success=True)
+            except (InputError, Unimplemented) as e:  # (a server's own failure fails the call)
+                out.items.add(camera_name=item.camera_name, success=False, error_message=str(e))
+        return out
+
+    @rpc
+    def render_aggregated(self, request, context):
+        P = _protocol()
+        return P.sensorsim_pb2.AggregatedRenderReturn(
+            rgb_returns=[self._render_rgb(r, context) for r in request.rgb_requests],
+            lidar_returns=[self._render_lidar(r, context) for r in request.lidar_requests])
+
+    @rpc
+    def render_lidar(self, request, context):
+        return self._render_lidar(request, context)
+
+    def _render_rgb(self, request, context):
+        P = _protocol()
+        s = self.core.served_scene(request.scene_id)
+        if request.image_format not in (P.ImageFormat.PNG, P.ImageFormat.JPEG):
+            raise Unimplemented(f"image_format: {_name(P.ImageFormat, request.image_format)} is not served; PNG or "
+                                f"JPEG")
+        if not 0 <= request.image_quality <= 100:
+            raise InputError(f"image_quality: expected 0-100 (0: 95), got {request.image_quality:g}")
+        if request.insert_ego_mask:
+            raise InputError("insert_ego_mask: this server has no ego masks (get_available_ego_masks is empty)")
+        camera = self._camera(request.camera_intrinsics, request.resolution_w, request.resolution_h)
+        t0, t1 = self._times(request)
+        T0, T1 = (self._pose(request.sensor_pose, f) for f in ("start_pose", "end_pose"))
+        scene = self._placed(s.scene, request.dynamic_objects, t0, t1)
+        shutter = request.camera_intrinsics.shutter_type
+        rolling = shutter == P.ShutterType.ROLLING_TOP_TO_BOTTOM and t1 > t0
+        if t1 > t0 and shutter not in (P.ShutterType.ROLLING_TOP_TO_BOTTOM, P.ShutterType.GLOBAL,
+                                       P.ShutterType.UNKNOWN):
+            raise Unimplemented(f"camera_intrinsics.shutter_type: {_name(P.ShutterType, shutter)} is not served; a "
+                                f"rolling shutter reads top to bottom here (ROLLING_TOP_TO_BOTTOM), or GLOBAL")
+        sensor = request.camera_intrinsics.logical_id if request.camera_intrinsics.logical_id in s.cameras else None
+        backend = self.core.checked_backend("")
+        with self.core.slot(context):
+            if rolling:
+                from gsim.render import render_camera
+                f = render_camera(scene, camera, (np.array([t0, t1]), np.stack([T0, T1])), backend=backend,
+                                  timestamp_us=t0, sensor=sensor, readout_us=int(t1 - t0))
+            else:  # a global shutter: the exposure's middle
+                tm = (t0 + t1) // 2
+                T = T0 if t1 == t0 else self._between(T0, T1, 0.5)
+                f = self.core.renderer(s, scene, backend).camera(camera, T, tm, sensor)
+            rgb = to_uint8(f.rgb)
+        fmt = "png" if request.image_format == P.ImageFormat.PNG else "jpeg"
+        quality = int(round(request.image_quality)) or 95
+        return P.sensorsim_pb2.RGBRenderReturn(image_bytes=image_bytes(rgb, fmt, quality))
+
+    def _render_lidar(self, request, context):
+        from gsim.lidar import render_lidar
+        from gsim.lidar.spec import lidar_preset
+        P = _protocol()
+        s = self.core.served_scene(request.scene_id)
+        kinds = P.sensorsim_pb2.LidarDeviceType
+        if request.lidar_config.lidar_type not in kinds.values():
+            raise InputError(f"lidar_config.lidar_type: unknown value {request.lidar_config.lidar_type}; "
+                             f"{', '.join(kinds.keys())}")
+        spec = lidar_preset(LIDARS[kinds.Name(request.lidar_config.lidar_type)])
+        t0, t1 = self._times(request)
+        T0, T1 = (self._pose(request.sensor_pose, f) for f in ("start_pose", "end_pose"))
+        scene = self._placed(s.scene, request.dynamic_objects, t0, t1)
+        with self.core.slot(context):
+            pose = (np.array([t0, t1]), np.stack([T0, T1])) if t1 > t0 else T0
+            f = render_lidar(scene, spec, pose, timestamp_us=t0, rolling=t1 > t0)
+        # each point from its own column's frame (its firing time) into the end-of-spin frame
+        pts = np.asarray(f.points, np.float64)
+        if t1 > t0:
+            times = t0 + np.asarray(f.time_offset_us, np.int64)
+            from gsim.transforms import interpolate_poses
+            Ts = interpolate_poses(np.array([t0, t1]), np.stack([T0, T1]), times)
+            world = np.einsum("nij,nj->ni", Ts[:, :3, :3], pts) + Ts[:, :3, 3]
+        else:
+            world = pts @ T0[:3, :3].T + T0[:3, 3]
+        T_end_world = np.linalg.inv(T1)
+        xyz = (world @ T_end_world[:3, :3].T + T_end_world[:3, 3]).astype("<f4")
+        inten = (np.zeros(len(xyz), "<f4") if f.intensity is None
+                 else np.clip(np.asarray(f.intensity, np.float64), 0, 1).astype("<f4"))
+        return P.sensorsim_pb2.LidarRenderReturn(point_xyzs=xyz.ravel().tolist(), point_intensities=inten.tolist(),
+                                                 num_points=len(xyz), point_xyzs_buffer=xyz.tobytes(),
+                                                 point_intensities_buffer=inten.tobytes())
+
+    # ---------------------------------------------------------------------------------------- request fields
+    @staticmethod
+    def _times(request):
+        t0, t1 = int(request.frame_start_us), int(request.frame_end_us)
+        if t1 < t0:
+            raise InputError(f"frame_end_us: before frame_start_us ({t1} < {t0})")
+        if t1 - t0 > 10_000_000:
+            raise InputError(f"frame_end_us: at most 10 s after frame_start_us, got {t1 - t0} us")
+        return t0, t1
+
+    @staticmethod
+    def _pose(pair, field: str) -> np.ndarray:
+        m = getattr(pair, field)
+        q = np.array([m.quat.w, m.quat.x, m.quat.y, m.quat.z])
+        v = np.array([m.vec.x, m.vec.y, m.vec.z])
+        if not (np.isfinite(q).all() and np.isfinite(v).all()):
+            raise InputError(f"sensor_pose.{field}: expected finite numbers")
+        if not 0.5 < np.linalg.norm(q) < 1.5:
+            raise InputError(f"sensor_pose.{field}.quat: expected a unit quaternion, got |q| = {np.linalg.norm(q):.3g}")
+        return alpasim.pose_matrix(m)
+
+    @staticmethod
+    def _between(T0: np.ndarray, T1: np.ndarray, a: float) -> np.ndarray:
+        from gsim.transforms import interpolate_poses
+        return interpolate_poses(np.array([0, 1_000_000]), np.stack([T0, T1]), np.array([int(a * 1e6)]))[0]
+
+    def _camera(self, spec, width: int, height: int):
+        """gsim's camera for AlpaSim's ``CameraSpec``, scaled from its own resolution to the request's."""
+        which = spec.WhichOneof("camera_param")
+        if spec.WhichOneof("external_distortion") is not None:
+            raise InputError("camera_intrinsics.bivariate_windshield_model_param: gsim renders no windshield model")
+        if which is None or which == "ftheta_param":
+            raise Unimplemented(f"camera_intrinsics: {which or 'no camera model'} is not served; opencv_pinhole_param "
+                                f"or opencv_fisheye_param")
+        w0, h0 = spec.resolution_w or width, spec.resolution_h or height
+        if not (0 < width <= 16384 and 0 < height <= 16384 and 0 < w0 and 0 < h0):
+            raise InputError(f"resolution_w, resolution_h: expected 1-16384 pixels, got {width} x {height}")
+        if width * height > self.core.limits.max_pixels:
+            raise InputError(f"resolution: {width} x {height} is more than max_pixels ({self.core.limits.max_pixels})")
+        p = getattr(spec, which)
+        sx, sy = width / w0, height / h0
+        linear = dict(width=int(width), height=int(height), fx=p.focal_length_x * sx, fy=p.focal_length_y * sy,
+                      cx=(p.principal_point_x + OPENCV_PIXEL_CENTRE_SHIFT) * sx,
+                      cy=(p.principal_point_y + OPENCV_PIXEL_CENTRE_SHIFT) * sy)
+        k = list(p.radial_coeffs)
+        if which == "opencv_fisheye_param":
+            return FisheyeCamera(**linear, **dict(zip(("k1", "k2", "k3", "k4"), k + [0.0] * (4 - len(k)))))
+        if len(k) > 3 or len(p.tangential_coeffs) not in (0, 2) or any(p.thin_prism_coeffs):
+            raise InputError("camera_intrinsics.opencv_pinhole_param: gsim takes radial k1-k3, tangential p1 p2 and "
+                             "no thin prism")
+        if not any(k) and not any(p.tangential_coeffs):
+            return PinholeCamera(**linear)
+        k = k + [0.0] * (3 - len(k))
+        t = list(p.tangential_coeffs) or [0.0, 0.0]
+        return OpenCVCamera(**linear, k1=k[0], k2=k[1], k3=k[2], p1=t[0], p2=t[1])
+
+    @staticmethod
+    def _placed(scene, objects, t0: int, t1: int):
+        """The scene with the named actors on the request's poses (box centre at the frame's start and end)."""
+        if not objects:
+            return scene
+        actors = {a.id: a for a in scene.actors}
+        for i, o in enumerate(objects):
+            if o.track_id not in actors:
+                raise InputError(f"dynamic_objects[{i}].track_id: the scene has no actor {o.track_id!r}; it has "
+                                 f"{', '.join(sorted(actors)) or 'none'}")
+            a = actors[o.track_id]
+            T_aabb_actor = alpasim.lift(-float(a.size[2]) / 2)  # gsim's actor frame: the box's bottom centre
+            poses = np.stack([SensorsimServicer._pose(o.pose_pair, f) @ T_aabb_actor
+                              for f in ("start_pose", "end_pose")])
+            ts = np.array([t0, t1 if t1 > t0 else t0 + 1], np.int64)
+            actors[o.track_id] = replace(a, track_timestamps_us=ts, track_poses=poses)
+        return replace(scene, actors=tuple(actors[a.id] for a in scene.actors))
+
+
+def add_sensorsim(core, server) -> None:
+    """Serves AlpaSim's sensorsim service over ``core`` (a `server.SensorServicer`) on ``server``."""
+    P = _protocol()
+    servicer = SensorsimServicer(core)
+    handlers = {}
+    for m in P.sensorsim_pb2.DESCRIPTOR.services_by_name["SensorsimService"].methods:
+        request = P.common_pb2 if m.input_type.file.name.endswith("common.proto") else P.sensorsim_pb2
+        response = P.common_pb2 if m.output_type.file.name.endswith("common.proto") else P.sensorsim_pb2
+        request_class = getattr(request, m.input_type.name)
+        response_class = getattr(response, m.output_type.name)
+        handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, m.name), request_deserializer=request_parser(request_class),
+            response_serializer=response_class.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
