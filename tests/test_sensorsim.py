@@ -269,3 +269,44 @@ def test_the_service_is_healthy_and_listed_by_reflection(server):
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=30)
         names = {s.name for a in answers for s in a.list_services_response.service}
     assert "nre.grpc.protos.sensorsim.SensorsimService" in names and "gsim.sensor.v1.SensorService" in names
+
+
+def test_a_batch_of_still_cameras_is_one_resident_call(loop_street, monkeypatch):
+    """batch_render_rgb and render_aggregated give the still cameras of one scene, placement and time to the resident
+    renderer in one call (on a GPU one gsplat batch), the rolling ones alone; the images are those of single calls."""
+    from gsim.bridges.api.sensorsim import SensorsimServicer
+    from gsim.bridges.api.server import Limits, SensorServicer, load_served
+    from gsim.resident import Renderer
+    served = load_served(str(loop_street / "scene"))
+    core = SensorServicer({served.id: served}, Limits(), loop_street / "sessions")
+    sim = SensorsimServicer(core)
+    calls = []
+    real = Renderer.cameras
+    monkeypatch.setattr(Renderer, "cameras", lambda self, views, *a, **k: calls.append(len(views)) or real(
+        self, views, *a, **k))
+
+    class Alive:
+        def is_active(self):
+            return True
+
+    cam = next(c for c in sim.get_available_cameras(S.AvailableCamerasRequest(scene_id="scene"), Alive())
+               .available_cameras if c.logical_id == "front")
+    T = pose_matrix_to_proto(served.ego[1][10] @ pose_matrix(cam.rig_to_camera))
+    t = int(served.ego[0][10])
+
+    def request(w, rolling=False):
+        r = S.RGBRenderRequest(scene_id="scene", resolution_w=w, resolution_h=w * 5 // 8,
+                               camera_intrinsics=cam.intrinsics, frame_start_us=t, frame_end_us=t + (30_000 if rolling else 0),
+                               image_format=S.ImageFormat.PNG)
+        if rolling:
+            r.camera_intrinsics.shutter_type = S.ShutterType.ROLLING_TOP_TO_BOTTOM
+        r.sensor_pose.start_pose.CopyFrom(T)
+        r.sensor_pose.end_pose.CopyFrom(T)
+        return r
+
+    reqs = [request(96), request(48), request(64, rolling=True), request(32)]
+    agg = sim._render([sim._prepare(r) for r in reqs], Alive())
+    assert calls == [3]  # the three still cameras at once; the rolling one through render_camera
+    calls.clear()
+    singles = [sim._render([sim._prepare(r)], Alive())[0].image_bytes for r in reqs]
+    assert [a.image_bytes for a in agg] == singles and calls == [1, 1, 1]

@@ -26,7 +26,8 @@ image format other than PNG and JPEG, or an f-theta camera, UNIMPLEMENTED.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Optional
 
 import grpc
 import numpy as np
@@ -41,6 +42,26 @@ from .status import Unimplemented, request_parser, rpc
 
 SERVICE = "nre.grpc.protos.sensorsim.SensorsimService"
 LIDARS = {"PANDAR128": "hesai-pandar128", "AT128": "hesai-at128"}  # AlpaSim's LidarDeviceType -> gsim's preset
+
+
+@dataclass
+class _Job:
+    """One camera render of a sensorsim request: the served scene and the scene with the request's actors placed,
+    the camera, the log camera whose appearance it takes, the encoding, the exposure (start and end times and poses,
+    and the one pose of a global shutter) and its batch key (None: a rolling shutter, rendered alone)."""
+
+    served: object
+    scene: object
+    camera: object
+    sensor: Optional[str]
+    fmt: str
+    quality: int
+    t0: int
+    t1: int
+    T0: np.ndarray
+    T1: np.ndarray
+    T: np.ndarray
+    batch: Optional[tuple]
 
 
 def _name(enum, value: int) -> str:
@@ -101,32 +122,40 @@ class SensorsimServicer:
     # ---------------------------------------------------------------------------------------- rendering
     @rpc
     def render_rgb(self, request, context):
-        return self._render_rgb(request, context)
+        return self._render([self._prepare(request)], context)[0]
 
     @rpc
     def batch_render_rgb(self, request, context):
+        """Each item's render, or its error (``success`` False); the items that can render go as one batch."""
         P = _protocol()
-        out = P.sensorsim_pb2.BatchRGBRenderReturn()
-        for item in request.items:
+        jobs, errors = [], {}
+        for k, item in enumerate(request.items):
             try:
-                out.items.add(camera_name=item.camera_name, result=self._render_rgb(item.request, context),
-                              success=True)
+                jobs.append((k, self._prepare(item.request)))
             except (InputError, Unimplemented) as e:  # (a server's own failure fails the call)
-                out.items.add(camera_name=item.camera_name, success=False, error_message=str(e))
+                errors[k] = str(e)
+        rendered = dict(zip((k for k, _ in jobs), self._render([j for _, j in jobs], context)))
+        out = P.sensorsim_pb2.BatchRGBRenderReturn()
+        for k, item in enumerate(request.items):
+            if k in rendered:
+                out.items.add(camera_name=item.camera_name, result=rendered[k], success=True)
+            else:
+                out.items.add(camera_name=item.camera_name, success=False, error_message=errors[k])
         return out
 
     @rpc
     def render_aggregated(self, request, context):
         P = _protocol()
+        rgb = self._render([self._prepare(r) for r in request.rgb_requests], context)
         return P.sensorsim_pb2.AggregatedRenderReturn(
-            rgb_returns=[self._render_rgb(r, context) for r in request.rgb_requests],
-            lidar_returns=[self._render_lidar(r, context) for r in request.lidar_requests])
+            rgb_returns=rgb, lidar_returns=[self._render_lidar(r, context) for r in request.lidar_requests])
 
     @rpc
     def render_lidar(self, request, context):
         return self._render_lidar(request, context)
 
-    def _render_rgb(self, request, context):
+    def _prepare(self, request) -> "_Job":
+        """A render_rgb request checked and turned into gsim's terms (nothing rendered yet)."""
         P = _protocol()
         s = self.core.served_scene(request.scene_id)
         if request.image_format not in (P.ImageFormat.PNG, P.ImageFormat.JPEG):
@@ -141,26 +170,44 @@ class SensorsimServicer:
         T0, T1 = (self._pose(request.sensor_pose, f) for f in ("start_pose", "end_pose"))
         scene = self._placed(s.scene, request.dynamic_objects, t0, t1)
         shutter = request.camera_intrinsics.shutter_type
-        rolling = shutter == P.ShutterType.ROLLING_TOP_TO_BOTTOM and t1 > t0
         if t1 > t0 and shutter not in (P.ShutterType.ROLLING_TOP_TO_BOTTOM, P.ShutterType.GLOBAL,
                                        P.ShutterType.UNKNOWN):
             raise Unimplemented(f"camera_intrinsics.shutter_type: {_name(P.ShutterType, shutter)} is not served; a "
                                 f"rolling shutter reads top to bottom here (ROLLING_TOP_TO_BOTTOM), or GLOBAL")
         sensor = request.camera_intrinsics.logical_id if request.camera_intrinsics.logical_id in s.cameras else None
-        backend = self.core.checked_backend("")
-        with self.core.slot(context):
-            if rolling:
-                from gsim.render import render_camera
-                f = render_camera(scene, camera, (np.array([t0, t1]), np.stack([T0, T1])), backend=backend,
-                                  timestamp_us=t0, sensor=sensor, readout_us=int(t1 - t0))
-            else:  # a global shutter: the exposure's middle
-                tm = (t0 + t1) // 2
-                T = T0 if t1 == t0 else self._between(T0, T1, 0.5)
-                f = self.core.renderer(s, scene, backend).camera(camera, T, tm, sensor)
-            rgb = to_uint8(f.rgb)
         fmt = "png" if request.image_format == P.ImageFormat.PNG else "jpeg"
-        quality = int(round(request.image_quality)) or 95
-        return P.sensorsim_pb2.RGBRenderReturn(image_bytes=image_bytes(rgb, fmt, quality))
+        rolling = shutter == P.ShutterType.ROLLING_TOP_TO_BOTTOM and t1 > t0
+        # a global shutter: one exposure at the middle; renders of one scene, placement and time batch together
+        tm = (t0 + t1) // 2
+        T = T0 if t1 == t0 else self._between(T0, T1, 0.5)
+        placement = b"".join(o.SerializeToString(deterministic=True) for o in request.dynamic_objects)
+        return _Job(s, scene, camera, sensor, fmt, int(round(request.image_quality)) or 95, t0, t1, T0, T1, T,
+                    None if rolling else (s.id, tm, placement))
+
+    def _render(self, jobs, context) -> list:
+        """``RGBRenderReturn`` of each job: a rolling shutter alone, the still ones of one scene, placement and time
+        in one resident call (on a GPU one gsplat batch)."""
+        from gsim.render import render_camera
+        P = _protocol()
+        backend = self.core.checked_backend("")
+        frames = [None] * len(jobs)
+        with self.core.slot(context):
+            batches = {}
+            for k, j in enumerate(jobs):
+                if j.batch is None:  # a rolling shutter, top to bottom over the exposure
+                    frames[k] = render_camera(j.scene, j.camera, (np.array([j.t0, j.t1]), np.stack([j.T0, j.T1])),
+                                              backend=backend, timestamp_us=j.t0, sensor=j.sensor,
+                                              readout_us=int(j.t1 - j.t0))
+                else:
+                    batches.setdefault(j.batch, []).append(k)
+            for (_, tm, _), ks in batches.items():
+                first = jobs[ks[0]]
+                views = [(jobs[k].camera, jobs[k].T, jobs[k].sensor) for k in ks]
+                for k, f in zip(ks, self.core.renderer(first.served, first.scene, backend).cameras(views, tm)):
+                    frames[k] = f
+            rgb = [to_uint8(f.rgb) for f in frames]
+        return [P.sensorsim_pb2.RGBRenderReturn(image_bytes=image_bytes(x, j.fmt, j.quality))
+                for x, j in zip(rgb, jobs)]
 
     def _render_lidar(self, request, context):
         from gsim.lidar import render_lidar
