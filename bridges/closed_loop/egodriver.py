@@ -138,7 +138,7 @@ class EgodriverAgent:
             session_uuid=sid, time_now_us=t, time_query_us=t + dt_us), timeout=self.deadline_s), k)
         if response.terminate_session:
             raise EndRun(f"the egodriver policy ended the session at step {k} (terminate_session)")
-        waypoints, why = self._waypoints(response.trajectory, t, T_rig)
+        waypoints, why = self._waypoints(response.trajectory, t, obs.T_world_vehicle)
         if waypoints is not None:
             return waypoints
         self.fallbacks.append(f"step {k}: {why}")
@@ -176,7 +176,7 @@ class EgodriverAgent:
             return None
         return alpasim.trajectory_message(ts, [self.info.logged_pose(u) @ self.T_vehicle_rig for u in ts])
 
-    def _waypoints(self, trajectory, t: int, T_rig: np.ndarray):
+    def _waypoints(self, trajectory, t: int, T_world_vehicle: np.ndarray):
         """The policy's plan (local frame) after ``t`` as ego-frame waypoints (K,3) (t_s, x_m, y_m) for the tracker,
         or (None, why)."""
         times = np.array([p.timestamp_us for p in trajectory.poses], np.int64)
@@ -190,6 +190,6 @@ class EgodriverAgent:
         ahead = times > t
         if not ahead.any():
             return None, f"no pose after now ({t} us; its last is {int(times[-1])} us)"
-        T_vehicle_world = np.linalg.inv(T_rig @ np.linalg.inv(self.T_vehicle_rig))
-        local = (T_vehicle_world[:3, :3] @ xyz[ahead].T).T + T_vehicle_world[:3, 3]
-        return np.column_stack([(times[ahead] - t) * 1e-6, local[:, :2]]), None
+        T_vehicle_world = np.linalg.inv(T_world_vehicle)
+        ego = (T_vehicle_world[:3, :3] @ xyz[ahead].T).T + T_vehicle_world[:3, 3]
+        return np.column_stack([(times[ahead] - t) * 1e-6, ego[:, :2]]), None
