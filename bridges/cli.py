@@ -67,6 +67,23 @@ def cmd_closed_loop(a) -> int:
     return 0
 
 
+def cmd_scenario_export(a) -> int:
+    """gsim scenario export-road FILE OUT.xodr / export FILE OUT_DIR."""
+    if a.target is None:
+        what = "the .xodr file" if a.action == "export-road" else "the folder"
+        raise InputError(f"gsim scenario {a.action} FILE TARGET: give {what} to write")
+    if a.action == "export-road":
+        from .closed_loop.opendrive import export_road
+        r = export_road(a.file, a.target)
+        print(f"wrote {a.target}: the road of {r['source']} as OpenDRIVE ({r['lanes'][0]} lanes forward, "
+              f"{r['lanes'][1]} opposite, {r['lane_width_m']:g} m wide; gsim's world frame)")
+        return 0
+    from .closed_loop.openscenario import export_scenario
+    path = export_scenario(a.file, a.target)
+    print(f"wrote {path} and {path.parent / 'road.xodr'} (OpenSCENARIO 1.3 and OpenDRIVE)")
+    return 0
+
+
 def cmd_batch_closed_loop(a) -> int:
     from .cluster.batch import closed_loop_batch
     from .closed_loop.scenario import SHIPPED, ensure_demo, load_loop_scenario
@@ -162,6 +179,13 @@ def cmd_view(a) -> int:
 
 def register(sub) -> None:
     from .closed_loop.vehicle_models import MODELS, VEHICLES  # (no extra: CommonRoad's package loads in a run)
+    scn = sub.choices["scenario"]  # gsim scenario export-road / export: the field's standards (OpenDRIVE, OpenSCENARIO)
+    action = next(x for x in scn._actions if x.dest == "action")
+    action.choices = [*action.choices, "export-road", "export"]
+    scn.add_argument("target", nargs="?", default=None,
+                     help="export-road: the OpenDRIVE file to write (FILE: a scenario, a shipped name or a scene "
+                          "directory); export: the folder for FILE.xosc and road.xodr")
+    scn.set_defaults(bridged=cmd_scenario_export)
     cl = sub.add_parser("closed-loop", formatter_class=argparse.RawDescriptionHelpFormatter,
                         help="drive an agent through a scenario with SUMO traffic, with metrics, video, log and MCAP",
                         description=CLOSED_LOOP_HELP)

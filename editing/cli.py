@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gsim.cli_args import camera_backends, int_at_least, positive
-from gsim.errors import NotFound
+from gsim.errors import InputError, NotFound
 from gsim.scenes.log import ACTOR_CATEGORIES as CATEGORIES
 
 
@@ -74,9 +74,16 @@ def cmd_library_add_ply(a) -> int:
     return _add(a, asset_from_ply(a.ply, a.id, a.category, a.up, a.license))
 
 
+SCENARIO_ACTIONS = ("validate", "apply", "render")  # gsim.bridges.cli adds export-road and export
+
+
 def cmd_scenario(a) -> int:
     from .scenario import load_scenario
     from .world import apply
+    if a.action not in SCENARIO_ACTIONS:  # export-road, export: added by gsim.bridges.cli
+        return a.bridged(a)
+    if getattr(a, "target", None) is not None:
+        raise InputError(f"{a.target}: a second argument is only for export-road and export (what to write)")
     sc = load_scenario(a.file)
     if a.action == "validate":
         print(f"{a.file}: valid scenario '{sc.name}': {len(sc.edits)} edits on {sc.scene}")
@@ -101,7 +108,7 @@ def cmd_scenario(a) -> int:
 def register(sub) -> None:
     scn = sub.add_parser("scenario", help="scenario files: validate, apply (the edited scene), render (images, "
                                           "LiDAR, a new log, labels)")
-    scn.add_argument("action", choices=["validate", "apply", "render"])
+    scn.add_argument("action", choices=list(SCENARIO_ACTIONS))
     scn.add_argument("file", help="the scenario YAML")
     scn.add_argument("--check", action="store_true", help="validate: also load the scene and apply the edits")
     scn.add_argument("--out", default=None, help="apply: the scene directory to write (default OUTPUT/scene)")

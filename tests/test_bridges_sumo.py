@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("sumolib", reason="SUMO's sumolib is not installed (pip install 'gsim[sumo]')")
 pytest.importorskip("libsumo", reason="libsumo is not installed (pip install 'gsim[sumo]')")
 
-from gsim.bridges.closed_loop.sumo import RoadSpec, SumoError, SumoTraffic, _run_netconvert, build_network, load_network
+from gsim.bridges.closed_loop.sumo import RoadSpec, SumoError, SumoTraffic, build_network, run_netconvert, load_network
 
 W = 3.5  # lane width used throughout
 
@@ -423,7 +423,7 @@ def test_netconvert_failure_names_the_command_and_message(tmp_path):
     nod.write_text('<nodes><node id="a" x="0" y="0"/></nodes>')
     edg.write_text('<edges><edge id="e" from="a" to="ghost" numLanes="1"/></edges>')
     with pytest.raises(SumoError) as info:
-        _run_netconvert(nod, edg, tmp_path / "x.net.xml")
+        run_netconvert(["--node-files", str(nod), "--edge-files", str(edg)], tmp_path / "x.net.xml")
     msg = str(info.value)
     assert "netconvert" in msg and "--node-files" in msg and "ghost" in msg and "not known" in msg
     assert not list(tmp_path.glob("*.net.xml")) and not list(tmp_path.glob(".*tmp*"))

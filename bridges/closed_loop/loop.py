@@ -186,7 +186,7 @@ class ClosedLoop:
         path = poses[:, :2, 3]
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="gsim-loop-"))
-        self.network = _network(cl.road, path, self.workdir)
+        self.network = network(cl.road, path, self.workdir)
         # progress is measured at the ego box's centre, as the metrics do
         centre = lambda P: P[:2, 3] + self.params.rear_axle_to_centre_m * P[:2, 0]  # noqa: E731
         end = centre(world.T_world_vehicle(self.t0 + self.n_steps * self.dt_us))
@@ -479,7 +479,7 @@ def _extended(path: np.ndarray, extra_m: float, base_m: float = 2.0) -> np.ndarr
     return np.vstack([path[0] - extra_m * d0, path, path[-1] + extra_m * d1])
 
 
-def _network(road, path: np.ndarray, workdir: Path):
+def network(road, path: np.ndarray, workdir: Path):
     """The SUMO network of the run: the user's (road.net) or one built from the driven path."""
     from .sumo import RoadSpec, build_network, load_network
     if road.net is not None:

@@ -57,7 +57,7 @@ from gsim.config import Config
 from gsim.errors import GsimError, InputError, MissingExtra, NotFound
 
 __all__ = [
-    "SumoError", "RoadSpec", "Network", "TrafficVehicle", "SumoTraffic", "build_network", "load_network",
+    "SumoError", "RoadSpec", "Network", "TrafficVehicle", "SumoTraffic", "build_network", "load_network", "run_netconvert",
     "VEHICLE_CLASSES",
 ]
 
@@ -277,13 +277,13 @@ def _fmt_shape(pts: np.ndarray) -> str:
     return " ".join(f"{x:.4f},{y:.4f}" for x, y in pts)
 
 
-def _run_netconvert(nod: Path, edg: Path, out: Path) -> None:
-    """Run netconvert on plain XML files; writes ``out`` atomically; SumoError on any failure."""
+def run_netconvert(inputs: Sequence[str], out: Path, output: str = "--output-file") -> None:
+    """Run SUMO's netconvert on ``inputs`` (its input options and files), its ``output`` option writing ``out``
+    atomically (gsim's world frame kept: no offset normalization); SumoError on any failure."""
     binary = _sumolib().checkBinary("netconvert")
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.xml")
-    cmd = [binary, "--node-files", str(nod), "--edge-files", str(edg), "--output-file", str(tmp),
-           "--offset.disable-normalization", "true", "--no-turnarounds", "true", "--precision", "4",
-           "--xml-validation", "never"]
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")
+    cmd = [binary, *inputs, output, str(tmp), "--offset.disable-normalization", "true", "--no-turnarounds", "true",
+           "--precision", "4", "--xml-validation", "never"]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=_NETCONVERT_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -343,7 +343,7 @@ def build_network(path_xy: Any, spec: RoadSpec, out_dir: str | os.PathLike) -> "
     nod, edg, net = out / "road.nod.xml", out / "road.edg.xml", out / "road.net.xml"
     nod.write_text("<nodes>\n" + "\n".join(nodes) + "\n</nodes>\n")
     edg.write_text("<edges>\n" + "\n".join(edges) + "\n</edges>\n")
-    _run_netconvert(nod, edg, net)
+    run_netconvert(["--node-files", str(nod), "--edge-files", str(edg)], net)
     n_edges = len(cuts) - 1
     forward = [f"gsim_f{k}" for k in range(n_edges)]
     opposite = [f"gsim_o{k}" for k in reversed(range(n_edges))] if spec.opposite_lanes else []
