@@ -5,6 +5,8 @@
   (`closed_loop.metrics`); `closed_loop.runner.run` records it (`recording`). As a Gymnasium environment (the
   ``sumo`` extra): ``gymnasium.make("gsim.bridges.closed_loop.env:gsim/ClosedLoop-v0", scenario=...)``.
 - `api`: the network sensor API (`gsim serve`) and its Python client (`api.client`, the ``serve`` extra).
+- `openscenario`: ASAM OpenSCENARIO files in (`openscenario.load.read_xosc`: a closed-loop scenario whose storyboard
+  drives its actors) and out (`openscenario.export.export_scenario`).
 - `browser`: `gsim view`; `cluster`: `gsim batch` on Ray; `recording`: run directories and MCAP files.
 This package imports neither gymnasium nor SUMO, so that the network client needs neither.
 """
@@ -15,4 +17,4 @@ alias(__name__, {**{m: f"closed_loop.{m}" for m in ("loop", "sumo", "dynamics", 
                                                      "scenario", "runner")},
                  **{m: f"api.{m}" for m in ("server", "wire", "protogen", "sensor_pb2", "sensor_pb2_grpc")},
                  "viewer": "browser.viewer", "batch": "cluster.batch", "record": "recording.record",
-                 "mcap_log": "recording.mcap_log"}, warn=True)
+                 "mcap_log": "recording.mcap_log", "closed_loop.openscenario": "openscenario.export"}, warn=True)

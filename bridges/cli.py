@@ -51,6 +51,11 @@ def cmd_closed_loop(a) -> int:
         load_agent(name, **options)  # bad input fails before anything starts
     scenarios = []
     for sc in a.scenario:
+        if sc.endswith(".xosc"):  # OpenSCENARIO: its storyboard drives its actors, live
+            from .openscenario.load import read_xosc
+            imported = read_xosc(sc, _params(a), a.ego, a.scene)
+            scenarios.append(imported.scenario.with_dynamics(a.dynamics, a.vehicle).with_storyboard(imported.live))
+            continue
         loaded = load_loop_scenario(sc)
         if sc in SHIPPED:
             ensure_demo(loaded)
@@ -67,18 +72,44 @@ def cmd_closed_loop(a) -> int:
     return 0
 
 
+def _params(a) -> dict:
+    from .openscenario.load import parse_params
+    return parse_params(a.param)
+
+
+def read_scenario_arg(a):
+    """gsim scenario validate/apply/render's reader of FILE: OpenSCENARIO (.xosc, with --param, --ego, --scene) or
+    a scenario YAML."""
+    if a.file.endswith(".xosc"):
+        from .openscenario.load import read_xosc
+        return read_xosc(a.file, _params(a), a.ego, a.scene).scenario
+    if a.param or a.ego or a.scene:
+        raise InputError(f"{a.file}: --param, --ego and --scene are for OpenSCENARIO files (.xosc)")
+    from gsim.editing.scenario import load_scenario
+    return load_scenario(a.file)
+
+
 def cmd_scenario_export(a) -> int:
-    """gsim scenario export-road FILE OUT.xodr / export FILE OUT_DIR."""
+    """gsim scenario export-road FILE OUT.xodr / export FILE OUT_DIR / import FILE.xosc OUT.yaml."""
     if a.target is None:
-        what = "the .xodr file" if a.action == "export-road" else "the folder"
+        what = {"export-road": "the .xodr file", "export": "the folder", "import": "the .yaml file"}[a.action]
         raise InputError(f"gsim scenario {a.action} FILE TARGET: give {what} to write")
+    if a.action == "import":
+        from .openscenario.load import read_xosc, save_imported
+        if not a.file.endswith(".xosc"):
+            raise InputError(f"{a.file}: gsim scenario import reads an OpenSCENARIO file (.xosc)")
+        imported = read_xosc(a.file, _params(a), a.ego, a.scene)
+        save_imported(imported, a.target)
+        n = len(imported.plan.entities) - 1
+        print(f"wrote {a.target}: {imported.scenario.name}, {n} actors from {a.file} on {imported.scenario.scene}")
+        return 0
     if a.action == "export-road":
         from .closed_loop.opendrive import export_road
         r = export_road(a.file, a.target)
         print(f"wrote {a.target}: the road of {r['source']} as OpenDRIVE ({r['lanes'][0]} lanes forward, "
               f"{r['lanes'][1]} opposite, {r['lane_width_m']:g} m wide; gsim's world frame)")
         return 0
-    from .closed_loop.openscenario import export_scenario
+    from .openscenario.export import export_scenario
     path = export_scenario(a.file, a.target)
     print(f"wrote {path} and {path.parent / 'road.xodr'} (OpenSCENARIO 1.3 and OpenDRIVE)")
     return 0
@@ -177,15 +208,25 @@ def cmd_view(a) -> int:
     return 0
 
 
+def _xosc_options(p) -> None:
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="OpenSCENARIO: set a declared parameter (repeatable)")
+    p.add_argument("--ego", default=None, help="OpenSCENARIO: the ego entity (default: the one named ego or hero)")
+    p.add_argument("--scene", default=None, help="OpenSCENARIO: the gsim scene or reconstruction folder to play it "
+                                                  "in (default: its RoadNetwork/SceneGraphFile)")
+
+
 def register(sub) -> None:
     from .closed_loop.vehicle_models import MODELS, VEHICLES  # (no extra: CommonRoad's package loads in a run)
     scn = sub.choices["scenario"]  # gsim scenario export-road / export: the field's standards (OpenDRIVE, OpenSCENARIO)
     action = next(x for x in scn._actions if x.dest == "action")
-    action.choices = [*action.choices, "export-road", "export"]
+    action.choices = [*action.choices, "export-road", "export", "import"]
     scn.add_argument("target", nargs="?", default=None,
                      help="export-road: the OpenDRIVE file to write (FILE: a scenario, a shipped name or a scene "
-                          "directory); export: the folder for FILE.xosc and road.xodr")
-    scn.set_defaults(bridged=cmd_scenario_export)
+                          "directory); export: the folder for FILE.xosc and road.xodr; import: the scenario YAML to "
+                          "write for FILE.xosc")
+    _xosc_options(scn)
+    scn.set_defaults(bridged=cmd_scenario_export, load_scenario=read_scenario_arg)
     cl = sub.add_parser("closed-loop", formatter_class=argparse.RawDescriptionHelpFormatter,
                         help="drive an agent through a scenario with SUMO traffic, with metrics, video, log and MCAP",
                         description=CLOSED_LOOP_HELP)
@@ -213,6 +254,7 @@ def register(sub) -> None:
     cl.add_argument("--vehicle", type=int, choices=tuple(VEHICLES), default=None,
                     help="CommonRoad's parameter set: " + ", ".join(f"{k} {v}" for k, v in VEHICLES.items())
                          + " (default: the scenario's ego.vehicle, else 2 for CommonRoad's models)")
+    _xosc_options(cl)
     cl.set_defaults(fn=cmd_closed_loop)
 
     sv = sub.add_parser("serve", formatter_class=argparse.RawDescriptionHelpFormatter,

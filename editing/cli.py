@@ -83,8 +83,8 @@ def cmd_scenario(a) -> int:
     if a.action not in SCENARIO_ACTIONS:  # export-road, export: added by gsim.bridges.cli
         return a.bridged(a)
     if getattr(a, "target", None) is not None:
-        raise InputError(f"{a.target}: a second argument is only for export-road and export (what to write)")
-    sc = load_scenario(a.file)
+        raise InputError(f"{a.target}: a second argument is only for export-road, export and import (what to write)")
+    sc = a.load_scenario(a) if a.load_scenario else load_scenario(a.file)  # (gsim.bridges.cli's reads .xosc too)
     if a.action == "validate":
         print(f"{a.file}: valid scenario '{sc.name}': {len(sc.edits)} edits on {sc.scene}")
         if not a.check:
@@ -99,6 +99,8 @@ def cmd_scenario(a) -> int:
     else:
         from .outputs import render_world
         harmonizer = a.open_harmonizer(a) if a.open_harmonizer else None  # set by gsim.diffusion.cli
+        if a.out:
+            sc = sc.model_copy(update={"output": str(Path(a.out).resolve())})
         out = render_world(world, sc, backend=a.backend, harmonizer=harmonizer)
         extra = ", render/ (before harmonization)" if harmonizer else ""
         print(f"wrote {out}: log/, scene/, labels/, masks/, kitti/, video/{extra} ({len(world.frames)} frames)")
@@ -111,9 +113,10 @@ def register(sub) -> None:
     scn.add_argument("action", choices=list(SCENARIO_ACTIONS))
     scn.add_argument("file", help="the scenario YAML")
     scn.add_argument("--check", action="store_true", help="validate: also load the scene and apply the edits")
-    scn.add_argument("--out", default=None, help="apply: the scene directory to write (default OUTPUT/scene)")
+    scn.add_argument("--out", default=None, help="apply: the scene directory to write (default OUTPUT/scene); render: "
+                                                  "the folder to render into (default the scenario's output)")
     scn.add_argument("--backend", default="auto", choices=camera_backends())
-    scn.set_defaults(fn=cmd_scenario, open_harmonizer=None)
+    scn.set_defaults(fn=cmd_scenario, open_harmonizer=None, load_scenario=None)
 
     lb = sub.add_parser("library", help="the Gaussian asset library: list, show, render, add assets")
     lsub = lb.add_subparsers(dest="library_command", required=True, metavar="ACTION")

@@ -55,7 +55,7 @@ def test_bad_export_requests_are_refused_and_write_nothing(loop_street, tmp_path
     assert main(["scenario", "export-road", str(loop_street)]) == 2
     assert "give the .xodr file to write" in capsys.readouterr().err
     assert main(["scenario", "validate", str(loop_street / "x.yaml"), str(tmp_path / "r.xodr")]) == 2
-    assert "only for export-road and export" in capsys.readouterr().err
+    assert "only for export-road, export and import" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 

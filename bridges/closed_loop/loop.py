@@ -210,6 +210,8 @@ class ClosedLoop:
         self._renderer = None  # the scene resident where it renders (gsim.resident), made by the first such step
         self._templates: Dict[str, Actor] = {}
         self._handed = set()
+        self.script = scenario.storyboard() if scenario.storyboard is not None else None  # an OpenSCENARIO storyboard
+        self.ended_by_scenario: Optional[str] = None
 
     # ------------------------------------------------------------------ the run
     def reset(self) -> Observation:
@@ -232,6 +234,10 @@ class ClosedLoop:
             raise LoopError(f"step 0: SUMO could not start the scenario's traffic: {e}") from None
         self.prev_T = self.ground.pose(*self._along(-self.dt), self.state.yaw_rad, self.lift)
         self.controls = Controls(0.0, 0.0)
+        self.ended_by_scenario = None
+        if self.script is not None:
+            self.script.start(self.t0, self._ego_reference())
+            self._scripted = self._scripted_now()
         kin = EgoKinematics(speed, 0.0, 0.0)
         self.metrics = MetricsTracker(self.road, self.dt, self.road.length_m, kin)  # EP's reference: the log's
         return self._observe()
@@ -261,11 +267,14 @@ class ClosedLoop:
         self.step_index = k
         with self.timer("sumo"):
             self._step_traffic()
+        if self.script is not None:
+            with self.timer("storyboard"):
+                self._step_script()
         obs = self._observe()
         with self.timer("metrics"):
             kin = EgoKinematics(self.state.speed_mps, self.state.accel_mps2, self.model.yaw_rate(self.state))
             m = self.metrics.step(self.state.timestamp_us, self.ego_box(), kin, obs.actors)
-        return obs, m, k >= self.n_steps
+        return obs, m, k >= self.n_steps or self.ended_by_scenario is not None
 
     def summary(self) -> dict:
         return self.metrics.summary()
@@ -310,6 +319,8 @@ class ClosedLoop:
         t = self.state.timestamp_us
         own = {a.id: a for a in self.world.scene.actors}
         actors = [a for a in self.world.scene.actors if a.id not in self._handed]
+        if self.script is not None:  # the storyboard's actors where it has them now, and a step ago
+            actors = [self._scripted_actor(a, t) if a.id in self._scripted[1] else a for a in actors]
         vs = self.traffic_vehicles
         bases = [own[v.id] if v.id in self._handed else self._template(v) for v in vs]
         if vs:  # every vehicle's two poses in one batch: now, and a step back along its velocity
@@ -322,6 +333,35 @@ class ClosedLoop:
             actors += [replace(b, id=v.id, track_timestamps_us=times, track_poses=P[:, k])
                        for k, (v, b) in enumerate(zip(vs, bases))]
         return replace(self.world.scene, actors=tuple(actors))
+
+    # ------------------------------------------------------------------ an OpenSCENARIO storyboard
+    def _ego_reference(self) -> Tuple[float, float, float, float]:
+        s = self.state
+        return s.x_m, s.y_m, s.yaw_rad, s.speed_mps
+
+    def _scripted_now(self) -> tuple:
+        """(the storyboard's actors a step ago, now): {id: (box centre x, y, heading, speed)} each."""
+        now = self.script.actors()
+        back = {n: (x - v * self.dt * math.cos(h), y - v * self.dt * math.sin(h), h, v) for n, (x, y, h, v) in now.items()}
+        return back, now
+
+    def _step_script(self) -> None:
+        t = self.state.timestamp_us
+        try:
+            self.script.step(t, self._ego_reference())
+        except InputError as e:  # (a lane change to a lane the road lacks, found when it happens)
+            raise LoopError(f"step {self.step_index}: the scenario's storyboard: {e}") from None
+        self._scripted = (self._scripted[1], self.script.actors())
+        if self.script.stopped and self.ended_by_scenario is None:
+            self.ended_by_scenario = f"the scenario's StopTrigger at t = {(t - self.t0) * 1e-6:.2f} s"
+
+    def _scripted_actor(self, a: Actor, t: int) -> Actor:
+        """A storyboard actor's track: a step ago, now, and a step ahead at its speed (its boxes' velocity)."""
+        (x0, y0, h0, _), (x1, y1, h1, v) = self._scripted[0][a.id], self._scripted[1][a.id]
+        ahead = v * self.dt
+        x2, y2 = x1 + ahead * math.cos(h1), y1 + ahead * math.sin(h1)
+        P = self.ground.poses([x0, x1, x2], [y0, y1, y2], [h0, h1, h1], [a.size[2] / 2] * 3)
+        return replace(a, track_timestamps_us=np.array([t - self.dt_us, t, t + self.dt_us]), track_poses=P)
 
     def actor_boxes(self, scene) -> Tuple[Box, ...]:
         t = self.state.timestamp_us

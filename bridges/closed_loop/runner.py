@@ -76,7 +76,7 @@ class Run:
                             "completed": error is None,
                             "error": None if error is None else f"{type(error).__name__}: {error}",
                             "steps": self.done, "truncated": self.n < loop.n_steps,
-                            "ended_by_agent": self.ended_by_agent,
+                            "ended_by_agent": self.ended_by_agent, "ended_by_scenario": loop.ended_by_scenario,
                             "wall_s": round(time.perf_counter() - self.t_start, 2),
                             "timing_ms": {k: round(1e3 * float(np.median(v)), 2) for k, v in loop.timings.items()}})
             self.rec.finish(summary, failed=error is not None)

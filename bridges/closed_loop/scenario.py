@@ -23,9 +23,9 @@ Shipped scenarios (`SHIPPED`) live in the repository's ``scenarios/`` folder and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Literal, Optional, Tuple
+from typing import Callable, Dict, List, Literal, Optional, Tuple
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from gsim.editing.scenario import Ego, Scenario, ScenarioError, _Strict, load_scenario, parse_scenario
 from gsim.errors import InputError
@@ -96,6 +96,18 @@ class LoopScenario(Scenario):
     output: Optional[str] = None  # a closed-loop run writes where `gsim closed-loop --out` says
     ego: LoopEgo = LoopEgo()
     closed_loop: ClosedLoopSection = ClosedLoopSection()
+    # an OpenSCENARIO file's storyboard, played live in the loop (gsim.bridges.openscenario.load.LiveStoryboard)
+    _storyboard: Optional[Callable] = PrivateAttr(None)
+
+    @property
+    def storyboard(self) -> Optional[Callable]:
+        """A factory of the storyboard that drives the actors it names in a closed loop, or None."""
+        return self._storyboard
+
+    def with_storyboard(self, factory: Callable) -> "LoopScenario":
+        out = self.model_copy()
+        out._storyboard = factory
+        return out
 
     @model_validator(mode="after")
     def _limits_from_one_place(self):

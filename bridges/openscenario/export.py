@@ -8,7 +8,8 @@ category as an OpenSCENARIO vehicle class, a pedestrian or a misc object; its bo
 ``Init`` each placed at its first pose (``TeleportAction``, ``WorldPosition``: gsim's world frame, heading from +x
 counter-clockwise); in the storyboard one event at time 0 per entity, a ``FollowTrajectoryAction`` along its track
 (a polyline of timed world positions, absolute time from the scenario's first frame), and a stop trigger at the
-last frame. Reference points: an actor's is the centre of its box's bottom face (gsim's actor frame), so its bounding
+last frame. The parameter ``gsim_log_actors`` = ``listed`` says that the scene holds these entities only (the log's
+actors a scenario removed stay removed when gsim imports the file). Reference points: an actor's is the centre of its box's bottom face (gsim's actor frame), so its bounding
 box centre sits half its height above; the ego's is the loop's ego frame (the rear axle), its box where the scenario
 puts it (``ego.box_offset_m``).
 """
@@ -49,8 +50,9 @@ def export_scenario(target: str, out_dir) -> Path:
     .xosc's path."""
     from scenariogeneration import xosc
     from gsim.editing.world import apply
-    from .opendrive import export_road
-    from .scenario import SHIPPED, ensure_demo, load_loop_scenario
+    from .load import LOG_ACTORS_PARAMETER
+    from gsim.bridges.closed_loop.opendrive import export_road
+    from gsim.bridges.closed_loop.scenario import SHIPPED, ensure_demo, load_loop_scenario
     if not (str(target) in SHIPPED or Path(target).suffix in (".yaml", ".yml")):
         raise InputError(f"{target}: expected a scenario file (.yaml) or a shipped scenario ({', '.join(SHIPPED)})")
     sc = load_loop_scenario(target)
@@ -68,8 +70,10 @@ def export_scenario(target: str, out_dir) -> Path:
         if a.id == "ego":
             raise InputError(f"{target}: an actor is named 'ego', the name the file gives the ego vehicle")
         # (a reconstructed or library actor's axles are not known: 30% of its length behind and ahead of its centre)
+        bottom = a.track_poses.copy()  # its reference point: the centre of its box's bottom face
+        bottom[:, :3, 3] -= bottom[:, :3, 2] * float(a.size[2]) / 2
         tracks.append((a.id, a.category, a.size, (0.0, 0.0, float(a.size[2]) / 2),
-                       (-0.3 * float(a.size[0]), 0.3 * float(a.size[0])), a.track_timestamps_us, a.track_poses))
+                       (-0.3 * float(a.size[0]), 0.3 * float(a.size[0])), a.track_timestamps_us, bottom))
     entities, init, story = xosc.Entities(), xosc.Init(), xosc.Story("gsim")
     act = xosc.Act("tracks", xosc.ValueTrigger("start", 0, xosc.ConditionEdge.none,
                                               xosc.SimulationTimeCondition(0, xosc.Rule.greaterThan)))
@@ -102,7 +106,9 @@ def export_scenario(target: str, out_dir) -> Path:
     board.add_story(story)
     scene = os.path.relpath(sc.scene, out)
     road = xosc.RoadNetwork(roadfile="road.xodr", scenegraph=scene)
-    scenario = xosc.Scenario(sc.name, "gsim", xosc.ParameterDeclarations(), entities, board, road, xosc.Catalog())
+    params = xosc.ParameterDeclarations()  # only the file's entities are in the scene (gsim's import reads it)
+    params.add_parameter(xosc.Parameter(LOG_ACTORS_PARAMETER, xosc.ParameterType.string, "listed"))
+    scenario = xosc.Scenario(sc.name, "gsim", params, entities, board, road, xosc.Catalog())
     path = out / f"{sc.name}.xosc"
     with atomic_path(path, suffix=".xosc") as tmp:
         scenario.write_xml(str(tmp))

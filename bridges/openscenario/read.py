@@ -1,0 +1,509 @@
+"""An OpenSCENARIO 1.0-1.3 file read into gsim's plan of it (`Plan`): checked against the standard's schema (the
+XSDs scenariogeneration ships, with xmlschema), then against gsim's subset (`SUBSET`, element by element: anything
+else is refused with its line), its parameters resolved (``--param NAME=VALUE`` overrides a declaration), then
+parsed with scenariogeneration (`xosc.ParseOpenScenario`) into the entities, the Init actions, the acts, events,
+actions and triggers the storyboard plays (`gsim.bridges.openscenario.storyboard`). Errors are `InputError`s of one
+line naming the file, the line and the element; nothing runs before the whole file is read.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from gsim.errors import InputError
+
+# gsim's subset: the elements a file may hold (docs/scenarios.md says what each does in gsim)
+SUBSET = frozenset("""
+OpenSCENARIO FileHeader License ParameterDeclarations ParameterDeclaration CatalogLocations RoadNetwork LogicFile
+SceneGraphFile Entities ScenarioObject Vehicle Pedestrian MiscObject BoundingBox Center Dimensions Performance Axles
+FrontAxle RearAxle AdditionalAxle Properties Property ObjectController Controller
+Storyboard Init Actions GlobalAction EntityAction DeleteEntityAction Private PrivateAction TeleportAction Position WorldPosition LanePosition RelativeLanePosition
+RelativeObjectPosition Orientation LongitudinalAction SpeedAction SpeedActionDynamics SpeedActionTarget
+AbsoluteTargetSpeed LateralAction LaneChangeAction LaneChangeActionDynamics LaneChangeTarget RelativeTargetLane
+AbsoluteTargetLane LaneOffsetAction LaneOffsetActionDynamics LaneOffsetTarget AbsoluteTargetLaneOffset RoutingAction
+FollowTrajectoryAction TrajectoryRef Trajectory Shape Polyline Vertex Clothoid TimeReference Timing None
+TrajectoryFollowingMode Story Act ManeuverGroup Actors EntityRef Maneuver Event Action StartTrigger StopTrigger
+ConditionGroup Condition ByValueCondition ByEntityCondition TriggeringEntities EntityCondition SimulationTimeCondition
+StoryboardElementStateCondition ReachPositionCondition RelativeDistanceCondition TraveledDistanceCondition
+""".split())
+VEHICLE_CATEGORIES = {"car": "car", "van": "car", "truck": "truck", "trailer": "truck", "semitrailer": "truck",
+                      "bus": "bus", "motorbike": "motorcycle", "bicycle": "cyclist"}
+MISC_CATEGORIES = {"obstacle": "cone", "barrier": "barrier", "guardRail": "barrier"}
+SHAPES = ("step", "linear", "cubic", "sinusoidal")
+
+
+@dataclass(frozen=True)
+class Entity:
+    name: str
+    kind: str  # vehicle, pedestrian, misc
+    category: str  # gsim's (gsim.scenes.log.ACTOR_CATEGORIES)
+    size: Tuple[float, float, float]  # length, width, height
+    centre: Tuple[float, float, float]  # the box centre from the entity's reference point, in its frame
+    line: int
+
+
+@dataclass(frozen=True)
+class Position:
+    kind: str  # world, lane, relative_lane, relative_object
+    v: Dict[str, object]
+    line: int
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # teleport, speed, lane_change, lane_offset, trajectory
+    name: str
+    v: Dict[str, object]
+    line: int
+
+
+@dataclass(frozen=True)
+class Condition:
+    kind: str  # time, state, reach, distance, traveled
+    name: str
+    edge: str
+    delay: float
+    v: Dict[str, object]
+    entities: Tuple[str, ...] = ()  # the triggering entities (entity conditions)
+    rule: str = "any"
+    line: int = 0
+
+
+Trigger = Tuple[Tuple[Condition, ...], ...]  # any group all of whose conditions hold; () : none given
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    maneuver: str
+    group: str
+    actors: Tuple[str, ...]
+    priority: str
+    actions: Tuple[Action, ...]
+    trigger: Trigger
+    line: int
+
+
+@dataclass(frozen=True)
+class Act:
+    name: str
+    start: Trigger
+    stop: Trigger
+    events: Tuple[Event, ...]
+
+
+@dataclass
+class Plan:
+    path: Path
+    name: str
+    scene: Optional[Path]  # SceneGraphFile resolved against the file's folder
+    road: Optional[Path]  # LogicFile resolved so
+    entities: Dict[str, Entity]
+    ego: str
+    init: List[Tuple[str, Action]]
+    acts: List[Act]
+    stop: Trigger
+    parameters: Dict[str, str] = field(default_factory=dict)
+    deleted: Tuple[str, ...] = ()  # entities Init deletes (a scene's own actors the scenario takes out)
+
+    def where(self, line: int) -> str:
+        return f"{self.path}:{line}"
+
+
+class _Reader:
+    def __init__(self, path: Path, overrides: Dict[str, str]):
+        from lxml import etree
+        self.path = path
+        try:
+            self.tree = etree.parse(str(path), etree.XMLParser(resolve_entities=False, no_network=True))
+        except OSError as e:
+            raise InputError(f"{path}: cannot read it ({e})") from None
+        except etree.XMLSyntaxError as e:
+            raise InputError(f"{path}:{e.lineno}: not well-formed XML ({e.msg})") from None
+        self.root = self.tree.getroot()
+        self._check_version_and_schema()
+        self._check_subset()
+        self.params = self._parameters(overrides)
+
+    # ------------------------------------------------------------------ checks before parsing
+    def fail(self, line, msg: str):
+        raise InputError(f"{self.path}:{line}: {msg}")
+
+    def _check_version_and_schema(self) -> None:
+        import scenariogeneration
+        import xmlschema
+        if self.root.tag != "OpenSCENARIO":
+            self.fail(self.root.sourceline, f"expected <OpenSCENARIO> at the top, found <{self.root.tag}>")
+        head = self.root.find("FileHeader")
+        if head is None:
+            self.fail(self.root.sourceline, "<OpenSCENARIO> has no <FileHeader>")
+        major, minor = head.get("revMajor"), head.get("revMinor")
+        if major != "1" or minor not in ("0", "1", "2", "3"):
+            self.fail(head.sourceline, f"<FileHeader> says OpenSCENARIO {major}.{minor}; gsim reads 1.0 to 1.3")
+        if self.root.find("Storyboard") is None:
+            self.fail(self.root.sourceline, "no <Storyboard>: a catalog or a parameter distribution is not a scenario")
+        xsd = Path(scenariogeneration.__file__).parent.parent / "schemas" / \
+            f"OpenSCENARIO_1_{'3_1' if minor == '3' else minor}.xsd"
+        for err in xmlschema.XMLSchema(str(xsd)).iter_errors(self.root):
+            where = err.path.rsplit("/", 1)[-1] if err.path else "?"
+            self.fail(getattr(err, "sourceline", None) or "?",
+                      f"<{where.split('[')[0]}> breaks the OpenSCENARIO 1.{minor} schema: {err.reason}")
+
+    def _check_subset(self) -> None:
+        for el in self.root.iter():
+            if not isinstance(el.tag, str):
+                continue  # comments, processing instructions
+            if el.tag not in SUBSET:
+                self.fail(el.sourceline, f"<{el.tag}> is outside gsim's OpenSCENARIO subset (docs/scenarios.md lists "
+                                         f"what gsim plays)")
+            for k, v in el.attrib.items():
+                if v.startswith("${"):
+                    self.fail(el.sourceline, f"<{el.tag}> {k}={v!r}: expressions are outside gsim's subset")
+                with contextlib.suppress(ValueError):
+                    if not math.isfinite(float(v)):
+                        self.fail(el.sourceline, f"<{el.tag}> {k}={v!r} is not a finite number")
+
+    def _parameters(self, overrides: Dict[str, str]) -> Dict[str, str]:
+        declared = {}
+        for p in self.root.iter("ParameterDeclaration"):
+            declared[p.get("name")] = p.get("value")
+        for k, v in overrides.items():
+            if k not in declared:
+                raise InputError(f"--param {k}={v}: {self.path} declares no parameter {k!r} (it declares "
+                                 f"{', '.join(sorted(declared)) or 'none'})")
+        params = {**declared, **overrides}
+        for el in self.root.iter():
+            for k, v in (el.attrib.items() if isinstance(el.tag, str) else ()):
+                if v.startswith("$") and v[1:] not in params:
+                    self.fail(el.sourceline, f"<{el.tag}> {k}={v!r}: no such parameter is declared")
+                if v.startswith("$") and v[1:] in params:
+                    with contextlib.suppress(ValueError):
+                        if not math.isfinite(float(params[v[1:]])):
+                            self.fail(el.sourceline, f"<{el.tag}> {k}={v!r} = {params[v[1:]]!r} is not finite")
+        return params
+
+    # ------------------------------------------------------------------ values of the parsed objects
+    def line(self, tag: str, **attrs) -> int:
+        for el in self.root.iter(tag):
+            if all(el.get(k) == v for k, v in attrs.items()):
+                return el.sourceline
+        return self.root.sourceline
+
+    def value(self, v):
+        """A parsed attribute with its parameter reference resolved (strings as they are otherwise)."""
+        if isinstance(v, str) and v.startswith("$"):
+            return self.params[v[1:]]
+        return getattr(v, "name", v)  # scenariogeneration's enumerations
+
+    def num(self, v, line: int, what: str, default: Optional[float] = None) -> float:
+        v = self.value(v)
+        if v is None:
+            if default is None:
+                self.fail(line, f"{what}: no value given")
+            return default
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            self.fail(line, f"{what}={v!r} is not a number")
+        if not math.isfinite(x):
+            self.fail(line, f"{what}={v!r} is not finite")
+        return x
+
+
+def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] = None) -> Plan:
+    """The plan of the OpenSCENARIO file ``path`` (see the module docstring); ``params`` override its parameters,
+    ``ego`` names the ego entity (default: the one named ego or hero)."""
+    from scenariogeneration import xosc
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such OpenSCENARIO file")
+    r = _Reader(path, dict(params or {}))
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the schema is checked above, with lines)
+        try:
+            sc = xosc.ParseOpenScenario(str(path))
+        except Exception as e:  # scenariogeneration's own errors on a file the schema allows
+            raise InputError(f"{path}: scenariogeneration could not parse it ({type(e).__name__}: {e})") from None
+    entities = {o.name: _entity(r, o) for o in sc.entities.scenario_objects}
+    names = sorted(entities)
+    if ego is None:
+        found = [n for n in names if n.lower() in ("ego", "hero")]
+        if len(found) != 1:
+            raise InputError(f"{path}: {'no' if not found else 'two'} entities named ego or hero: name the ego with "
+                             f"--ego (entities: {', '.join(names)})")
+        ego = found[0]
+    elif ego not in entities:
+        raise InputError(f"--ego {ego}: {path} has no such entity (entities: {', '.join(names)})")
+    for o in sc.entities.scenario_objects:
+        if o.controller and o.name != ego:
+            r.fail(r.line("ScenarioObject", name=o.name), f"<ObjectController> of {o.name!r}: only the ego takes a "
+                                                          f"controller (the agent); the storyboard drives the others")
+    rn = sc.roadnetwork
+    base = path.parent
+    scene = (base / r.value(rn.scene)).resolve() if getattr(rn, "scene", None) else None
+    road = (base / r.value(rn.road_file)).resolve() if getattr(rn, "road_file", None) else None
+    init = []
+    for who, actions in sc.storyboard.init.initactions.items():
+        who = r.value(who)
+        line = r.line("Private", entityRef=who)
+        if who not in entities:
+            r.fail(line, f"<Private entityRef={who!r}>: no such entity ({', '.join(names)})")
+        init += [(who, _action(r, a, f"init_{who}_{k}", line, entities)) for k, a in enumerate(actions)]
+    deleted = []
+    for g in sc.storyboard.init.global_actions:
+        who = r.value(getattr(g, "entityref", None))
+        line = r.line("EntityAction", entityRef=who) if who else r.line("GlobalAction")
+        if not isinstance(g, xosc.DeleteEntityAction):
+            r.fail(line, f"a {type(g).__name__} in <Init> is outside gsim's subset (DeleteEntityAction is in it)")
+        if who not in entities:
+            r.fail(line, f"<EntityAction entityRef={who!r}>: no such entity ({', '.join(names)})")
+        if who == ego:
+            r.fail(line, f"<DeleteEntityAction> of the ego {ego!r}")
+        deleted.append(who)
+    if sc.storyboard.init.user_defined_actions:
+        r.fail(r.line("Init"), "<Init> user-defined actions are outside gsim's subset")
+    init = [(who, a) for who, a in init if who not in deleted]
+    acts = []
+    for story in sc.storyboard.stories:
+        for act in story.acts:
+            events = []
+            for mg in act.maneuvergroup:
+                actors = tuple(r.value(e.entity) for e in mg.actors.actors)
+                for a in actors:
+                    if a not in entities:
+                        r.fail(r.line("ManeuverGroup", name=mg.name), f"<EntityRef entityRef={a!r}> in maneuver group "
+                                                                      f"{mg.name!r}: no such entity")
+                if int(r.num(mg.maxexecution, r.line("ManeuverGroup", name=mg.name), "maximumExecutionCount")) != 1:
+                    r.fail(r.line("ManeuverGroup", name=mg.name), "maximumExecutionCount other than 1 is outside "
+                                                                  "gsim's subset")
+                for m in mg.maneuvers:
+                    for ev in m.events:
+                        line = r.line("Event", name=ev.name)
+                        if ego in actors:
+                            r.fail(line, f"<Event name={ev.name!r}> acts on the ego {ego!r}, which the agent drives")
+                        if int(r.num(ev.maxexecution, line, "maximumExecutionCount")) != 1:
+                            r.fail(line, "maximumExecutionCount other than 1 is outside gsim's subset")
+                        acts_ = tuple(_action(r, a.action, a.name, r.line("Action", name=a.name), entities)
+                                      for a in ev.action)
+                        events.append(Event(ev.name, m.name, mg.name, actors, r.value(ev.priority), acts_,
+                                            _trigger(r, ev.trigger, entities), line))
+            acts.append(Act(act.name, _trigger(r, act.starttrigger, entities), _trigger(r, act.stoptrigger, entities),
+                            tuple(events)))
+    _check_references(r, acts, entities)
+    stop = _trigger(r, sc.storyboard.stoptrigger, entities)
+    for a in acts:
+        for e in a.events:
+            gone = sorted(set(e.actors) & set(deleted))
+            if gone:
+                r.fail(e.line, f"<Event name={e.name!r}> acts on {gone[0]!r}, which Init deletes")
+    return Plan(path, r.value(sc.header.description) if hasattr(sc, "header") else path.stem, scene, road, entities,
+                ego, init, acts, stop, r.params, tuple(deleted))
+
+
+def _entity(r: _Reader, o) -> Entity:
+    from scenariogeneration import xosc
+    line = r.line("ScenarioObject", name=o.name)
+    e = o.entityobject
+    if isinstance(e, xosc.Vehicle):
+        kind, cat = "vehicle", VEHICLE_CATEGORIES.get(r.value(e.vehicle_type))
+    elif isinstance(e, xosc.Pedestrian):
+        kind, cat = "pedestrian", "pedestrian" if r.value(e.category) == "pedestrian" else None
+    elif isinstance(e, xosc.MiscObject):
+        kind, cat = "misc", MISC_CATEGORIES.get(r.value(e.category))
+    else:
+        r.fail(line, f"entity {o.name!r}: a {type(e).__name__} is outside gsim's subset (Vehicle, Pedestrian, "
+                     f"MiscObject)")
+    if cat is None:
+        r.fail(line, f"entity {o.name!r}: no gsim asset category for its category")
+    bb = e.boundingbox
+    size = tuple(r.num(getattr(bb.boundingbox, k), line, f"BoundingBox {k}") for k in ("length", "width", "height"))
+    if min(size) <= 0:
+        r.fail(line, f"entity {o.name!r}: its BoundingBox has a size of {size}; each must be > 0")
+    centre = tuple(r.num(getattr(bb.center, k), line, f"BoundingBox Center {k}") for k in "xyz")
+    return Entity(o.name, kind, cat, size, centre, line)
+
+
+def _position(r: _Reader, p, line: int, entities) -> Position:
+    from scenariogeneration import xosc
+    orient = getattr(p, "orient", None)
+    h = r.value(orient.h) if orient is not None else None
+    rel = r.value(orient.ref) if orient is not None else None
+    ori = {"h": None if h is None else r.num(h, line, "Orientation h"), "ref": rel or "relative"}
+    if isinstance(p, xosc.WorldPosition):
+        return Position("world", {"x": r.num(p.x, line, "WorldPosition x"), "y": r.num(p.y, line, "WorldPosition y"),
+                                  "h": r.num(p.h, line, "WorldPosition h", 0.0)}, line)
+    if isinstance(p, xosc.LanePosition):
+        return Position("lane", {"road": str(r.value(p.road_id)), "lane": int(r.num(p.lane_id, line, "laneId")),
+                                 "s": r.num(p.s, line, "LanePosition s"),
+                                 "offset": r.num(p.offset, line, "LanePosition offset", 0.0), **ori}, line)
+    if isinstance(p, (xosc.RelativeLanePosition, xosc.RelativeObjectPosition)):
+        ent = r.value(getattr(p, "entity", None) or getattr(p, "target", None))
+        if ent not in entities:
+            r.fail(line, f"a {type(p).__name__} relative to {ent!r}: no such entity")
+        if isinstance(p, xosc.RelativeObjectPosition):
+            return Position("relative_object", {"entity": ent, "dx": r.num(p.dx, line, "dx"),
+                                                "dy": r.num(p.dy, line, "dy"), **ori}, line)
+        ds = p.ds if p.ds is not None else p.dsLane
+        return Position("relative_lane", {"entity": ent, "dlane": int(r.num(p.lane_id, line, "dLane")),
+                                          "ds": r.num(ds, line, "ds", 0.0),
+                                          "offset": r.num(p.offset, line, "offset", 0.0), **ori}, line)
+    r.fail(line, f"a {type(p).__name__} is outside gsim's subset (WorldPosition, LanePosition, RelativeLanePosition, "
+                 f"RelativeObjectPosition)")
+
+
+def _dynamics(r: _Reader, td, line: int, what: str) -> Dict[str, object]:
+    shape, dim = r.value(td.shape), r.value(td.dimension)
+    if shape not in SHAPES:
+        r.fail(line, f"{what}: dynamicsShape {shape!r} is outside gsim's subset ({', '.join(SHAPES)})")
+    value = r.num(td.value, line, f"{what} dynamics value")
+    if value < 0 or (value == 0 and shape != "step" and dim == "rate"):
+        r.fail(line, f"{what}: dynamics value {value:g} must be > 0 (>= 0 for time and distance)")
+    return {"shape": shape, "dimension": dim, "value": value}
+
+
+def _action(r: _Reader, a, name: str, line: int, entities) -> Action:
+    from scenariogeneration import xosc
+    if isinstance(a, xosc.TeleportAction):
+        return Action("teleport", name, {"position": _position(r, a.position, line, entities)}, line)
+    if isinstance(a, xosc.AbsoluteSpeedAction):
+        speed = r.num(a.speed, line, "AbsoluteTargetSpeed value")
+        if speed < 0:
+            r.fail(line, f"AbsoluteTargetSpeed {speed:g}: a speed is >= 0")
+        return Action("speed", name, {"speed": speed, **_dynamics(r, a.transition_dynamics, line, "SpeedAction")},
+                      line)
+    if isinstance(a, (xosc.AbsoluteLaneChangeAction, xosc.RelativeLaneChangeAction)):
+        v = {"lane": int(r.num(a.lane, line, "target lane")),
+             "offset": r.num(a.target_lane_offset, line, "targetLaneOffset", 0.0),
+             **_dynamics(r, a.transition_dynamics, line, "LaneChangeAction")}
+        if isinstance(a, xosc.RelativeLaneChangeAction):
+            v["entity"] = r.value(a.entity)
+            if v["entity"] not in entities:
+                r.fail(line, f"RelativeTargetLane entityRef={v['entity']!r}: no such entity")
+        return Action("lane_change", name, v, line)
+    if isinstance(a, xosc.AbsoluteLaneOffsetAction):
+        shape = r.value(a.dynshape)
+        if shape not in SHAPES:
+            r.fail(line, f"LaneOffsetAction: dynamicsShape {shape!r} is outside gsim's subset")
+        return Action("lane_offset", name, {"offset": r.num(a.value, line, "AbsoluteTargetLaneOffset value"),
+                                            "shape": shape,
+                                            "max_lat_acc": r.num(a.maxlatacc, line, "maxLateralAcc", 0.5)}, line)
+    if isinstance(a, xosc.FollowTrajectoryAction):
+        traj = a.trajectory
+        if not isinstance(traj, xosc.Trajectory):
+            r.fail(line, "FollowTrajectoryAction: a CatalogReference is outside gsim's subset (give the Trajectory)")
+        shapes = traj.shapes if isinstance(traj.shapes, list) else [traj.shapes]
+        if len(shapes) != 1:
+            r.fail(line, f"FollowTrajectoryAction: a trajectory of {len(shapes)} shapes (gsim reads one)")
+        shape, v = shapes[0], {}
+        if isinstance(shape, xosc.Polyline):
+            times = [None if t is None else r.num(t, line, "Vertex time") for t in shape.time] \
+                if shape.time else [None] * len(shape.positions)
+            v = {"shape": "polyline", "times": times,
+                 "positions": [_position(r, p, line, entities) for p in shape.positions]}
+            if len(v["positions"]) < 2:
+                r.fail(line, "FollowTrajectoryAction: a Polyline needs two vertices or more")
+        elif isinstance(shape, xosc.Clothoid):
+            v = {"shape": "clothoid", "curvature": r.num(shape.curvature, line, "curvature"),
+                 "curvature_dot": r.num(shape.curvature_change, line, "curvaturePrime"),
+                 "length": r.num(shape.length, line, "length"),
+                 "start_time": None if shape.starttime is None else r.num(shape.starttime, line, "startTime"),
+                 "stop_time": None if shape.stoptime is None else r.num(shape.stoptime, line, "stopTime"),
+                 "start": _position(r, shape.startposition, line, entities)}
+            if v["length"] <= 0:
+                r.fail(line, "Clothoid length must be > 0")
+        else:
+            r.fail(line, f"FollowTrajectoryAction: a {type(shape).__name__} shape is outside gsim's subset "
+                         f"(Polyline, Clothoid)")
+        tr = a.timeref
+        timed = tr is not None and not getattr(tr, "_only_nones", True)
+        v["timing"] = None if not timed else {"domain": r.value(tr.reference_domain),
+                                              "scale": r.num(tr.scale, line, "Timing scale", 1.0),
+                                              "offset": r.num(tr.offset, line, "Timing offset", 0.0)}
+        if timed and v["timing"]["scale"] <= 0:
+            r.fail(line, "Timing scale must be > 0")
+        if v["shape"] == "polyline" and timed and (None in v["times"] or any(
+                b <= a for a, b in zip(v["times"], v["times"][1:]))):
+            r.fail(line, "FollowTrajectoryAction: with a Timing, every Vertex needs a time, increasing")
+        return Action("trajectory", name, v, line)
+    r.fail(line, f"a {type(a).__name__} is outside gsim's subset (TeleportAction, SpeedAction with "
+                 f"AbsoluteTargetSpeed, LaneChangeAction, LaneOffsetAction with AbsoluteTargetLaneOffset, "
+                 f"FollowTrajectoryAction)")
+
+
+def _trigger(r: _Reader, t, entities) -> Trigger:
+    from scenariogeneration import xosc
+    if t is None:
+        return ()
+    groups = []
+    for g in getattr(t, "conditiongroups", None) or []:
+        conds = []
+        for c in g.conditions:
+            line = r.line("Condition", name=c.name)
+            edge, delay = r.value(c.conditionedge), r.num(c.delay, line, "delay", 0.0)
+            if delay < 0:
+                r.fail(line, f"condition {c.name!r}: delay {delay:g} < 0")
+            if isinstance(c, xosc.ValueTrigger):
+                vc = c.valuecondition
+                if isinstance(vc, xosc.SimulationTimeCondition):
+                    conds.append(Condition("time", c.name, edge, delay, {"value": r.num(vc.value, line, "value"),
+                                                                         "rule": r.value(vc.rule)}, line=line))
+                elif isinstance(vc, xosc.StoryboardElementStateCondition):
+                    element = r.value(vc.element)
+                    if element not in ("event", "action", "act", "maneuver", "maneuverGroup"):
+                        r.fail(line, f"StoryboardElementStateCondition on a {element}: gsim tracks acts, maneuver "
+                                     f"groups, maneuvers, events and actions")
+                    conds.append(Condition("state", c.name, edge, delay, {"element": element,
+                                                                          "ref": r.value(vc.reference),
+                                                                          "state": r.value(vc.state)}, line=line))
+                else:
+                    r.fail(line, f"a {type(vc).__name__} is outside gsim's subset")
+                continue
+            ec = c.entitycondition
+            who = tuple(r.value(e.entity) for e in c.triggerentity.entity)
+            for w in who:
+                if w not in entities:
+                    r.fail(line, f"condition {c.name!r}: triggering entity {w!r} does not exist")
+            rule = r.value(c.triggerentity.triggeringrule)
+            if isinstance(ec, xosc.ReachPositionCondition):
+                v = {"position": _position(r, ec.position, line, entities),
+                     "tolerance": r.num(ec.tolerance, line, "tolerance")}
+                kind = "reach"
+            elif isinstance(ec, xosc.RelativeDistanceCondition):
+                ref = r.value(ec.entity)
+                if ref not in entities:
+                    r.fail(line, f"RelativeDistanceCondition entityRef={ref!r}: no such entity")
+                v = {"entity": ref, "value": r.num(ec.value, line, "value"), "rule": r.value(ec.rule),
+                     "type": r.value(ec.dist_type), "freespace": str(r.value(ec.freespace)).lower() == "true",
+                     "system": r.value(ec.coordinate_system) or "entity"}
+                if v["system"] not in ("entity", "lane", "road"):
+                    r.fail(line, f"RelativeDistanceCondition coordinateSystem {v['system']!r} is outside gsim's subset")
+                kind = "distance"
+            elif isinstance(ec, xosc.TraveledDistanceCondition):
+                v, kind = {"value": r.num(ec.value, line, "value")}, "traveled"
+            else:
+                r.fail(line, f"a {type(ec).__name__} is outside gsim's subset")
+            conds.append(Condition(kind, c.name, edge, delay, v, who, rule, line))
+        groups.append(tuple(conds))
+    return tuple(groups)
+
+
+def _check_references(r: _Reader, acts: List[Act], entities) -> None:
+    """Every StoryboardElementStateCondition names an element of the file."""
+    names = {"act": {a.name for a in acts}, "event": {e.name for a in acts for e in a.events},
+             "action": {x.name for a in acts for e in a.events for x in e.actions},
+             "maneuver": {e.maneuver for a in acts for e in a.events},
+             "maneuverGroup": {e.group for a in acts for e in a.events}}
+    triggers = [a.start for a in acts] + [a.stop for a in acts] + [e.trigger for a in acts for e in a.events]
+    for t in triggers:
+        for g in t:
+            for c in g:
+                if c.kind == "state" and c.v["ref"] not in names[c.v["element"]]:
+                    r.fail(c.line, f"condition {c.name!r}: no {c.v['element']} named {c.v['ref']!r}")
+
+
+__all__ = ["Plan", "read_plan", "SUBSET", "Entity", "Position", "Action", "Condition", "Event", "Act"]

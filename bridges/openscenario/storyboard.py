@@ -1,0 +1,536 @@
+"""The storyboard of an OpenSCENARIO `Plan` played step by step: the entities' motion, the actions that change it
+and the triggers that start acts and events and end the run.
+
+Each step (``step(t_us, ego)``): the entities move over the step (a running FollowTrajectoryAction places them on
+its trajectory; otherwise a vehicle on a lane follows the lane's centre line, through the lanes that carry on from
+its end, at its lateral offset, and an entity on no lane goes straight on at its heading), the ego is where the
+caller says (the agent drives it), then every condition is evaluated on the entities as they are now, and the acts
+and events whose triggers fire start (their actions from this time on; a teleport at once); the StopTrigger ends the
+run (``stopped``).
+
+What the actions do (docs/scenarios.md): SpeedAction: the speed goes from its value at the start to the target with
+the shape (step, linear, cubic, sinusoidal) over a time (dimension time), at a mean rate (rate: m/s^2) or over a
+distance (distance: 2 d / (v0 + v1) seconds). LaneChangeAction: the target lane (absolute id on the entity's road,
+or relative to an entity's lane, + left) is reached with the shape over a time, a distance travelled, or at a
+lateral rate (m/s); the entity then follows that lane, at the target lane offset. LaneOffsetAction: the offset from
+the lane's centre (+ left of travel) with the shape, in the time at which the shape's peak lateral acceleration is
+maxLateralAcc (linear: a bang-bang profile's). FollowTrajectoryAction: with a Timing the entity is where the
+trajectory is at each time (absolute: simulation time, relative: since the action started; times scaled and
+offset), without one it travels the trajectory at its speed; heading along the trajectory (a Polyline's vertex
+headings where every vertex has one). A new action on an entity replaces its running one of the same kind
+(longitudinal, lateral; a trajectory replaces both). Event priorities: override (and 1.0's overwrite) ends the
+maneuver's other running events, skip does not start an event while another of its maneuver runs, parallel runs
+alongside. Conditions: edges (rising, falling, risingOrFalling, none) against the previous step, delays (the value
+that many seconds ago), triggering entities any or all; RelativeDistanceCondition's distances between reference
+points, or between the boxes' extents along the measured axis (freespace), along the entity's heading (entity
+coordinates) or its lane's (lane, road).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from gsim.bridges.closed_loop.road import Polyline
+from gsim.errors import InputError
+
+from .lanes import LaneMap
+from .read import Action, Condition, Plan, Position, Trigger
+
+RULES = {"greaterThan": lambda a, b: a > b, "lessThan": lambda a, b: a < b, "equalTo": lambda a, b: abs(a - b) < 1e-6,
+         "greaterOrEqual": lambda a, b: a >= b, "lessOrEqual": lambda a, b: a <= b,
+         "notEqualTo": lambda a, b: abs(a - b) >= 1e-6}
+
+
+def shape_fraction(shape: str, x: float) -> float:
+    """How far (0..1) a transition of ``shape`` is at the fraction ``x`` of its span."""
+    x = min(max(x, 0.0), 1.0)
+    if shape == "step":
+        return 1.0
+    if shape == "linear":
+        return x
+    if shape == "cubic":
+        return x * x * (3 - 2 * x)
+    return 0.5 * (1 - math.cos(math.pi * x))  # sinusoidal
+
+
+@dataclass
+class _Running:
+    action: Action
+    event: Optional[str]
+    start: float  # simulation time s
+    span: float = 0.0  # s (or m for a distance-driven lane change)
+    v0: float = 0.0
+    v1: float = 0.0
+    by_distance: bool = False
+    u0: float = 0.0
+    path: Optional[Polyline] = None  # a trajectory's
+    times: Optional[np.ndarray] = None  # a timed trajectory's vertex times (simulation s)
+    headings: Optional[np.ndarray] = None
+    xy: Optional[np.ndarray] = None  # a timed trajectory's vertices
+
+
+@dataclass
+class EntityState:
+    x: float = 0.0
+    y: float = 0.0
+    h: float = 0.0
+    speed: float = 0.0
+    placed: bool = False
+    odometer: float = 0.0
+    path: Optional[Polyline] = None  # the lane chain it follows
+    u: float = 0.0
+    t: float = 0.0
+    long: Optional[_Running] = None
+    lat: Optional[_Running] = None
+    traj: Optional[_Running] = None
+
+
+@dataclass
+class _Cond:
+    prev: Optional[bool] = None
+    history: List[Tuple[float, bool]] = field(default_factory=list)
+
+
+class Storyboard:
+    """``plan`` played on ``lanes`` (None: no lane positions or lane following); ``start(t_us, ego)`` applies Init,
+    ``step(t_us, ego)`` advances (``ego``: (x, y, heading rad, speed m/s) of its reference point)."""
+
+    def __init__(self, plan: Plan, lanes: Optional[LaneMap]):
+        self.plan, self.lanes = plan, lanes
+        self.states: Dict[str, EntityState] = {n: EntityState() for n in plan.entities if n not in plan.deleted}
+        self.conds: Dict[int, _Cond] = {}
+        self.started: Dict[Tuple[str, str], float] = {}  # (element kind, name) -> when it started
+        self.ended: Dict[Tuple[str, str], float] = {}
+        self.stopped = False
+        self.stop_time: Optional[float] = None
+        self.tau = 0.0
+        self.t0_us = 0
+        self._last_eval = -math.inf
+
+    # ------------------------------------------------------------------ the run
+    def start(self, t_us: int, ego) -> None:
+        self.t0_us, self.tau = int(t_us), 0.0
+        self._set_ego(ego)
+        for who, a in self.plan.init:
+            if who != self.plan.ego:  # (the ego is where the caller says: gsim.bridges.openscenario.load)
+                self._begin(who, a, None)
+        for who, st in self.states.items():
+            if not st.placed:
+                raise InputError(f"{self.plan.path}:{self.plan.entities[who].line}: entity {who!r} is never placed: "
+                                 f"give it a TeleportAction in Init")
+        self._evaluate()
+
+    def step(self, t_us: int, ego) -> None:
+        tau = (int(t_us) - self.t0_us) * 1e-6
+        dt = tau - self.tau
+        self.tau = tau
+        for who, st in self.states.items():
+            if who != self.plan.ego:
+                self._move(who, st, dt)
+        self._set_ego(ego)
+        self._evaluate()
+
+    def pose(self, name: str) -> Tuple[float, float, float, float]:
+        """(x, y, heading, speed) of the entity's reference point."""
+        st = self.states[name]
+        return st.x, st.y, st.h, st.speed
+
+    def box_centre(self, name: str) -> Tuple[float, float]:
+        """The world x-y of the entity's box centre."""
+        st, e = self.states[name], self.plan.entities[name]
+        c, s = math.cos(st.h), math.sin(st.h)
+        return st.x + c * e.centre[0] - s * e.centre[1], st.y + s * e.centre[0] + c * e.centre[1]
+
+    # ------------------------------------------------------------------ positions
+    def fail(self, line: int, msg: str):
+        raise InputError(f"{self.plan.path}:{line}: {msg}")
+
+    def _on_lane(self, x: float, y: float, h: float):
+        return None if self.lanes is None else self.lanes.locate((x, y), h)
+
+    def _road_s(self, piece: int, u: float) -> float:
+        p = self.lanes.pieces[piece]
+        return p.s_start + (p.s_end - p.s_start) * u / max(p.centre.length, 1e-9)
+
+    def position(self, p: Position) -> Tuple[float, float, float]:
+        """World (x, y, heading) of a position (relative ones from the entities as they are now)."""
+        v = p.v
+        if p.kind == "world":
+            return v["x"], v["y"], v["h"] or 0.0
+        if p.kind == "relative_object":
+            ref = self.states[v["entity"]]
+            if not ref.placed:
+                self.fail(p.line, f"a position relative to {v['entity']!r}, which is not placed yet")
+            c, s = math.cos(ref.h), math.sin(ref.h)
+            return ref.x + c * v["dx"] - s * v["dy"], ref.y + s * v["dx"] + c * v["dy"], self._turn(ref.h, v)
+        if self.lanes is None:
+            self.fail(p.line, "a lane position, but the scenario has no road (RoadNetwork LogicFile)")
+        if p.kind == "lane":
+            road, lane, s, off = v["road"], v["lane"], v["s"], v["offset"]
+        else:
+            ref = self.states[v["entity"]]
+            at = self._on_lane(ref.x, ref.y, ref.h) if ref.placed else None
+            if at is None:
+                self.fail(p.line, f"a RelativeLanePosition from {v['entity']!r}, which is on no lane of the road")
+            piece = self.lanes.pieces[at[0]]
+            road, lane, s, off = piece.road, piece.lane + v["dlane"], self._road_s(at[0], at[1]) + v["ds"], v["offset"]
+            if piece.lane * lane <= 0:  # lane 0 is the centre line, not a lane
+                lane += 1 if v["dlane"] > 0 else -1
+        x, y, h = self.lanes.lane_point(road, lane, s, off if lane < 0 else -off, f"{self.plan.path}:{p.line}")
+        return x, y, self._turn(h, v)
+
+    @staticmethod
+    def _turn(h: float, v) -> float:
+        if v.get("h") is None:
+            return h
+        return v["h"] if v.get("ref") == "absolute" else h + v["h"]
+
+    def _place(self, who: str, x: float, y: float, h: float) -> None:
+        st = self.states[who]
+        st.x, st.y, st.h, st.placed = x, y, h, True
+        st.path = None
+        if self.plan.entities[who].kind == "vehicle":
+            at = self._on_lane(x, y, h)
+            if at is not None:
+                st.path = self.lanes.chain(at[0])
+                u, t, _ = st.path.project((x, y))
+                st.u, st.t = float(u[0]), float(t[0])
+
+    def _set_ego(self, ego) -> None:
+        st = self.states[self.plan.ego]
+        x, y, h, v = map(float, ego)
+        if st.placed:
+            st.odometer += math.hypot(x - st.x, y - st.y)
+        st.x, st.y, st.h, st.speed, st.placed = x, y, h, v, True
+
+    # ------------------------------------------------------------------ actions
+    def _begin(self, who: str, a: Action, event: Optional[str]) -> None:
+        st, tau, v = self.states[who], self.tau, a.v
+        self.started[("action", a.name)] = tau
+        if a.kind == "teleport":
+            self._place(who, *self.position(v["position"]))
+            self._end_action(a.name)
+            return
+        if a.kind == "speed":
+            if st.long is not None or st.traj is not None:
+                self._end_action((st.long or st.traj).action.name)
+                st.traj = None
+            v0, v1 = st.speed, v["speed"]
+            dim, val = v["dimension"], v["value"]
+            span = 0.0 if v["shape"] == "step" else (val if dim == "time" else abs(v1 - v0) / val if dim == "rate"
+                                                     else 2 * val / max(v0 + v1, 1e-6))
+            st.long = _Running(a, event, tau, span, v0, v1)
+            if span <= 0:
+                st.speed = v1
+                st.long = None
+                self._end_action(a.name)
+            return
+        if a.kind in ("lane_change", "lane_offset"):
+            if st.path is None:
+                self.fail(a.line, f"{a.name}: {who!r} is on no lane of the road at t = {tau:.2f} s")
+            if st.lat is not None:
+                self._end_action(st.lat.action.name)
+            if a.kind == "lane_change":
+                self._retarget(who, st, a)
+            t1 = v["offset"]
+            d = abs(t1 - st.t)
+            if a.kind == "lane_change":
+                dim, val = v["dimension"], v["value"]
+                span = 0.0 if v["shape"] == "step" else (d / val if dim == "rate" else val)
+                by_distance = dim == "distance"
+            else:
+                acc = max(v["max_lat_acc"], 1e-6)
+                k = {"step": 0.0, "linear": 4.0, "cubic": 6.0, "sinusoidal": math.pi ** 2 / 2}[v["shape"]]
+                span, by_distance = math.sqrt(k * d / acc), False
+            st.lat = _Running(a, event, tau, span, st.t, t1, by_distance, st.u)
+            if span <= 0:
+                st.t, st.lat = t1, None
+                self._end_action(a.name)
+            return
+        # a trajectory: both kinds of motion
+        for r in (st.long, st.lat, st.traj):
+            if r is not None:
+                self._end_action(r.action.name)
+        st.long = st.lat = None
+        st.traj = self._trajectory(a, event)
+
+    def _retarget(self, who: str, st: EntityState, a: Action) -> None:
+        """A lane change's target lane chain; the entity's u and t re-expressed on it."""
+        here = self._on_lane(st.x, st.y, st.h)
+        if here is None:
+            self.fail(a.line, f"{a.name}: {who!r} is on no lane of the road at t = {self.tau:.2f} s")
+        piece = self.lanes.pieces[here[0]]
+        if "entity" in a.v:
+            ref = self.states[a.v["entity"]]
+            at = self._on_lane(ref.x, ref.y, ref.h)
+            if at is None:
+                self.fail(a.line, f"{a.name}: {a.v['entity']!r} is on no lane of the road")
+            target = self.lanes.neighbour(at[0], a.v["lane"])
+            lane = None if target is None else self.lanes.pieces[target].lane
+        else:
+            lane = a.v["lane"]
+        s = self._road_s(here[0], here[1])
+        found = None if lane is None else next(
+            (i for i, p in enumerate(self.lanes.pieces) if p.road == piece.road and p.lane == lane
+             and min(p.s_start, p.s_end) - 1e-6 <= s <= max(p.s_start, p.s_end) + 1e-6), None)
+        if found is None:
+            self.fail(a.line, f"{a.name}: road {piece.road!r} has no target lane "
+                              f"{lane if lane is not None else ''} beside {who!r} at t = {self.tau:.2f} s")
+        st.path = self.lanes.chain(found)
+        u, t, _ = st.path.project((st.x, st.y))
+        st.u, st.t = float(u[0]), float(t[0])
+
+    def _trajectory(self, a: Action, event: Optional[str]) -> _Running:
+        v = a.v
+        if v["shape"] == "polyline":
+            pts = [self.position(p) for p in v["positions"]]
+            xy = np.array([p[:2] for p in pts])
+            given = all(p.v.get("h") is not None for p in v["positions"])
+            headings = np.unwrap([p[2] for p in pts]) if given else None
+            times = v["times"]
+        else:
+            x0, y0, h0 = self.position(v["start"])
+            s = np.linspace(0.0, v["length"], max(int(v["length"] / 0.1), 2) + 1)
+            h = h0 + v["curvature"] * s + 0.5 * v["curvature_dot"] * s * s
+            ds = np.diff(s)
+            xy = np.c_[x0 + np.r_[0, np.cumsum(ds * np.cos(0.5 * (h[1:] + h[:-1])))],
+                       y0 + np.r_[0, np.cumsum(ds * np.sin(0.5 * (h[1:] + h[:-1])))]]
+            headings = h
+            t0, t1 = v["start_time"], v["stop_time"]
+            times = None if t0 is None or t1 is None else list(np.linspace(t0, t1, len(s)))
+        keep = np.r_[True, np.linalg.norm(np.diff(xy, axis=0), axis=1) > 1e-9]
+        timing = v["timing"]
+        run = _Running(a, event, self.tau)
+        if timing is not None and times is not None:
+            t = np.asarray(times, float) * timing["scale"] + timing["offset"]
+            run.times = t + (self.tau if timing["domain"] == "relative" else 0.0)
+            run.headings, run.xy = headings, xy
+        else:
+            if keep.sum() < 2:
+                self.fail(a.line, f"{a.name}: the trajectory has no length")
+            run.path = Polyline(xy[keep])
+            run.headings = None if headings is None else np.asarray(headings)[keep]
+        return run
+
+    def _end_action(self, name: str) -> None:
+        self.ended.setdefault(("action", name), self.tau)
+
+    # ------------------------------------------------------------------ motion
+    def _move(self, who: str, st: EntityState, dt: float) -> None:
+        if not st.placed:
+            return
+        x0, y0 = st.x, st.y
+        tau = self.tau
+        v_before = st.speed
+        if st.long is not None:
+            r = st.long
+            x = (tau - r.start) / r.span if r.span > 0 else 1.0
+            st.speed = r.v0 + (r.v1 - r.v0) * shape_fraction(r.action.v["shape"], x)
+            if x >= 1.0:
+                st.speed, st.long = r.v1, None
+                self._end_action(r.action.name)
+        if st.traj is not None:
+            self._follow(st, dt, v_before)
+        elif st.path is not None:
+            du = 0.5 * (v_before + st.speed) * dt
+            st.u += du
+            t_before = st.t
+            if st.lat is not None:
+                r = st.lat
+                x = ((st.u - r.u0) / r.span if r.by_distance else (tau - r.start) / r.span) if r.span > 0 else 1.0
+                st.t = r.v0 + (r.v1 - r.v0) * shape_fraction(r.action.v["shape"], x)
+                if x >= 1.0:
+                    st.t, st.lat = r.v1, None
+                    self._end_action(r.action.name)
+            (p,), (h,) = st.path.at(st.u)
+            st.x, st.y = float(p[0] - st.t * math.sin(h)), float(p[1] + st.t * math.cos(h))
+            st.h = float(h + (math.atan2(st.t - t_before, du) if du > 1e-6 else 0.0))
+        else:
+            d = 0.5 * (v_before + st.speed) * dt
+            st.x += d * math.cos(st.h)
+            st.y += d * math.sin(st.h)
+        st.odometer += math.hypot(st.x - x0, st.y - y0)
+
+    def _follow(self, st: EntityState, dt: float, v_before: float) -> None:
+        r = st.traj
+        if r.times is not None:
+            xy = r.xy
+            t = min(max(self.tau, r.times[0]), r.times[-1])
+            x, y = np.interp(t, r.times, xy[:, 0]), np.interp(t, r.times, xy[:, 1])
+            moved = math.hypot(x - st.x, y - st.y)
+            if r.headings is not None:
+                h = float(np.interp(t, r.times, r.headings))
+            else:
+                k = int(np.clip(np.searchsorted(r.times, t, side="right") - 1, 0, len(xy) - 2))
+                d = xy[k + 1] - xy[k]
+                h = math.atan2(d[1], d[0]) if np.linalg.norm(d) > 1e-9 else st.h
+            st.speed = moved / dt if dt > 0 else st.speed
+            st.x, st.y, st.h = float(x), float(y), h
+            done = self.tau >= r.times[-1] - 1e-9
+        else:
+            r.u0 += 0.5 * (v_before + st.speed) * dt
+            (p,), (h,) = r.path.at(r.u0)
+            if r.headings is not None:
+                h = float(np.interp(r.u0, r.path.s, r.headings))
+            st.x, st.y, st.h = float(p[0]), float(p[1]), float(h)
+            done = r.u0 >= r.path.length - 1e-9
+        if done:
+            st.traj = None
+            st.path = None  # it goes on straight from the trajectory's end
+            self._end_action(r.action.name)
+
+    # ------------------------------------------------------------------ triggers
+    def _evaluate(self) -> None:
+        plan, tau = self.plan, self.tau
+        values = {}
+        for trig in self._triggers():
+            for g in trig:
+                for c in g:
+                    if id(c) not in values:
+                        values[id(c)] = self._condition(c)
+        fires = lambda trig: bool(trig) and any(all(values[id(c)] for c in g) for g in trig)  # noqa: E731
+        self._last_eval = tau
+        if fires(plan.stop) and not self.stopped:
+            self.stopped, self.stop_time = True, tau
+        for act in plan.acts:
+            key = ("act", act.name)
+            if key not in self.started and (not act.start or fires(act.start)):
+                self.started[key] = tau
+            if key not in self.started or key in self.ended:
+                continue
+            if fires(act.stop):
+                for ev in act.events:
+                    self._stop_event(ev)
+                self.ended[key] = tau
+                continue
+            for ev in act.events:
+                ek = ("event", ev.name)
+                if ek in self.started or not (not ev.trigger or fires(ev.trigger)):
+                    continue
+                rivals = [o for o in act.events if o.maneuver == ev.maneuver and o is not ev
+                          and ("event", o.name) in self.started and ("event", o.name) not in self.ended]
+                if ev.priority == "skip" and rivals:
+                    continue
+                if ev.priority in ("override", "overwrite"):
+                    for o in rivals:
+                        self._stop_event(o)
+                self.started[ek] = tau
+                for name in ("maneuver", "maneuverGroup"):
+                    self.started.setdefault((name, ev.maneuver if name == "maneuver" else ev.group), tau)
+                for who in ev.actors:
+                    for a in ev.actions:
+                        self._begin(who, a, ev.name)
+            self._close(act)
+
+    def _stop_event(self, ev) -> None:
+        if ("event", ev.name) in self.ended:
+            return
+        for st in self.states.values():
+            for kind in ("long", "lat", "traj"):
+                r = getattr(st, kind)
+                if r is not None and r.event == ev.name:
+                    setattr(st, kind, None)
+        for a in ev.actions:
+            self._end_action(a.name)
+        self.ended[("event", ev.name)] = self.tau
+
+    def _close(self, act) -> None:
+        """Events whose actions have all ended end; maneuvers, groups and the act when all of theirs have."""
+        tau = self.tau
+        for ev in act.events:
+            if ("event", ev.name) in self.started and all(("action", a.name) in self.ended for a in ev.actions):
+                self.ended.setdefault(("event", ev.name), tau)
+        for kind, key in (("maneuver", lambda e: e.maneuver), ("maneuverGroup", lambda e: e.group)):
+            for name in {key(e) for e in act.events}:
+                if all(("event", e.name) in self.ended for e in act.events if key(e) == name):
+                    self.ended.setdefault((kind, name), tau)
+        if act.events and all(("event", e.name) in self.ended for e in act.events):
+            self.ended.setdefault(("act", act.name), tau)
+
+    def _triggers(self) -> List[Trigger]:
+        out = [self.plan.stop]
+        for act in self.plan.acts:
+            out += [act.start, act.stop] + [e.trigger for e in act.events]
+        return out
+
+    def _condition(self, c: Condition) -> bool:
+        raw = self._raw(c)
+        mem = self.conds.setdefault(id(c), _Cond())
+        prev, mem.prev = mem.prev, raw
+        edge = c.edge
+        if edge == "none":
+            value = raw
+        elif prev is None:
+            value = False
+        else:
+            value = {"rising": raw and not prev, "falling": prev and not raw,
+                     "risingOrFalling": raw != prev}.get(edge, raw)
+        mem.history.append((self.tau, value))
+        if c.delay <= 0:
+            return value
+        then = self.tau - c.delay + 1e-9
+        past = [v for t, v in mem.history if t <= then]
+        return bool(past) and past[-1]
+
+    def _raw(self, c: Condition) -> bool:
+        v, tau = c.v, self.tau
+        if c.kind == "time":
+            return RULES[v["rule"]](tau, v["value"])
+        if c.kind == "state":
+            key = (v["element"], v["ref"])
+            started, ended = self.started.get(key), self.ended.get(key)
+            state = v["state"]
+            if state == "startTransition":
+                return started is not None and started > self._last_eval - 1e-9
+            if state == "endTransition":
+                return ended is not None and ended > self._last_eval - 1e-9
+            if state == "runningState":
+                return started is not None and ended is None
+            if state == "completeState":
+                return ended is not None
+            if state == "standbyState":
+                return started is None
+            if state == "stopTransition":
+                return ended is not None and ended > self._last_eval - 1e-9
+            self.fail(c.line, f"condition {c.name!r}: state {state!r} is outside gsim's subset")
+        results = []
+        for who in c.entities:
+            st = self.states[who]
+            if c.kind == "reach":
+                x, y, _ = self.position(v["position"])
+                results.append(math.hypot(st.x - x, st.y - y) <= v["tolerance"])
+            elif c.kind == "traveled":
+                results.append(st.odometer >= v["value"])
+            else:
+                results.append(RULES[v["rule"]](self.distance(who, v["entity"], v["type"], v["freespace"],
+                                                              v["system"]), v["value"]))
+        return all(results) if c.rule == "all" else any(results)
+
+    def distance(self, a: str, b: str, kind: str, freespace: bool, system: str = "entity") -> float:
+        """The distance from entity ``a`` to ``b`` (see the module docstring)."""
+        sa, sb = self.states[a], self.states[b]
+        h = sa.h
+        if system in ("lane", "road"):
+            at = self._on_lane(sa.x, sa.y, sa.h)
+            if at is not None:
+                h = float(self.lanes.pieces[at[0]].centre.at(at[1])[1][0])
+        ca, cb = np.array(self.box_centre(a)), np.array(self.box_centre(b))
+        u, n = np.array([math.cos(h), math.sin(h)]), np.array([-math.sin(h), math.cos(h)])
+        d = cb - ca
+        lon, lat = abs(float(d @ u)), abs(float(d @ n))
+        if freespace:
+            ea, eb = self.plan.entities[a], self.plan.entities[b]
+
+            def extent(e, heading, axis):
+                rel = heading - math.atan2(axis[1], axis[0])
+                return 0.5 * e.size[0] * abs(math.cos(rel)) + 0.5 * e.size[1] * abs(math.sin(rel))
+            lon = max(0.0, lon - extent(ea, sa.h, u) - extent(eb, sb.h, u))
+            lat = max(0.0, lat - extent(ea, sa.h, n) - extent(eb, sb.h, n))
+        if kind == "longitudinal":
+            return lon
+        if kind == "lateral":
+            return lat
+        return math.hypot(lon, lat)
