@@ -23,6 +23,7 @@ import numpy as np
 
 from gsim.errors import InputError
 from gsim.io import atomic_path
+from gsim.transforms import interpolate_poses
 
 VEHICLES = {"car": "car", "truck": "truck", "bus": "bus", "cyclist": "bicycle", "motorcycle": "motorbike"}
 MISC = {"cone": "obstacle", "barrier": "barrier", "sign": "obstacle", "other": "obstacle"}
@@ -79,8 +80,10 @@ def export_scenario(target: str, out_dir) -> Path:
                                               xosc.SimulationTimeCondition(0, xosc.Rule.greaterThan)))
     for name, category, size, centre, axles, ts, poses in tracks:
         entities.add_scenario_object(name, _entity(xosc, name, category, size, centre, axles))
-        keep = (ts >= t0) & (ts <= t1) if ((ts >= t0) & (ts <= t1)).sum() >= 2 else np.ones(len(ts), bool)
-        ts, poses = ts[keep], poses[keep]
+        if len(ts) > 1:  # its track within the scenario's span (ends interpolated), standing from its end on
+            start, end = min(max(int(ts[0]), t0), t1), max(min(int(ts[-1]), t1), t0)
+            new = np.unique(np.r_[start, ts[(ts > start) & (ts < end)], end, t1]).astype(np.int64)
+            ts, poses = new, interpolate_poses(ts, poses, new)
         init.add_init_action(name, xosc.TeleportAction(_position(xosc, poses[0])))
         if len(ts) < 2:
             continue

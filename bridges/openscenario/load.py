@@ -32,6 +32,7 @@ from .storyboard import Storyboard
 
 EGO_START_TOLERANCE_M = 1.0  # along the logged path: the ego's teleport must be beside its logged start
 EGO_HEADING_TOLERANCE_RAD = math.radians(15)
+EGO_PATH_TOLERANCE_M = 0.1  # an ego trajectory this close to the logged path is the logged path
 LOG_ACTORS_PARAMETER = "gsim_log_actors"
 STOP_HORIZON_S = 600.0  # a StopTrigger that fires within this of the start sets a closed loop's length
 
@@ -129,28 +130,28 @@ def read_xosc(path, params=None, ego: Optional[str] = None, scene: Optional[str]
     # the ego: beside its logged start, or refused
     P0 = interpolate_pose(ts, poses, t0)
     teleport = next((a for who, a in plan.init if who == plan.ego and a.kind == "teleport"), None)
-    shift = 0.0
+    shift, ego_track = 0.0, None
     if teleport is not None:
-        x, y, h = sb.position(teleport.v["position"])
-        d = np.array([x, y]) - P0[:2, 3]
-        fwd = P0[:2, 0] / np.linalg.norm(P0[:2, 0])
-        lon, lat = float(d @ fwd), float(fwd[0] * d[1] - fwd[1] * d[0])
-        turn = abs(math.remainder(h - math.atan2(fwd[1], fwd[0]), 2 * math.pi))
-        if abs(lon) > EGO_START_TOLERANCE_M or turn > EGO_HEADING_TOLERANCE_RAD:
-            raise InputError(f"{plan.path}:{teleport.line}: the ego {plan.ego!r} is put {lon:+.2f} m along and "
-                             f"{math.degrees(turn):.0f} degrees off its logged start ({P0[0, 3]:.2f}, {P0[1, 3]:.2f}); "
-                             f"gsim's ego starts where its log does (a sideways shift is allowed)")
-        shift = lat if abs(lat) > 1e-3 else 0.0
+        shift = _ego_shift(plan, teleport, sb.position(teleport.v["position"]), P0)
+    if plan.ego_path is not None:
+        ego_track = _ego_track(plan, sb, ts, poses, t0, shift)
+        if ego_track is not None:
+            shift = 0.0  # (the path is where the ego drives)
     ego_speed = next((a.v["speed"] for who, a in plan.init if who == plan.ego and a.kind == "speed"), None)
 
+    if ego_track is not None:  # the ego's path as the offline play drives it: the file's, or the log's shifted
+        from gsim.editing.scenario import Track
+        from gsim.editing.world import track_poses
+        ets, eposes = track_poses(Track.model_validate(ego_track))
+    else:
+        ets, eposes = ts, poses.copy()
+        eposes[:, :3, 3] += shift * eposes[:, :3, 1]
+
     def ego_at(t_us: int):
-        P = interpolate_pose(ts, poses, t_us)
-        Q = interpolate_pose(ts, poses, min(t_us + 50_000, int(ts[-1])))
-        R = interpolate_pose(ts, poses, max(t_us - 50_000, int(ts[0])))
-        left = P[:2, 1]
-        x, y = P[:2, 3] + shift * left
-        dt = max((min(t_us + 50_000, int(ts[-1])) - max(t_us - 50_000, int(ts[0]))) * 1e-6, 1e-6)
-        return x, y, math.atan2(P[1, 0], P[0, 0]), float(np.linalg.norm(Q[:2, 3] - R[:2, 3]) / dt)
+        lo, hi = max(t_us - 50_000, int(ets[0])), min(t_us + 50_000, int(ets[-1]))
+        P, Q, R = (interpolate_pose(ets, eposes, t) for t in (t_us, hi, lo))
+        speed = float(np.linalg.norm(Q[:2, 3] - R[:2, 3]) / max((hi - lo) * 1e-6, 1e-6))
+        return float(P[0, 3]), float(P[1, 3]), math.atan2(P[1, 0], P[0, 0]), speed
 
     step_us = int(round(step_s * 1e6))
     others = [n for n in plan.entities if n != plan.ego and n not in plan.deleted]
@@ -191,12 +192,50 @@ def read_xosc(path, params=None, ego: Optional[str] = None, scene: Optional[str]
     stop_us = None if sb.stop_time is None else t0 + int(round(sb.stop_time * 1e6))
     road = _road_options(plan, lanes, P0, shift)
     data = {"schema_version": 1, "name": name, "scene": str(scene_dir), "log": str(log_dir), "edits": edits,
-            "ego": {"shift_m": shift}, "time": {"end_us": min(stop_us or t1, t1)}, "output": name,
+            "ego": {"shift_m": shift, **({"track": ego_track} if ego_track else {})}, "time": {"end_us": min(stop_us or t1, t1)}, "output": name,
             "closed_loop": {"step_s": step_s, "road": road,
                             **({"target_speed_mps": ego_speed} if ego_speed else {}),
                             **({"duration_s": max(sb.stop_time, step_s)} if stop_us else {})}}
     sc = parse_scenario(data, str(plan.path), LoopScenario).resolve(plan.path.parent)
     return Imported(plan, lanes, sc, sb.stop_time)
+
+
+def _ego_shift(plan: Plan, teleport, where, P0: np.ndarray) -> float:
+    """The sideways shift of the ego's logged path that its Init teleport asks for; InputError where it is put
+    elsewhere than beside its logged start."""
+    x, y, h = where
+    d = np.array([x, y]) - P0[:2, 3]
+    fwd = P0[:2, 0] / np.linalg.norm(P0[:2, 0])
+    lon, lat = float(d @ fwd), float(fwd[0] * d[1] - fwd[1] * d[0])
+    turn = abs(math.remainder(h - math.atan2(fwd[1], fwd[0]), 2 * math.pi))
+    if abs(lon) > EGO_START_TOLERANCE_M or turn > EGO_HEADING_TOLERANCE_RAD:
+        raise InputError(f"{plan.path}:{teleport.line}: the ego {plan.ego!r} is put {lon:+.2f} m along and "
+                         f"{math.degrees(turn):.0f} degrees off its logged start ({P0[0, 3]:.2f}, {P0[1, 3]:.2f}); "
+                         f"gsim's ego starts where its log does (a sideways shift is allowed)")
+    return lat if abs(lat) > 1e-3 else 0.0
+
+
+def _ego_track(plan: Plan, sb: Storyboard, ts, poses, t0: int, shift: float) -> Optional[dict]:
+    """The ego's path (``ego.track`` timed poses) from its FollowTrajectoryAction, or None where that is its logged
+    path (with the shift) within EGO_PATH_TOLERANCE_M."""
+    from gsim.transforms import interpolate_poses
+    a = plan.ego_path
+    run = sb.trajectory(a)
+    if run.times is None:
+        raise InputError(f"{plan.path}:{a.line}: the ego's FollowTrajectoryAction needs a Timing (gsim's ego path is "
+                         f"timed)")
+    t_us = t0 + np.round(np.asarray(run.times) * 1e6).astype(np.int64)
+    inside = (t_us >= ts[0]) & (t_us <= ts[-1])
+    logged = interpolate_poses(ts, poses, t_us[inside])
+    there = logged[:, :2, 3] + shift * logged[:, :2, 1]
+    if inside.any() and np.linalg.norm(there - run.xy[inside], axis=1).max() <= EGO_PATH_TOLERANCE_M:
+        return None
+    headings = run.headings if run.headings is not None else np.r_[
+        np.arctan2(*np.diff(run.xy, axis=0)[:, ::-1].T), 0.0]
+    if run.headings is None:
+        headings[-1] = headings[-2] if len(headings) > 1 else 0.0
+    return {"poses": [{"t_us": int(t), "xyz": [float(x), float(y), 0.0], "yaw_deg": _yaw_deg(h)}
+                      for t, (x, y), h in zip(t_us, run.xy, headings)]}
 
 
 def _unchanged(actor, track, tolerance_m: float = 0.01) -> bool:

@@ -110,9 +110,18 @@ class Plan:
     stop: Trigger
     parameters: Dict[str, str] = field(default_factory=dict)
     deleted: Tuple[str, ...] = ()  # entities Init deletes (a scene's own actors the scenario takes out)
+    ego_path: Optional[Action] = None  # the ego's FollowTrajectoryAction from the start, if any
 
     def where(self, line: int) -> str:
         return f"{self.path}:{line}"
+
+
+def _finite_or_text(v: str) -> bool:
+    """False for a number that is not finite (NaN, INF), True for finite numbers and other text."""
+    try:
+        return math.isfinite(float(v))
+    except ValueError:
+        return True
 
 
 class _Reader:
@@ -164,9 +173,8 @@ class _Reader:
             for k, v in el.attrib.items():
                 if v.startswith("${"):
                     self.fail(el.sourceline, f"<{el.tag}> {k}={v!r}: expressions are outside gsim's subset")
-                with contextlib.suppress(ValueError):
-                    if not math.isfinite(float(v)):
-                        self.fail(el.sourceline, f"<{el.tag}> {k}={v!r} is not a finite number")
+                if not _finite_or_text(v):
+                    self.fail(el.sourceline, f"<{el.tag}> {k}={v!r} is not a finite number")
 
     def _parameters(self, overrides: Dict[str, str]) -> Dict[str, str]:
         declared = {}
@@ -181,18 +189,17 @@ class _Reader:
             for k, v in (el.attrib.items() if isinstance(el.tag, str) else ()):
                 if v.startswith("$") and v[1:] not in params:
                     self.fail(el.sourceline, f"<{el.tag}> {k}={v!r}: no such parameter is declared")
-                if v.startswith("$") and v[1:] in params:
-                    with contextlib.suppress(ValueError):
-                        if not math.isfinite(float(params[v[1:]])):
-                            self.fail(el.sourceline, f"<{el.tag}> {k}={v!r} = {params[v[1:]]!r} is not finite")
+                if v.startswith("$") and v[1:] in params and not _finite_or_text(params[v[1:]]):
+                    self.fail(el.sourceline, f"<{el.tag}> {k}={v!r} = {params[v[1:]]!r} is not a finite number")
         return params
 
     # ------------------------------------------------------------------ values of the parsed objects
-    def line(self, tag: str, **attrs) -> int:
+    def line(self, tag: str, after: int = 0, **attrs) -> int:
+        """The line of the first <tag> with these attributes at or after line ``after`` (else ``after``)."""
         for el in self.root.iter(tag):
-            if all(el.get(k) == v for k, v in attrs.items()):
+            if el.sourceline >= after and all(el.get(k) == v for k, v in attrs.items()):
                 return el.sourceline
-        return self.root.sourceline
+        return after or self.root.sourceline
 
     def value(self, v):
         """A parsed attribute with its parameter reference resolved (strings as they are otherwise)."""
@@ -268,7 +275,7 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
     if sc.storyboard.init.user_defined_actions:
         r.fail(r.line("Init"), "<Init> user-defined actions are outside gsim's subset")
     init = [(who, a) for who, a in init if who not in deleted]
-    acts = []
+    acts, ego_path = [], None
     for story in sc.storyboard.stories:
         for act in story.acts:
             events = []
@@ -284,14 +291,22 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
                 for m in mg.maneuvers:
                     for ev in m.events:
                         line = r.line("Event", name=ev.name)
-                        if ego in actors:
-                            r.fail(line, f"<Event name={ev.name!r}> acts on the ego {ego!r}, which the agent drives")
                         if int(r.num(ev.maxexecution, line, "maximumExecutionCount")) != 1:
                             r.fail(line, "maximumExecutionCount other than 1 is outside gsim's subset")
                         acts_ = tuple(_action(r, a.action, a.name, r.line("Action", name=a.name), entities)
                                       for a in ev.action)
-                        events.append(Event(ev.name, m.name, mg.name, actors, r.value(ev.priority), acts_,
-                                            _trigger(r, ev.trigger, entities), line))
+                        trigger = _trigger(r, ev.trigger, entities)
+                        if ego in actors:  # the agent drives the ego: a path from the start is all it takes
+                            if actors != (ego,) or len(acts_) != 1 or acts_[0].kind != "trajectory" or not all(
+                                    c.kind == "time" and c.v["value"] <= 1e-6 for g in trigger for c in g) \
+                                    or ego_path is not None:
+                                r.fail(line, f"<Event name={ev.name!r}> acts on the ego {ego!r}, which the agent "
+                                             f"drives (the ego takes one FollowTrajectoryAction from the start: its "
+                                             f"path)")
+                            ego_path = acts_[0]
+                            continue
+                        events.append(Event(ev.name, m.name, mg.name, actors, r.value(ev.priority), acts_, trigger,
+                                            line))
             acts.append(Act(act.name, _trigger(r, act.starttrigger, entities), _trigger(r, act.stoptrigger, entities),
                             tuple(events)))
     _check_references(r, acts, entities)
@@ -302,7 +317,7 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
             if gone:
                 r.fail(e.line, f"<Event name={e.name!r}> acts on {gone[0]!r}, which Init deletes")
     return Plan(path, r.value(sc.header.description) if hasattr(sc, "header") else path.stem, scene, road, entities,
-                ego, init, acts, stop, r.params, tuple(deleted))
+                ego, init, acts, stop, r.params, tuple(deleted), ego_path)
 
 
 def _entity(r: _Reader, o) -> Entity:
@@ -330,6 +345,7 @@ def _entity(r: _Reader, o) -> Entity:
 
 def _position(r: _Reader, p, line: int, entities) -> Position:
     from scenariogeneration import xosc
+    line = r.line(type(p).__name__, line)  # (the element itself, at or after its action's line)
     orient = getattr(p, "orient", None)
     h = r.value(orient.h) if orient is not None else None
     rel = r.value(orient.ref) if orient is not None else None
@@ -381,7 +397,7 @@ def _action(r: _Reader, a, name: str, line: int, entities) -> Action:
              "offset": r.num(a.target_lane_offset, line, "targetLaneOffset", 0.0),
              **_dynamics(r, a.transition_dynamics, line, "LaneChangeAction")}
         if isinstance(a, xosc.RelativeLaneChangeAction):
-            v["entity"] = r.value(a.entity)
+            v["entity"] = r.value(a.target)
             if v["entity"] not in entities:
                 r.fail(line, f"RelativeTargetLane entityRef={v['entity']!r}: no such entity")
         return Action("lane_change", name, v, line)

@@ -255,7 +255,9 @@ class Storyboard:
             if r is not None:
                 self._end_action(r.action.name)
         st.long = st.lat = None
-        st.traj = self._trajectory(a, event)
+        st.traj = self.trajectory(a, event)
+        if st.traj.times is not None:  # timed: where it is at this time, from now on
+            self._follow(st, 0.0, st.speed)
 
     def _retarget(self, who: str, st: EntityState, a: Action) -> None:
         """A lane change's target lane chain; the entity's u and t re-expressed on it."""
@@ -283,7 +285,9 @@ class Storyboard:
         u, t, _ = st.path.project((st.x, st.y))
         st.u, st.t = float(u[0]), float(t[0])
 
-    def _trajectory(self, a: Action, event: Optional[str]) -> _Running:
+    def trajectory(self, a: Action, event: Optional[str] = None) -> _Running:
+        """A FollowTrajectoryAction's trajectory from now: ``times`` (simulation s), ``xy`` and ``headings`` at its
+        vertices when it is timed, else a ``path`` to travel (and ``headings`` along it where given)."""
         v = a.v
         if v["shape"] == "polyline":
             pts = [self.position(p) for p in v["positions"]]

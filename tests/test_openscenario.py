@@ -1,0 +1,370 @@
+"""OpenSCENARIO in (gsim.bridges.openscenario): files written here with scenariogeneration (not by gsim), played by the
+storyboard, imported as gsim scenarios, run in the closed loop; export then import is the identity; bad files are
+one line each, and nothing runs or is written."""
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sumolib", reason="needs the sumo extra")
+pytest.importorskip("yaml")
+xosc = pytest.importorskip("scenariogeneration.xosc", reason="needs the scenarios extra (scenariogeneration)")
+sys.path.insert(0, str(Path(__file__).parent))
+from gsim.bridges.closed_loop.opendrive import export_road, road_network  # noqa: E402
+from gsim.bridges.openscenario.lanes import LaneMap  # noqa: E402
+from gsim.bridges.openscenario.load import read_xosc  # noqa: E402
+from gsim.bridges.openscenario.read import read_plan  # noqa: E402
+from gsim.bridges.openscenario.storyboard import Storyboard  # noqa: E402
+from gsim.cli import main  # noqa: E402
+from support import scenario  # noqa: E402
+
+CAR_BOX = (1.9, 4.6, 1.5, 1.3, 0.0, 0.75)  # width, length, height, centre x, y, z (the reference point: rear axle)
+
+
+def car():
+    return xosc.Vehicle("car", xosc.VehicleCategory.car, xosc.BoundingBox(*CAR_BOX), xosc.Axle(0.5, 0.6, 1.6, 2.7, 0.3),
+                        xosc.Axle(0.5, 0.6, 1.6, 0.0, 0.3), 50, 10, 10)
+
+
+def step_speed(value):
+    return xosc.AbsoluteSpeedAction(value, xosc.TransitionDynamics(xosc.DynamicsShapes.step, xosc.DynamicsDimension.time,
+                                                                   0))
+
+
+def at_time(name, t, edge=xosc.ConditionEdge.rising, point="start"):
+    return xosc.ValueTrigger(name, 0, edge, xosc.SimulationTimeCondition(t, xosc.Rule.greaterThan), point)
+
+
+def write(path, scene, entities, init, events=(), stop_s=5.0, road="road.xodr", params=None, deleted=()):
+    """A scenario file: ``entities`` {name: entity}, ``init`` [(name, action)], ``events`` [(event name, actor,
+    [(action name, action)], trigger)], a stop at ``stop_s``."""
+    ents = xosc.Entities()
+    for n, e in entities.items():
+        ents.add_scenario_object(n, e)
+    ini = xosc.Init()
+    for n, a in init:
+        ini.add_init_action(n, a)
+    for n in deleted:
+        ini.add_global_action(xosc.DeleteEntityAction(n))
+    act = xosc.Act("act")  # (none without events: the schema wants a maneuver group in an act)
+    for name, actor, actions, trigger in events:
+        ev = xosc.Event(name, xosc.Priority.override)
+        for an, a in actions:
+            ev.add_action(an, a)
+        ev.add_trigger(trigger)
+        m = xosc.Maneuver(f"{name}_m")
+        m.add_event(ev)
+        g = xosc.ManeuverGroup(f"{name}_g")
+        g.add_actor(actor)
+        g.add_maneuver(m)
+        act.add_maneuver_group(g)
+    board = xosc.StoryBoard(ini, at_time("stop", stop_s, point="stop") if stop_s else None)
+    if events:
+        story = xosc.Story("story")
+        story.add_act(act)
+        board.add_story(story)
+    decl = xosc.ParameterDeclarations()
+    for k, (kind, v) in (params or {}).items():
+        decl.add_parameter(xosc.Parameter(k, kind, v))
+    import os
+    rn = xosc.RoadNetwork(road, os.path.relpath(scene, Path(path).parent) if scene else None)
+    xosc.Scenario(Path(path).stem, "tests", decl, ents, board, rn, xosc.Catalog()).write_xml(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def roads(loop_street, tmp_path_factory):
+    """The loop street's road as OpenDRIVE: one lane each way (its default), and two forward lanes and one back."""
+    d = tmp_path_factory.mktemp("roads")
+    export_road(str(loop_street), d / "one" / "road.xodr")
+    two = scenario(loop_street, "two_lanes", road={"lanes": 2, "lane_width_m": 3.5, "opposite_lanes": 1})
+    export_road(two, d / "two" / "road.xodr")
+    return d
+
+
+def braking(folder, scene, brake_at="1.0"):
+    """The issue's file: a car put into the ego's lane 12 m ahead at 6 m/s, braking at 4 m/s^2 from a time trigger
+    (a parameter)."""
+    return write(folder / "braking.xosc", scene, {"ego": car(), "braker": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("braker", xosc.TeleportAction(xosc.WorldPosition(12.0, -1.75, 0.0, 0.0))),
+                  ("braker", step_speed(6.0))],
+                 [("brake", "braker", [("brake", xosc.AbsoluteSpeedAction(0.0, xosc.TransitionDynamics(
+                     xosc.DynamicsShapes.linear, xosc.DynamicsDimension.rate, 4.0)))], at_time("at", "$brake_at"))],
+                 params={"brake_at": (xosc.ParameterType.double, brake_at)})
+
+
+def play(path, lanes, ego, seconds, step=0.1, params=None):
+    """The storyboard of ``path`` played for ``seconds`` with the ego where ``ego(t)`` says; states per step."""
+    sb = Storyboard(read_plan(path, params), lanes)
+    sb.start(0, ego(0.0))
+    out = [(0.0, {n: sb.pose(n) for n in sb.states})]
+    for k in range(1, int(round(seconds / step)) + 1):
+        t = k * step
+        sb.step(int(round(t * 1e6)), ego(t))
+        out.append((t, {n: sb.pose(n) for n in sb.states}))
+    return sb, out
+
+
+def parked_ego(t):
+    return (0.0, -1.6, 0.0, 0.0)
+
+
+def test_the_issues_file_runs_in_the_closed_loop_and_the_privileged_agent_stops_behind(loop_street, roads, tmp_path):
+    """Done: the car starts where the file puts it, goes 6 m/s, brakes from the trigger at 4 m/s^2 to a stop, and the
+    privileged agent stops behind it; the StopTrigger ends the run."""
+    import shutil
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    path = braking(tmp_path, loop_street)
+    assert main(["closed-loop", path, "--agent", "privileged", "--out", str(tmp_path / "run"), "--no-video"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    box = [next(a for a in r["actors"] if a["id"] == "braker") for r in rows]
+    xy = np.array([b["xyz"][:2] for b in box])
+    x = xy[:, 0]
+    assert box[0]["xyz"][:2] == pytest.approx([12.0 + 1.3, -1.75], abs=0.1)  # the reference point + the box's centre
+    v = np.linalg.norm(np.diff(xy, axis=0), axis=1) / 0.1  # (speed over each step; it follows its lane)
+    assert np.allclose(v[1:11], 6.0, atol=0.01) and v[0] == pytest.approx(6.0, abs=0.05)  # (it turns onto its lane) until the trigger fires (at the first step past 1.0 s: 1.1 s)
+    assert v[11:14] == pytest.approx([6 - 4 * 0.05, 6 - 4 * 0.15, 6 - 4 * 0.25], abs=0.02)  # then 4 m/s^2
+    assert np.allclose(v[30:], 0.0, atol=1e-6) and x[-1] == pytest.approx(13.3 + 6 * 1.1 + 6 ** 2 / 8, abs=0.1)
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert not m["collision"] and m["steps"] == 51 and m["ended_by_scenario"].startswith("the scenario's StopTrigger")
+    ego = rows[-1]["ego_box"]
+    assert rows[-1]["ego"]["speed_mps"] < 0.5 and ego["xyz"][0] + ego["size"][0] / 2 < x[-1] - box[-1]["size"][0] / 2
+
+
+def test_a_parameter_moves_the_trigger_and_a_speed_change_keeps_its_shape_and_span(loop_street, roads, tmp_path):
+    lanes = LaneMap.read(roads / "one" / "road.xodr")
+    path = braking(tmp_path, loop_street)
+    for when, params in ((1.1, None), (2.1, {"brake_at": "2.0"})):
+        sb, states = play(path, lanes, parked_ego, 5.0, params=params)
+        speed = {round(t, 1): s["braker"][3] for t, s in states}
+        assert speed[round(when - 0.1, 1)] == 6.0 and speed[round(when + 0.5, 1)] == pytest.approx(4.0)
+        assert speed[round(when + 1.5, 1)] == pytest.approx(0.0, abs=1e-9)
+    # cubic over a time, sinusoidal over a distance
+    path = write(tmp_path / "shapes.xosc", loop_street, {"ego": car(), "a": car(), "b": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("a", xosc.TeleportAction(xosc.WorldPosition(10.0, -1.75, 0.0, 0.0))), ("a", step_speed(2.0)),
+                  ("b", xosc.TeleportAction(xosc.WorldPosition(-20.0, -1.75, 0.0, 0.0))), ("b", step_speed(2.0))],
+                 [("up", "a", [("up", xosc.AbsoluteSpeedAction(6.0, xosc.TransitionDynamics(
+                     xosc.DynamicsShapes.cubic, xosc.DynamicsDimension.time, 2.0)))], at_time("t", 0.0)),
+                  ("far", "b", [("far", xosc.AbsoluteSpeedAction(6.0, xosc.TransitionDynamics(
+                      xosc.DynamicsShapes.sinusoidal, xosc.DynamicsDimension.distance, 8.0)))], at_time("t2", 0.0))])
+    sb, states = play(path, lanes, parked_ego, 4.0)
+    a = {round(t, 1): s["a"][3] for t, s in states}
+    assert a[0.1] == 2.0 and a[1.1] == pytest.approx(4.0) and a[2.1] == pytest.approx(6.0)  # halfway at 1 s of 2
+    b = {round(t, 1): s["b"][3] for t, s in states}
+    assert b[1.1] == pytest.approx(4.0) and b[2.1] == pytest.approx(6.0)  # 8 m at a mean 4 m/s: 2 s from 0.1 s
+
+
+def test_lane_positions_land_on_the_loops_lanes(loop_street, roads, tmp_path):
+    """A LanePosition (road, lane, s, offset) lands on the lane the closed loop drives (SUMO's, read by sumolib, not
+    by gsim's OpenDRIVE reader): on its centre, s apart as s says, offset to the left."""
+    lanes = LaneMap.read(roads / "one" / "road.xodr")
+    net, _ = road_network(str(loop_street), tmp_path / "net")
+    ego_lane = [shape for lid, shape, _ in net.lanes() if not lid.startswith(":")]
+    road = next(p.road for p in lanes.pieces if p.lane == -1 and p.centre.project((10.0, -1.75))[2][0] < 0.5)
+    path = write(tmp_path / "lanes.xosc", loop_street, {"ego": car(), "a": car(), "b": car(), "c": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("a", xosc.TeleportAction(xosc.LanePosition(5.0, 0.0, -1, road))),
+                  ("b", xosc.TeleportAction(xosc.LanePosition(25.0, 0.0, -1, road))),
+                  ("c", xosc.TeleportAction(xosc.LanePosition(25.0, 0.5, -1, road)))])
+    sb, states = play(path, lanes, parked_ego, 0.0)
+    pa, pb, pc = (np.array(states[0][1][n][:2]) for n in "abc")
+
+    def cross(p):
+        from test_opendrive import cross_track
+        return min(cross_track(shape, p[None])[0] for shape in ego_lane)
+    assert cross(pa) < 0.1 and cross(pb) < 0.1 and np.linalg.norm(pb - pa) == pytest.approx(20.0, abs=0.1)
+    h = states[0][1]["b"][2]
+    assert pc - pb == pytest.approx(0.5 * np.array([-math.sin(h), math.cos(h)]), abs=0.02)
+
+
+def test_a_lane_change_ends_in_the_target_lane(loop_street, roads, tmp_path):
+    """On two forward lanes: a car on the left lane changes one lane right (relative to itself) over 30 m; it ends on
+    the right lane's centre (SUMO's lane, read by sumolib) having travelled the distance the file says."""
+    lanes = LaneMap.read(roads / "two" / "road.xodr")
+    two = scenario(loop_street, "two_lanes_again", road={"lanes": 2, "lane_width_m": 3.5, "opposite_lanes": 1})
+    net, _ = road_network(two, tmp_path / "net")
+    right = [shape for lid, shape, _ in net.lanes() if lid.endswith("_0") and not lid.startswith(":")]
+    left_lane = [shape for lid, shape, _ in net.lanes() if lid.endswith("_1") and not lid.startswith(":")]
+    from test_opendrive import cross_track
+    start = next(p.centre.at(10.0)[0][0] for p in lanes.pieces if p.lane == -1 and p.centre.length > 20
+                 and p.centre.project((10.0, 0.0))[2][0] < 3.0)
+    assert min(cross_track(s, start[None])[0] for s in left_lane) < 0.1  # (lane -1: the left of the two)
+    path = write(tmp_path / "change.xosc", loop_street, {"ego": car(), "changer": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("changer", xosc.TeleportAction(xosc.WorldPosition(float(start[0]), float(start[1]), 0.0, 0.0))),
+                  ("changer", step_speed(10.0))],
+                 [("change", "changer", [("change", xosc.RelativeLaneChangeAction(-1, "changer", xosc.TransitionDynamics(
+                     xosc.DynamicsShapes.sinusoidal, xosc.DynamicsDimension.distance, 30.0)))], at_time("go", 0.5))])
+    sb, states = play(path, lanes, parked_ego, 6.0)
+    assert ("action", "change") in sb.ended
+    ended = sb.ended[("action", "change")]
+    assert ended == pytest.approx(0.6 + 3.0, abs=0.11)  # 30 m at 10 m/s from the first step after 0.5 s
+    end = np.array(states[-1][1]["changer"][:2])
+    assert min(cross_track(s, end[None])[0] for s in right) < 0.1
+    halfway = next(s for t, s in states if abs(t - 2.1) < 1e-6)["changer"][:2]
+    assert 1.2 < min(cross_track(s, np.array(halfway)[None])[0] for s in right) < 2.3  # (sinusoidal: half way)
+
+
+def test_a_relative_distance_trigger_fires_at_its_distance(loop_street, roads, tmp_path):
+    """A standing car starts off when the ego (driving up at 5 m/s) is within 10 m of it, centre to centre along its
+    heading, and a second one when the free space between their boxes is under 4 m."""
+    lanes = LaneMap.read(roads / "one" / "road.xodr")
+    cond = lambda n, free, d: xosc.EntityTrigger(n, 0, xosc.ConditionEdge.none, xosc.RelativeDistanceCondition(  # noqa
+        d, xosc.Rule.lessThan, xosc.RelativeDistanceType.longitudinal, "ego", freespace=free), n.split("_")[0])
+    path = write(tmp_path / "dist.xosc", loop_street, {"ego": car(), "w": car(), "f": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("w", xosc.TeleportAction(xosc.WorldPosition(30.33, -1.75, 0.0, 0.0))),
+                  ("f", xosc.TeleportAction(xosc.WorldPosition(45.27, -1.75, 0.0, 0.0)))],
+                 [("go", "w", [("go", step_speed(5.0))], cond("w_near", False, 10.0)),
+                  ("go_f", "f", [("go_f", step_speed(5.0))], cond("f_near", True, 4.0))], stop_s=20.0)
+    sb, states = play(path, lanes, lambda t: (5.0 * t, -1.6, 0.0, 5.0), 12.0)
+    for who, free, d in (("w", False, 10.0), ("f", True, 4.0)):
+        t = sb.started[("event", "go" if who == "w" else "go_f")]
+        gap = lambda t: abs((30.33 if who == "w" else 45.27) + 1.3 - (5.0 * t + 1.3)) - (4.6 if free else 0)  # noqa
+        assert gap(t) < d <= gap(t - 0.1)  # it fired at the first step within the distance
+
+
+def test_trajectories_polyline_in_time_and_a_clothoid_at_speed(loop_street, roads, tmp_path):
+    lanes = LaneMap.read(roads / "one" / "road.xodr")
+    poly = xosc.Trajectory("p", False)
+    poly.add_shape(xosc.Polyline([0.0, 1.0, 3.0], [xosc.WorldPosition(10, -1.75, 0, 0), xosc.WorldPosition(14, -1.75, 0, 0),
+                                                   xosc.WorldPosition(18, 1.25, 0, 0.5)]))
+    clo = xosc.Trajectory("c", False)
+    clo.add_shape(xosc.Clothoid(0.0, 0.01, 20.0, xosc.WorldPosition(-10, -5, 0, 0)))
+    follow = lambda t, timed: xosc.FollowTrajectoryAction(t, xosc.FollowingMode.position, *(  # noqa: E731
+        (xosc.ReferenceContext.relative, 1, 0) if timed else ()))
+    path = write(tmp_path / "traj.xosc", loop_street, {"ego": car(), "p": car(), "c": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("p", xosc.TeleportAction(xosc.WorldPosition(10.0, -1.75, 0.0, 0.0))),
+                  ("c", xosc.TeleportAction(xosc.WorldPosition(-10.0, -5.0, 0.0, 0.0))), ("c", step_speed(5.0))],
+                 [("pe", "p", [("pa", follow(poly, True))], at_time("tp", 0.5)),
+                  ("ce", "c", [("ca", follow(clo, False))], at_time("tc", 0.0))])
+    sb, states = play(path, lanes, parked_ego, 5.0)
+    at = {round(t, 1): s for t, s in states}
+    assert at[1.6]["p"][:2] == pytest.approx((14.0, -1.75), abs=1e-6)  # vertex 2 at 1 s past the start (0.6 s)
+    assert at[1.7]["p"][:2] == pytest.approx((14.0 + 4 * 0.1 / 2, -1.75 + 3 * 0.1 / 2), abs=1e-6)  # 0.1 s on
+    assert at[3.6]["p"][:3] == pytest.approx((18.0, 1.25, 0.5), abs=1e-6)  # its end, at 0.6 + 3 s
+    # the clothoid at 5 m/s: 20 m in 4 s, heading 0.01 * 20^2 / 2 = 2 rad at its end
+    assert ("action", "ca") in sb.ended and sb.ended[("action", "ca")] == pytest.approx(4.1, abs=0.11)
+    assert at[2.1]["c"][2] == pytest.approx(0.01 * 10.0 ** 2 / 2, abs=1e-6)  # 10 m along it at 2.1 s
+
+
+def _tracks(world, frames):
+    return {a.id: np.array([[*a.pose_at(f.timestamp_us)[:2, 3], math.atan2(a.pose_at(f.timestamp_us)[1, 0],
+                                                                          a.pose_at(f.timestamp_us)[0, 0])]
+                            for f in frames]) for a in world.scene.actors}
+
+
+@pytest.mark.parametrize("edits", [
+    [{"kind": "remove", "actor": "parked"},
+     {"kind": "insert", "asset": "sedan", "id": "ahead", "track": {"path": [[10.0, -1.75], [20.0, -1.0], [40.0, -1.0]],
+                                                                   "speed_mps": [4.0, 6.0, 6.0]}},
+     {"kind": "insert", "asset": "cone", "id": "cone", "track": {"poses": [{"t_us": 0, "xyz": [8.0, 1.0, 0.0]}]}}],
+    [{"kind": "move", "actor": "parked", "shift_m": [1.0, 0.5, 0.0]},
+     {"kind": "insert", "asset": "pedestrian", "id": "walker", "track": {"path": [[15.0, 3.5], [15.0, 0.5]],
+                                                                        "speed_mps": 1.4, "start_us": 500000}}]])
+def test_export_then_import_is_the_identity(loop_street, tmp_path, edits):
+    """The same actors on the same tracks (within 0.1 m, and headings) at every frame, the ego on its path."""
+    from gsim.bridges.closed_loop.scenario import load_loop_scenario
+    from gsim.editing.world import apply
+    path = scenario(loop_street, "round_trip", edits, ego={"shift_m": 0.3})
+    assert main(["scenario", "export", path, str(tmp_path / "x")]) == 0
+    assert main(["scenario", "import", str(tmp_path / "x" / "round_trip.xosc"), str(tmp_path / "back.yaml")]) == 0
+    before = apply(load_loop_scenario(path), ego_overlaps=True)
+    after = apply(load_loop_scenario(tmp_path / "back.yaml"), ego_overlaps=True)
+    a, b = _tracks(before, before.frames), _tracks(after, before.frames)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert np.abs(a[k][:, :2] - b[k][:, :2]).max() < 0.1, k
+        assert np.abs(np.angle(np.exp(1j * (a[k][:, 2] - b[k][:, 2])))).max() < 0.02, k
+    assert np.abs(before.ego_poses[:, :3, 3] - after.ego_poses[:, :3, 3]).max() < 0.01
+
+
+def test_import_and_render_and_validate_read_openscenario(loop_street, roads, tmp_path, capsys):
+    import shutil
+    import yaml
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    path = braking(tmp_path, loop_street)
+    assert main(["scenario", "import", path, str(tmp_path / "b.yaml"), "--param", "brake_at=0.5"]) == 0
+    d = yaml.safe_load((tmp_path / "b.yaml").read_text())
+    assert d["scene"] == "../" + Path(loop_street).name + "/scene" or (tmp_path / d["scene"]).resolve() == \
+        (loop_street / "scene").resolve()
+    poses = d["edits"][0]["track"]["poses"]
+    assert d["edits"][0]["kind"] == "insert" and d["edits"][0]["asset"] == "sedan" and poses[0]["xyz"][0] == 13.3
+    assert main(["scenario", "validate", path, "--check", "--param", "brake_at=9"]) == 0  # (not into the logged ego)
+    assert "valid scenario 'braking'" in capsys.readouterr().out
+    assert main(["scenario", "render", path, "--out", str(tmp_path / "render"), "--param", "brake_at=9"]) == 0
+    assert (tmp_path / "render" / "log" / "log.json").is_file()
+
+
+def _bad(tmp_path, capsys, path, match, *extra):
+    out = tmp_path / "never"
+    assert main(["scenario", "import", str(path), str(out / "x.yaml"), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err, err
+    assert main(["closed-loop", str(path), "--out", str(out), *extra]) == 2
+    assert match in capsys.readouterr().err
+    assert not out.exists()
+    return err
+
+
+def test_bad_files_are_one_line_each_and_nothing_runs(loop_street, roads, tmp_path, capsys):
+    import shutil
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    good = Path(braking(tmp_path, loop_street))
+    text = good.read_text()
+    lines = text.splitlines()
+
+    def variant(name, new):
+        p = tmp_path / f"{name}.xosc"
+        p.write_text(new)
+        return p
+    line = next(i for i, s in enumerate(lines, 1) if "<Performance" in s)
+    err = _bad(tmp_path, capsys, variant("schema", text.replace('maxSpeed="50.0" ', "", 1)),
+               f"schema.xosc:{line}: <Performance> breaks the OpenSCENARIO 1.3 schema")
+    assert "maxSpeed" in err
+    rel = text.replace("<AbsoluteTargetSpeed value=\"0.0\"/>", "<RelativeTargetSpeed entityRef=\"ego\" value=\"1\" "
+                                                                "speedTargetValueType=\"delta\" continuous=\"false\"/>")
+    line = next(i for i, s in enumerate(rel.splitlines(), 1) if "RelativeTargetSpeed" in s)
+    _bad(tmp_path, capsys, variant("unsupported", rel),
+         f"unsupported.xosc:{line}: <RelativeTargetSpeed> is outside gsim's OpenSCENARIO subset")
+    _bad(tmp_path, capsys, variant("ghost", text.replace('<EntityRef entityRef="braker"/>', '<EntityRef entityRef="ghost"/>')),
+         "<EntityRef entityRef='ghost'> in maneuver group 'brake_g': no such entity")
+    nan = text.replace('<WorldPosition x="12.0"', '<WorldPosition x="INF"')
+    line = next(i for i, s in enumerate(nan.splitlines(), 1) if 'x="INF"' in s)
+    _bad(tmp_path, capsys, variant("inf", nan), f"inf.xosc:{line}: <WorldPosition> x='INF' is not a finite number")
+    lanes = LaneMap.read(tmp_path / "road.xodr")
+    road = lanes.pieces[0].road
+    lane = text.replace('<WorldPosition x="12.0" y="-1.75" z="0.0" h="0.0"/>',
+                        f'<LanePosition roadId="{road}" laneId="-3" offset="0" s="5"/>')
+    line = next(i for i, s in enumerate(lane.splitlines(), 1) if "laneId=\"-3\"" in s)
+    _bad(tmp_path, capsys, variant("lane", lane), f"lane.xosc:{line}: road {road!r} has no lane -3 (it has [-1])")
+    elsewhere = tmp_path.parent / "not_a_scene"
+    elsewhere.mkdir(exist_ok=True)
+    _bad(tmp_path, capsys, variant("outside", _scene(text, "../not_a_scene")), "SceneGraphFile")
+    _bad(tmp_path, capsys, good, "declares no parameter 'brake'", "--param", "brake=1")
+    _bad(tmp_path, capsys, good, "--param x: expected NAME=VALUE", "--param", "x")
+
+
+def _scene(text, new):
+    import re
+    return re.sub(r'<SceneGraphFile filepath="[^"]*"/>', f'<SceneGraphFile filepath="{new}"/>', text)
+
+
+def test_deleting_a_scene_actor_removes_it_and_the_shipped_examples_read(loop_street, roads, tmp_path):
+    import shutil
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    path = write(tmp_path / "del.xosc", loop_street, {"ego": car(), "parked": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0)))], deleted=["parked"])
+    im = read_xosc(path)
+    assert [e.kind for e in im.scenario.edits] == ["remove"] and im.scenario.edits[0].actor == "parked"
+    shipped = sorted((Path(__file__).parents[1] / "scenarios" / "openscenario").glob("*.xosc"))
+    assert len(shipped) >= 3
+    for p in shipped:
+        plan = read_plan(p)
+        assert plan.ego == "ego" and plan.road is None and plan.scene.name == "demo"
