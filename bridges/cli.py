@@ -100,8 +100,9 @@ def cmd_scenario_export(a) -> int:
             raise InputError(f"{a.file}: gsim scenario import reads an OpenSCENARIO file (.xosc)")
         imported = read_xosc(a.file, _params(a), a.ego, a.scene)
         save_imported(imported, a.target)
-        n = len(imported.plan.entities) - 1
-        print(f"wrote {a.target}: {imported.scenario.name}, {n} actors from {a.file} on {imported.scenario.scene}")
+        plan = imported.plan
+        print(f"wrote {a.target}: {imported.scenario.name}, {len(plan.entities) - 1 - len(plan.deleted)} actors and "
+              f"the ego from {a.file} ({len(plan.deleted)} of the scene's deleted) on {imported.scenario.scene}")
         return 0
     if a.action == "export-road":
         from .closed_loop.opendrive import export_road

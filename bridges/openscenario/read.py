@@ -351,8 +351,9 @@ def _position(r: _Reader, p, line: int, entities) -> Position:
     rel = r.value(orient.ref) if orient is not None else None
     ori = {"h": None if h is None else r.num(h, line, "Orientation h"), "ref": rel or "relative"}
     if isinstance(p, xosc.WorldPosition):
+        h = None if p.h is None else r.num(p.h, line, "WorldPosition h")  # (none: a trajectory's heading, else 0)
         return Position("world", {"x": r.num(p.x, line, "WorldPosition x"), "y": r.num(p.y, line, "WorldPosition y"),
-                                  "h": r.num(p.h, line, "WorldPosition h", 0.0)}, line)
+                                  "h": h}, line)
     if isinstance(p, xosc.LanePosition):
         return Position("lane", {"road": str(r.value(p.road_id)), "lane": int(r.num(p.lane_id, line, "laneId")),
                                  "s": r.num(p.s, line, "LanePosition s"),

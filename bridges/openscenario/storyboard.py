@@ -18,7 +18,7 @@ maxLateralAcc (linear: a bang-bang profile's). FollowTrajectoryAction: with a Ti
 trajectory is at each time (absolute: simulation time, relative: since the action started; times scaled and
 offset), without one it travels the trajectory at its speed; heading along the trajectory (a Polyline's vertex
 headings where every vertex has one). A new action on an entity replaces its running one of the same kind
-(longitudinal, lateral; a trajectory replaces both). Event priorities: override (and 1.0's overwrite) ends the
+(longitudinal, lateral; a trajectory is lateral, and longitudinal too with a Timing). Event priorities: override (and 1.0's overwrite) ends the
 maneuver's other running events, skip does not start an event while another of its maneuver runs, parallel runs
 alongside. Conditions: edges (rising, falling, risingOrFalling, none) against the previous step, delays (the value
 that many seconds ago), triggering entities any or all; RelativeDistanceCondition's distances between reference
@@ -214,9 +214,11 @@ class Storyboard:
             self._place(who, *self.position(v["position"]))
             self._end_action(a.name)
             return
-        if a.kind == "speed":
-            if st.long is not None or st.traj is not None:
-                self._end_action((st.long or st.traj).action.name)
+        if a.kind == "speed":  # (it replaces a running speed change, and a timed trajectory, which sets the speed)
+            for r in (st.long, st.traj if st.traj is not None and st.traj.times is not None else None):
+                if r is not None:
+                    self._end_action(r.action.name)
+            if st.traj is not None and st.traj.times is not None:
                 st.traj = None
             v0, v1 = st.speed, v["speed"]
             dim, val = v["dimension"], v["value"]
@@ -250,13 +252,14 @@ class Storyboard:
                 st.t, st.lat = t1, None
                 self._end_action(a.name)
             return
-        # a trajectory: both kinds of motion
-        for r in (st.long, st.lat, st.traj):
+        # a trajectory: the path (a running lateral action ends), and with a Timing the speed too
+        run = self.trajectory(a, event)
+        for r in (st.lat, st.traj, st.long if run.times is not None else None):
             if r is not None:
                 self._end_action(r.action.name)
-        st.long = st.lat = None
-        st.traj = self.trajectory(a, event)
-        if st.traj.times is not None:  # timed: where it is at this time, from now on
+        st.lat, st.traj = None, run
+        if run.times is not None:  # timed: where it is at this time, from now on
+            st.long = None
             self._follow(st, 0.0, st.speed)
 
     def _retarget(self, who: str, st: EntityState, a: Action) -> None:
@@ -349,9 +352,10 @@ class Storyboard:
                 if x >= 1.0:
                     st.t, st.lat = r.v1, None
                     self._end_action(r.action.name)
-            (p,), (h,) = st.path.at(st.u)
-            st.x, st.y = float(p[0] - st.t * math.sin(h)), float(p[1] + st.t * math.cos(h))
-            st.h = float(h + (math.atan2(st.t - t_before, du) if du > 1e-6 else 0.0))
+            if du > 1e-9 or st.t != t_before:  # (a car standing on its lane keeps the heading it was put at)
+                (p,), (h,) = st.path.at(st.u)
+                st.x, st.y = float(p[0] - st.t * math.sin(h)), float(p[1] + st.t * math.cos(h))
+                st.h = float(h + (math.atan2(st.t - t_before, du) if du > 1e-6 else 0.0))
         else:
             d = 0.5 * (v_before + st.speed) * dt
             st.x += d * math.cos(st.h)

@@ -1,0 +1,120 @@
+"""Writes the OpenSCENARIO examples of this folder with scenariogeneration (the scenarios extra), as a scenario author
+outside gsim would: `python scenarios/openscenario/make_examples.py`. Each plays on the demo street
+(`./quickstart.sh demo`; SceneGraphFile ../../out/demo, gsim's own road) and is the shipped YAML scenario of the same
+name written in the standard, except braking_car (the issue's: a car put into the ego's lane brakes at a time):
+
+    gsim closed-loop scenarios/openscenario/braking_car.xosc --agent privileged --out out/closed_loop/braking-car
+    gsim scenario render scenarios/openscenario/crossing.xosc
+    gsim scenario import scenarios/openscenario/cut_in.xosc out/cut_in.yaml
+
+What the YAML scenarios do that these do not: roadworks slows the street's own lead car (a log actor's retiming has
+no OpenSCENARIO action), traffic asks SUMO for a traffic density (no TrafficSwarmAction in gsim's subset).
+"""
+import datetime
+from pathlib import Path
+
+from scenariogeneration import xosc
+
+HERE = Path(__file__).resolve().parent
+DATE = datetime.datetime(2026, 11, 28)  # (fixed: the files change only when the scenarios do)
+
+
+def vehicle(kind=xosc.VehicleCategory.car, size=(4.7, 1.9, 1.5)):
+    """A vehicle whose reference point is its rear axle, 0.85 m ahead of the back of its box."""
+    length, width, height = size
+    box = xosc.BoundingBox(width, length, height, length / 2 - 0.85, 0.0, height / 2)
+    return xosc.Vehicle("vehicle", kind, box, xosc.Axle(0.5, 0.65, width * 0.85, length - 1.7, 0.33),
+                        xosc.Axle(0.0, 0.65, width * 0.85, 0.0, 0.33), 50.0, 8.0, 9.0)
+
+
+def walker():
+    return xosc.Pedestrian("walker", 75.0, xosc.PedestrianCategory.pedestrian, xosc.BoundingBox(0.6, 0.5, 1.8, 0, 0,
+                                                                                                 0.9))
+
+
+def speed(value, shape=xosc.DynamicsShapes.step, dimension=xosc.DynamicsDimension.time, over=0.0):
+    return xosc.AbsoluteSpeedAction(value, xosc.TransitionDynamics(shape, dimension, over))
+
+
+def put(x, y, h=0.0):
+    return xosc.TeleportAction(xosc.WorldPosition(x, y, 0.0, h))
+
+
+def at_time(name, t, point="start"):
+    return xosc.ValueTrigger(name, 0, xosc.ConditionEdge.rising, xosc.SimulationTimeCondition(t, xosc.Rule.greaterThan),
+                             point)
+
+
+def path(points, name):
+    t = xosc.Trajectory(name, False)
+    t.add_shape(xosc.Polyline([], [xosc.WorldPosition(x, y) for x, y in points]))
+    return xosc.FollowTrajectoryAction(t, xosc.FollowingMode.position)
+
+
+def write(out, name, description, entities, init, events=(), deleted=(), stop_s=4.0, params=()):
+    ents = xosc.Entities()
+    for n, e in entities.items():
+        ents.add_scenario_object(n, e)
+    ini = xosc.Init()
+    for n, a in init:
+        ini.add_init_action(n, a)
+    for n in deleted:
+        ini.add_global_action(xosc.DeleteEntityAction(n))
+    board = xosc.StoryBoard(ini, at_time("end", stop_s, "stop"))
+    if events:
+        act = xosc.Act("act")
+        for ev_name, actor, actions, trigger in events:
+            ev = xosc.Event(ev_name, xosc.Priority.override)
+            for a_name, a in actions:
+                ev.add_action(a_name, a)
+            ev.add_trigger(trigger)
+            m = xosc.Maneuver(f"{ev_name}_maneuver")
+            m.add_event(ev)
+            g = xosc.ManeuverGroup(f"{ev_name}_group")
+            g.add_actor(actor)
+            g.add_maneuver(m)
+            act.add_maneuver_group(g)
+        story = xosc.Story("story")
+        story.add_act(act)
+        board.add_story(story)
+    decl = xosc.ParameterDeclarations()
+    for p in params:
+        decl.add_parameter(p)
+    sc = xosc.Scenario(description, "gsim examples", decl, ents, board, xosc.RoadNetwork(scenegraph="../../out/demo"),
+                       xosc.Catalog(), creation_date=DATE)
+    sc.write_xml(str(Path(out) / f"{name}.xosc"))
+
+
+def main(out=HERE):
+    """Writes the examples into ``out`` (this folder)."""
+    ego = {"ego": vehicle()}
+    write(out, "braking_car", "braking-car", {**ego, "braker": vehicle(), "moving_0": vehicle()},
+          [("braker", put(14.0, -1.75)), ("braker", speed(7.0))],
+          [("brake", "braker", [("brake", speed(0.0, xosc.DynamicsShapes.linear, xosc.DynamicsDimension.rate, 5.0))],
+            at_time("brake_time", "$brake_at_s"))],
+          deleted=["moving_0"], stop_s=8.0,
+          params=[xosc.Parameter("brake_at_s", xosc.ParameterType.double, "1.5")])
+    write(out, "stopped_car", "stopped-car", {**ego, "stopped_car": vehicle(), "moving_0": vehicle()},
+          [("stopped_car", put(22.0, -1.75))], deleted=["moving_0"], stop_s=6.0)
+    write(out, "lead_car", "lead-car", {**ego, "lead_car": vehicle(size=(4.8, 2.0, 1.75)), "moving_0": vehicle()},
+          [("lead_car", put(16.0, -1.75)), ("lead_car", speed(4.0))], deleted=["moving_0"], stop_s=6.0)
+    # the SUV pulls out of the right parking lane when the ego is 8 m (free space) behind it, speeding up to 9 m/s
+    near = xosc.EntityTrigger("ego_near", 0, xosc.ConditionEdge.none, xosc.RelativeDistanceCondition(
+        8.0, xosc.Rule.lessThan, xosc.RelativeDistanceType.longitudinal, "ego", freespace=True), "cut_in_suv")
+    write(out, "cut_in", "cut_in", {**ego, "cut_in_suv": vehicle(size=(4.8, 2.0, 1.75))},
+          [("cut_in_suv", put(16.0, -4.5))],
+          [("pull_out", "cut_in_suv", [("path", path([(16.0, -4.5), (20.0, -4.1), (26.0, -2.2), (32.0, -1.75),
+                                                      (60.0, -1.75)], "cut_in")),
+                                       ("speed_up", speed(9.0, xosc.DynamicsShapes.sinusoidal,
+                                                          xosc.DynamicsDimension.time, 3.0))], near)])
+    write(out, "crossing", "crossing", {**ego, "walker": walker(), "cyclist": vehicle(xosc.VehicleCategory.bicycle,
+                                                                                   (1.7, 0.6, 1.8)),
+                                   "parked_17": vehicle()},
+          [("walker", put(30.0, -4.5)), ("walker", speed(1.4)), ("cyclist", put(40.0, 3.4, 3.14159265)),
+           ("cyclist", speed(5.0))],
+          [("cross", "walker", [("cross", path([(30.0, -4.5), (32.0, -3.0), (38.0, 3.5)], "crossing"))],
+            at_time("start", 0.0))], deleted=["parked_17"])
+
+
+if __name__ == "__main__":  # (tests/test_openscenario.py checks that this writes the files of this folder)
+    main()
