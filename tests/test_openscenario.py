@@ -38,7 +38,7 @@ def at_time(name, t, edge=xosc.ConditionEdge.rising, point="start"):
     return xosc.ValueTrigger(name, 0, edge, xosc.SimulationTimeCondition(t, xosc.Rule.greaterThan), point)
 
 
-def write(path, scene, entities, init, events=(), stop_s=5.0, road="road.xodr", params=None, deleted=()):
+def write(path, scene, entities, init, events=(), stop_s=5.0, road="road.xodr", params=None, deleted=(), minor=3):
     """A scenario file: ``entities`` {name: entity}, ``init`` [(name, action)], ``events`` [(event name, actor,
     [(action name, action)], trigger)], a stop at ``stop_s``."""
     ents = xosc.Entities()
@@ -51,7 +51,7 @@ def write(path, scene, entities, init, events=(), stop_s=5.0, road="road.xodr", 
         ini.add_global_action(xosc.DeleteEntityAction(n))
     act = xosc.Act("act")  # (none without events: the schema wants a maneuver group in an act)
     for name, actor, actions, trigger in events:
-        ev = xosc.Event(name, xosc.Priority.override)
+        ev = xosc.Event(name, xosc.Priority.override if minor >= 2 else xosc.Priority.overwrite)  # (1.2 renamed it)
         for an, a in actions:
             ev.add_action(an, a)
         ev.add_trigger(trigger)
@@ -71,7 +71,8 @@ def write(path, scene, entities, init, events=(), stop_s=5.0, road="road.xodr", 
         decl.add_parameter(xosc.Parameter(k, kind, v))
     import os
     rn = xosc.RoadNetwork(road, os.path.relpath(scene, Path(path).parent) if scene else None)
-    xosc.Scenario(Path(path).stem, "tests", decl, ents, board, rn, xosc.Catalog()).write_xml(str(path))
+    xosc.Scenario(Path(path).stem, "tests", decl, ents, board, rn, xosc.Catalog(), osc_minor_version=minor).write_xml(
+        str(path))
     return str(path)
 
 
@@ -252,6 +253,51 @@ def test_trajectories_polyline_in_time_and_a_clothoid_at_speed(loop_street, road
     # the clothoid at 5 m/s: 20 m in 4 s, heading 0.01 * 20^2 / 2 = 2 rad at its end
     assert ("action", "ca") in sb.ended and sb.ended[("action", "ca")] == pytest.approx(4.1, abs=0.11)
     assert at[2.1]["c"][2] == pytest.approx(0.01 * 10.0 ** 2 / 2, abs=1e-6)  # 10 m along it at 2.1 s
+
+
+def test_relative_lane_position_lane_offset_and_the_other_conditions(loop_street, roads, tmp_path):
+    """A car put 10 m ahead of another on its lane (RelativeLanePosition) moves 0.8 m left in its lane (LaneOffset,
+    cubic, at most 1 m/s^2: sqrt(6 x 0.8 / 1) s); when that event ends (StoryboardElementState) the other car starts;
+    after it has travelled 5 m (TraveledDistance) a third one starts, and a fourth when the first car's reference point
+    is within 1 m of a position (ReachPosition, the first car then at 4 m/s). OpenSCENARIO 1.1 (ReachPosition went in
+    1.2)."""
+    lanes = LaneMap.read(roads / "one" / "road.xodr")
+    state = xosc.ValueTrigger("offset_done", 0, xosc.ConditionEdge.none, xosc.StoryboardElementStateCondition(
+        xosc.StoryboardElementType.event, "shift", xosc.StoryboardElementState.endTransition))
+    travelled = xosc.EntityTrigger("five_m", 0, xosc.ConditionEdge.none, xosc.TraveledDistanceCondition(5.0), "b")
+    reach = xosc.EntityTrigger("there", 0, xosc.ConditionEdge.none,
+                               xosc.ReachPositionCondition(xosc.WorldPosition(30.0, -1.75 + 0.8), 1.0), "a")
+    path = write(tmp_path / "conditions.xosc", loop_street, {"ego": car(), "a": car(), "b": car(), "c": car(),
+                                                              "d": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("b", xosc.TeleportAction(xosc.WorldPosition(5.0, -1.75, 0.0, 0.0))),
+                  ("a", xosc.TeleportAction(xosc.RelativeLanePosition(0, "b", 0.0, ds=10.0))), ("a", step_speed(4.0)),
+                  ("c", xosc.TeleportAction(xosc.WorldPosition(-30.0, -1.75, 0.0, 0.0))),
+                  ("d", xosc.TeleportAction(xosc.WorldPosition(-40.0, -1.75, 0.0, 0.0)))],
+                 [("shift", "a", [("shift", xosc.AbsoluteLaneOffsetAction(0.8, xosc.DynamicsShapes.cubic, 1.0))],
+                   at_time("t", 0.5)),
+                  ("go_b", "b", [("go_b", step_speed(5.0))], state),
+                  ("go_c", "c", [("go_c", step_speed(3.0))], travelled),
+                  ("go_d", "d", [("go_d", step_speed(3.0))], reach)], stop_s=20.0, minor=1)
+    sb, states = play(path, lanes, parked_ego, 8.0)
+    at = {round(t, 1): s for t, s in states}
+    a0, b0 = np.array(at[0.0]["a"][:2]), np.array(at[0.0]["b"][:2])
+    from test_opendrive import cross_track
+    net, _ = road_network(str(loop_street), tmp_path / "net")
+    lane = [shape for lid, shape, _ in net.lanes() if not lid.startswith(":")]
+    assert np.linalg.norm(a0 - b0) == pytest.approx(10.0, abs=0.05)
+    assert min(cross_track(x, a0[None])[0] for x in lane) < 0.25  # (b was put 0.15 m off the centre; a on it)
+    shift = math.sqrt(6 * 0.8 / 1.0)
+    assert sb.ended[("event", "shift")] == pytest.approx(0.6 + shift, abs=0.11)
+    end = np.array(at[4.0]["a"][:2])
+    assert min(cross_track(x, end[None])[0] for x in lane) == pytest.approx(0.8, abs=0.05)
+    assert sb.started[("event", "go_b")] == pytest.approx(sb.ended[("event", "shift")] + 0.1, abs=1e-6)
+    b_go = sb.started[("event", "go_b")]
+    assert sb.started[("event", "go_c")] == pytest.approx(b_go + 1.0 + 0.1, abs=0.11)  # 5 m at 5 m/s (+ a step)
+    reach_t = sb.started[("event", "go_d")]
+    x_a = np.array(at[round(reach_t, 1)]["a"][:2])
+    assert np.linalg.norm(x_a - (30.0, -0.95)) <= 1.0 < np.linalg.norm(np.array(at[round(reach_t - 0.1, 1)]["a"][:2])
+                                                                      - (30.0, -0.95))
 
 
 def _tracks(world, frames):

@@ -149,6 +149,9 @@ def load_loop_scenario(name_or_path) -> LoopScenario:
     """A closed-loop scenario from a YAML file or the name of a shipped one; clear errors (ScenarioError,
     FileNotFoundError) naming the file and the field."""
     p = Path(name_or_path)
+    if p.suffix == ".xosc":
+        raise InputError(f"{name_or_path}: an OpenSCENARIO file: gsim closed-loop plays it, or gsim scenario import "
+                         f"makes a scenario YAML of it (docs/scenarios.md)")
     if not p.suffix and str(name_or_path) in SHIPPED:
         p = shipped_path(str(name_or_path))
     elif not p.is_file():

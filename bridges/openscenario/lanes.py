@@ -158,27 +158,26 @@ class LaneMap:
             raise InputError(f"{path}: no lanes in the file")
         return LaneMap(pieces, path)
 
-    def piece(self, road: str, lane: int, s: float, where: str) -> LanePiece:
-        """The piece of lane ``lane`` of road ``road`` holding the road's ``s``; InputError (naming ``where``) when
-        the road or that lane is not in the file or s is off the road."""
+    def find(self, road: str, lane: int, s: float, where: str) -> int:
+        """The index of the piece of lane ``lane`` of road ``road`` holding the road's ``s``; InputError (naming
+        ``where``) when the road or that lane is not in the file or s is off the road."""
         if not any(r == road for r, _ in self.by_key):
             raise InputError(f"{where}: road {road!r} is not in {self.path.name} (roads: "
                              f"{', '.join(sorted({r for r, _ in self.by_key}))})")
-        found = self.by_key.get((road, lane), [])
-        if not found:
+        if (road, lane) not in self.by_key:
             have = sorted(lane_id for r, lane_id in self.by_key if r == road)
             raise InputError(f"{where}: road {road!r} has no lane {lane} (it has {have})")
-        for p in found:
+        for i, p in enumerate(self.pieces):
             lo, hi = sorted((p.s_start, p.s_end))
-            if lo - 1e-6 <= s <= hi + 1e-6:
-                return p
+            if p.road == road and p.lane == lane and lo - 1e-6 <= s <= hi + 1e-6:
+                return i
         raise InputError(f"{where}: s = {s:g} m is off lane {lane} of road {road!r}")
 
     def lane_point(self, road: str, lane: int, s: float, offset: float, where: str) -> Tuple[float, float, float]:
         """World x, y and the lane's heading of travel at road s, ``offset`` m to the left of the lane's centre (in
         its direction of travel; OpenSCENARIO's offset is to the left of the road's s direction: the caller turns
         it)."""
-        p = self.piece(road, lane, s, where)
+        p = self.pieces[self.find(road, lane, s, where)]
         (xy,), (h,) = p.centre.at(p.u_of_s(s))
         return float(xy[0] - offset * math.sin(h)), float(xy[1] + offset * math.cos(h)), float(h)
 

@@ -288,12 +288,12 @@ class LiveStoryboard:
     once the StopTrigger fired."""
 
     def __init__(self, imported: Imported):
-        self.plan = imported.plan
-        self.sb = Storyboard(imported.plan, imported.lanes)
+        self.plan, self.lanes = imported.plan, imported.lanes
         self.names = [n for n in imported.plan.entities if n != imported.plan.ego and n not in imported.plan.deleted]
+        self.sb: Optional[Storyboard] = None
 
     def start(self, t_us: int, ego) -> None:
-        self.sb = Storyboard(self.plan, self.sb.lanes)
+        self.sb = Storyboard(self.plan, self.lanes)  # (a fresh play for every run)
         self.sb.start(t_us, ego)
 
     def step(self, t_us: int, ego) -> None:

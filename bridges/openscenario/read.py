@@ -309,7 +309,7 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
                                             line))
             acts.append(Act(act.name, _trigger(r, act.starttrigger, entities), _trigger(r, act.stoptrigger, entities),
                             tuple(events)))
-    _check_references(r, acts, entities)
+    _check_references(r, acts)
     stop = _trigger(r, sc.storyboard.stoptrigger, entities)
     for a in acts:
         for e in a.events:
@@ -509,7 +509,7 @@ def _trigger(r: _Reader, t, entities) -> Trigger:
     return tuple(groups)
 
 
-def _check_references(r: _Reader, acts: List[Act], entities) -> None:
+def _check_references(r: _Reader, acts: List[Act]) -> None:
     """Every StoryboardElementStateCondition names an element of the file."""
     names = {"act": {a.name for a in acts}, "event": {e.name for a in acts for e in a.events},
              "action": {x.name for a in acts for e in a.events for x in e.actions},

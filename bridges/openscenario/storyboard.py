@@ -62,7 +62,7 @@ class _Running:
     event: Optional[str]
     start: float  # simulation time s
     span: float = 0.0  # s (or m for a distance-driven lane change)
-    v0: float = 0.0
+    v0: float = 0.0  # from and to: the speed (longitudinal), the lateral offset (lateral)
     v1: float = 0.0
     by_distance: bool = False
     u0: float = 0.0
@@ -168,19 +168,29 @@ class Storyboard:
             return ref.x + c * v["dx"] - s * v["dy"], ref.y + s * v["dx"] + c * v["dy"], self._turn(ref.h, v)
         if self.lanes is None:
             self.fail(p.line, "a lane position, but the scenario has no road (RoadNetwork LogicFile)")
+        where = f"{self.plan.path}:{p.line}"
         if p.kind == "lane":
             road, lane, s, off = v["road"], v["lane"], v["s"], v["offset"]
-        else:
-            ref = self.states[v["entity"]]
-            at = self._on_lane(ref.x, ref.y, ref.h) if ref.placed else None
-            if at is None:
-                self.fail(p.line, f"a RelativeLanePosition from {v['entity']!r}, which is on no lane of the road")
-            piece = self.lanes.pieces[at[0]]
-            road, lane, s, off = piece.road, piece.lane + v["dlane"], self._road_s(at[0], at[1]) + v["ds"], v["offset"]
-            if piece.lane * lane <= 0:  # lane 0 is the centre line, not a lane
-                lane += 1 if v["dlane"] > 0 else -1
-        x, y, h = self.lanes.lane_point(road, lane, s, off if lane < 0 else -off, f"{self.plan.path}:{p.line}")
-        return x, y, self._turn(h, v)
+            x, y, h = self.lanes.lane_point(road, lane, s, off if lane < 0 else -off, where)
+            return x, y, self._turn(h, v)
+        ref = self.states[v["entity"]]
+        at = self._on_lane(ref.x, ref.y, ref.h) if ref.placed else None
+        if at is None:
+            self.fail(p.line, f"a RelativeLanePosition from {v['entity']!r}, which is on no lane of the road")
+        piece = self.lanes.pieces[at[0]]
+        lane = piece.lane + v["dlane"]
+        if piece.lane * lane <= 0:  # lane 0 is the centre line, not a lane
+            lane += 1 if v["dlane"] > 0 else -1
+        s = self._road_s(at[0], at[1])
+        target = self.lanes.find(piece.road, lane, s, where)
+        chain = self.lanes.chain(target)  # ds along the road's s, through the lanes that carry on
+        u = self.lanes.pieces[target].u_of_s(s) + (v["ds"] if lane < 0 else -v["ds"])
+        if u < 0:
+            self.fail(p.line, f"a RelativeLanePosition {v['ds']:g} m from {v['entity']!r} is behind the start of "
+                              f"lane {lane} of road {piece.road!r}")
+        (xy,), (h,) = chain.at(u)
+        off = v["offset"] if lane < 0 else -v["offset"]
+        return float(xy[0] - off * math.sin(h)), float(xy[1] + off * math.cos(h)), self._turn(float(h), v)
 
     @staticmethod
     def _turn(h: float, v) -> float:
