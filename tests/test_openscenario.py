@@ -29,50 +29,26 @@ def car():
                         xosc.Axle(0.5, 0.6, 1.6, 0.0, 0.3), 50, 10, 10)
 
 
-def step_speed(value):
-    return xosc.AbsoluteSpeedAction(value, xosc.TransitionDynamics(xosc.DynamicsShapes.step, xosc.DynamicsDimension.time,
-                                                                   0))
+def _examples():
+    """scenarios/openscenario/make_examples.py: the examples' script, whose helpers write the files of these tests."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_examples", EXAMPLES / "make_examples.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def at_time(name, t, edge=xosc.ConditionEdge.rising, point="start"):
-    return xosc.ValueTrigger(name, 0, edge, xosc.SimulationTimeCondition(t, xosc.Rule.greaterThan), point)
+EXAMPLES = Path(__file__).parents[1] / "scenarios" / "openscenario"
+EX = _examples()
+step_speed, at_time = EX.speed, EX.at_time
 
 
 def write(path, scene, entities, init, events=(), stop_s=5.0, road="road.xodr", params=None, deleted=(), minor=3):
-    """A scenario file: ``entities`` {name: entity}, ``init`` [(name, action)], ``events`` [(event name, actor,
-    [(action name, action)], trigger)], a stop at ``stop_s``."""
-    ents = xosc.Entities()
-    for n, e in entities.items():
-        ents.add_scenario_object(n, e)
-    ini = xosc.Init()
-    for n, a in init:
-        ini.add_init_action(n, a)
-    for n in deleted:
-        ini.add_global_action(xosc.DeleteEntityAction(n))
-    act = xosc.Act("act")  # (none without events: the schema wants a maneuver group in an act)
-    for name, actor, actions, trigger in events:
-        ev = xosc.Event(name, xosc.Priority.override if minor >= 2 else xosc.Priority.overwrite)  # (1.2 renamed it)
-        for an, a in actions:
-            ev.add_action(an, a)
-        ev.add_trigger(trigger)
-        m = xosc.Maneuver(f"{name}_m")
-        m.add_event(ev)
-        g = xosc.ManeuverGroup(f"{name}_g")
-        g.add_actor(actor)
-        g.add_maneuver(m)
-        act.add_maneuver_group(g)
-    board = xosc.StoryBoard(ini, at_time("stop", stop_s, point="stop") if stop_s else None)
-    if events:
-        story = xosc.Story("story")
-        story.add_act(act)
-        board.add_story(story)
-    decl = xosc.ParameterDeclarations()
-    for k, (kind, v) in (params or {}).items():
-        decl.add_parameter(xosc.Parameter(k, kind, v))
+    """A scenario file on ``scene`` (see make_examples.write); ``params`` {name: (type, value)}."""
     import os
-    rn = xosc.RoadNetwork(road, os.path.relpath(scene, Path(path).parent) if scene else None)
-    xosc.Scenario(Path(path).stem, "tests", decl, ents, board, rn, xosc.Catalog(), osc_minor_version=minor).write_xml(
-        str(path))
+    decl = [xosc.Parameter(k, kind, v) for k, (kind, v) in (params or {}).items()]
+    EX.write(path, entities, init, events, deleted, stop_s, decl, os.path.relpath(scene, Path(path).parent), road,
+             minor)
     return str(path)
 
 
@@ -380,7 +356,7 @@ def test_bad_files_are_one_line_each_and_nothing_runs(loop_street, roads, tmp_pa
     _bad(tmp_path, capsys, variant("unsupported", rel),
          f"unsupported.xosc:{line}: <RelativeTargetSpeed> is outside gsim's OpenSCENARIO subset")
     _bad(tmp_path, capsys, variant("ghost", text.replace('<EntityRef entityRef="braker"/>', '<EntityRef entityRef="ghost"/>')),
-         "<EntityRef entityRef='ghost'> in maneuver group 'brake_g': no such entity")
+         "<EntityRef entityRef='ghost'> in maneuver group 'brake_group': no such entity")
     nan = text.replace('<WorldPosition x="12.0"', '<WorldPosition x="INF"')
     line = next(i for i, s in enumerate(nan.splitlines(), 1) if 'x="INF"' in s)
     _bad(tmp_path, capsys, variant("inf", nan), f"inf.xosc:{line}: <WorldPosition> x='INF' is not a finite number")
@@ -409,16 +385,11 @@ def test_deleting_a_scene_actor_removes_it_and_the_shipped_examples_read(loop_st
                  [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0)))], deleted=["parked"])
     im = read_xosc(path)
     assert [e.kind for e in im.scenario.edits] == ["remove"] and im.scenario.edits[0].actor == "parked"
-    folder = Path(__file__).parents[1] / "scenarios" / "openscenario"
-    shipped = sorted(folder.glob("*.xosc"))
+    shipped = sorted(EXAMPLES.glob("*.xosc"))
     assert len(shipped) == 5
     for p in shipped:  # the examples read (schema, subset), on the demo street, gsim's own road
         plan = read_plan(p)
         assert plan.ego == "ego" and plan.road is None and plan.scene.name == "demo"
-    import importlib.util  # and they are what their script writes
-    spec = importlib.util.spec_from_file_location("make_examples", folder / "make_examples.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(tmp_path / "again")
+    EX.main(tmp_path / "again")  # and they are what their script writes
     for p in shipped:
         assert (tmp_path / "again" / p.name).read_text() == p.read_text(), p.name

@@ -51,7 +51,12 @@ def path(points, name):
     return xosc.FollowTrajectoryAction(t, xosc.FollowingMode.position)
 
 
-def write(out, name, description, entities, init, events=(), deleted=(), stop_s=4.0, params=()):
+def write(path, entities, init, events=(), deleted=(), stop_s=4.0, params=(), scene="../../out/demo", road=None,
+          minor=3):
+    """An .xosc of ``entities`` {name: entity}, ``init`` [(name, action)], ``events`` [(event name, actor, [(action
+    name, action)], start trigger)], the entities ``deleted`` in Init, a stop at ``stop_s`` and ``params``
+    (`xosc.Parameter`s), on ``scene`` and ``road`` (relative to the file), in OpenSCENARIO 1.``minor``; its
+    description (gsim's name of it) is the file's name with hyphens."""
     ents = xosc.Entities()
     for n, e in entities.items():
         ents.add_scenario_object(n, e)
@@ -60,11 +65,11 @@ def write(out, name, description, entities, init, events=(), deleted=(), stop_s=
         ini.add_init_action(n, a)
     for n in deleted:
         ini.add_global_action(xosc.DeleteEntityAction(n))
-    board = xosc.StoryBoard(ini, at_time("end", stop_s, "stop"))
+    board = xosc.StoryBoard(ini, at_time("end", stop_s, "stop") if stop_s else None)
     if events:
         act = xosc.Act("act")
         for ev_name, actor, actions, trigger in events:
-            ev = xosc.Event(ev_name, xosc.Priority.override)
+            ev = xosc.Event(ev_name, xosc.Priority.override if minor >= 2 else xosc.Priority.overwrite)  # (renamed)
             for a_name, a in actions:
                 ev.add_action(a_name, a)
             ev.add_trigger(trigger)
@@ -80,34 +85,38 @@ def write(out, name, description, entities, init, events=(), deleted=(), stop_s=
     decl = xosc.ParameterDeclarations()
     for p in params:
         decl.add_parameter(p)
-    sc = xosc.Scenario(description, "gsim examples", decl, ents, board, xosc.RoadNetwork(scenegraph="../../out/demo"),
-                       xosc.Catalog(), creation_date=DATE)
-    sc.write_xml(str(Path(out) / f"{name}.xosc"))
+    path = Path(path)
+    sc = xosc.Scenario(path.stem.replace("_", "-"), "gsim examples", decl, ents, board,
+                       xosc.RoadNetwork(roadfile=road, scenegraph=scene), xosc.Catalog(), osc_minor_version=minor,
+                       creation_date=DATE)
+    sc.write_xml(str(path))
 
 
 def main(out=HERE):
     """Writes the examples into ``out`` (this folder)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     ego = {"ego": vehicle()}
-    write(out, "braking_car", "braking-car", {**ego, "braker": vehicle(), "moving_0": vehicle()},
+    write(out / "braking_car.xosc", {**ego, "braker": vehicle(), "moving_0": vehicle()},
           [("braker", put(14.0, -1.75)), ("braker", speed(7.0))],
           [("brake", "braker", [("brake", speed(0.0, xosc.DynamicsShapes.linear, xosc.DynamicsDimension.rate, 5.0))],
             at_time("brake_time", "$brake_at_s"))],
           deleted=["moving_0"], stop_s=8.0,
           params=[xosc.Parameter("brake_at_s", xosc.ParameterType.double, "1.5")])
-    write(out, "stopped_car", "stopped-car", {**ego, "stopped_car": vehicle(), "moving_0": vehicle()},
+    write(out / "stopped_car.xosc", {**ego, "stopped_car": vehicle(), "moving_0": vehicle()},
           [("stopped_car", put(22.0, -1.75))], deleted=["moving_0"], stop_s=6.0)
-    write(out, "lead_car", "lead-car", {**ego, "lead_car": vehicle(size=(4.8, 2.0, 1.75)), "moving_0": vehicle()},
+    write(out / "lead_car.xosc", {**ego, "lead_car": vehicle(size=(4.8, 2.0, 1.75)), "moving_0": vehicle()},
           [("lead_car", put(16.0, -1.75)), ("lead_car", speed(4.0))], deleted=["moving_0"], stop_s=6.0)
     # the SUV pulls out of the right parking lane when the ego is 8 m (free space) behind it, speeding up to 9 m/s
     near = xosc.EntityTrigger("ego_near", 0, xosc.ConditionEdge.none, xosc.RelativeDistanceCondition(
         8.0, xosc.Rule.lessThan, xosc.RelativeDistanceType.longitudinal, "ego", freespace=True), "cut_in_suv")
-    write(out, "cut_in", "cut_in", {**ego, "cut_in_suv": vehicle(size=(4.8, 2.0, 1.75))},
+    write(out / "cut_in.xosc", {**ego, "cut_in_suv": vehicle(size=(4.8, 2.0, 1.75))},
           [("cut_in_suv", put(16.0, -4.5))],
           [("pull_out", "cut_in_suv", [("path", path([(16.0, -4.5), (20.0, -4.1), (26.0, -2.2), (32.0, -1.75),
                                                       (60.0, -1.75)], "cut_in")),
                                        ("speed_up", speed(9.0, xosc.DynamicsShapes.sinusoidal,
                                                           xosc.DynamicsDimension.time, 3.0))], near)])
-    write(out, "crossing", "crossing", {**ego, "walker": walker(), "cyclist": vehicle(xosc.VehicleCategory.bicycle,
+    write(out / "crossing.xosc", {**ego, "walker": walker(), "cyclist": vehicle(xosc.VehicleCategory.bicycle,
                                                                                    (1.7, 0.6, 1.8)),
                                    "parked_17": vehicle()},
           [("walker", put(30.0, -4.5)), ("walker", speed(1.4)), ("cyclist", put(40.0, 3.4, 3.14159265)),
