@@ -164,11 +164,18 @@ def ensure_demo(sc) -> None:
     """A shipped scenario runs on the demo's street: build it on first use (it says how long that takes)."""
     if Path(sc.scene, "scene.json").is_file() and Path(sc.log, "log.json").is_file():
         return
-    demo = Path(sc.scene).parents[1]
-    print(f"scenario {sc.name} runs on the demo street {demo}, which is not built yet: building it now "
-          f"(synthesize + reconstruct on CPU, about 7 minutes on 2 cores; once)", flush=True)
+    ensure_demo_street(Path(sc.scene).parents[1], f"scenario {sc.name}")
+
+
+def ensure_demo_street(demo: Path, who: str) -> None:
+    """The demo street ``demo`` (the repository's out/demo) built unless it is there already."""
+    if (demo / "recon" / "scene" / "scene.json").is_file() and (demo / "log" / "log.json").is_file():
+        return
+    print(f"{who} runs on the demo street {demo}, which is not built yet: building it now (synthesize + reconstruct "
+          f"on CPU, about 7 minutes on 2 cores; once)", flush=True)
     from gsim.scenes.demo import run_demo
     run_demo(demo)
 
 
-__all__ = ["LoopScenario", "ScenarioError", "load_loop_scenario", "ensure_demo", "SHIPPED", "shipped_path"]
+__all__ = ["LoopScenario", "ScenarioError", "load_loop_scenario", "ensure_demo", "ensure_demo_street", "SHIPPED",
+           "shipped_path"]

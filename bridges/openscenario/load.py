@@ -67,8 +67,11 @@ def scene_dirs(plan: Plan, scene: Optional[str]) -> Tuple[Path, Path]:
     if scene is None and plan.scene is None:
         raise InputError(f"{plan.path}: no RoadNetwork/SceneGraphFile names the gsim scene to play it in: give one "
                          f"or --scene")
+    from gsim.bridges.closed_loop.scenario import SCENARIOS_DIR, ensure_demo_street
     where = "--scene" if scene is not None else f"{plan.path}: SceneGraphFile"
     p = Path(scene) if scene is not None else plan.scene
+    if p.resolve() == (SCENARIOS_DIR.parent / "out" / "demo").resolve():  # the shipped examples' street
+        ensure_demo_street(p.resolve(), plan.path.name)
     if not p.is_dir():
         raise InputError(f"{where} {p}: no such folder (a gsim scene or reconstruction folder)")
     try:
