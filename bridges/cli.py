@@ -32,7 +32,8 @@ Agents: replay (the logged path and timing), privileged (car following + pure pu
 (route following, brakes for LiDAR returns in its path), module:attribute (a class with act(obs)) or
 exec:COMMAND (an agent process speaking JSON lines, see gsim.bridges.closed_loop.agents.ProcessAgent).
 Shipped scenarios (on the demo street, built on first use): stopped-car (a car stands in the ego's lane),
-lead-car (a slower car ahead), traffic (SUMO traffic at a density).
+lead-car (a slower car ahead), traffic (SUMO traffic at a density). OpenSCENARIO files (.xosc): their storyboard
+drives their actors, live against the agent's ego, and their StopTrigger ends the run (docs/scenarios.md).
 
 Writes DIR/metrics.json (collision, score = NC x DAC x (5 TTC + 5 EP + 2 C) / 12, route_completion, steps and
 each sub-metric), metrics.md, steps.jsonl, video.mp4 (camera | bird's-eye view), log/ (the run as a gsim
@@ -222,6 +223,8 @@ def register(sub) -> None:
     scn = sub.choices["scenario"]  # gsim scenario export-road / export: the field's standards (OpenDRIVE, OpenSCENARIO)
     action = next(x for x in scn._actions if x.dest == "action")
     action.choices = [*action.choices, "export-road", "export", "import"]
+    next(x for x in scn._actions if x.dest == "file").help = ("the scenario YAML, or an OpenSCENARIO file (.xosc) for "
+                                                              "validate, apply, render and import (docs/scenarios.md)")
     scn.add_argument("target", nargs="?", default=None,
                      help="export-road: the OpenDRIVE file to write (FILE: a scenario, a shipped name or a scene "
                           "directory); export: the folder for FILE.xosc and road.xodr; import: the scenario YAML to "
@@ -231,8 +234,8 @@ def register(sub) -> None:
     cl = sub.add_parser("closed-loop", formatter_class=argparse.RawDescriptionHelpFormatter,
                         help="drive an agent through a scenario with SUMO traffic, with metrics, video, log and MCAP",
                         description=CLOSED_LOOP_HELP)
-    cl.add_argument("scenario", nargs="+", help="scenario YAML files or shipped names (stopped-car, lead-car, "
-                                                 "traffic); several: a batch")
+    cl.add_argument("scenario", nargs="+", help="scenario YAML files, OpenSCENARIO files (.xosc; docs/scenarios.md) "
+                                                 "or shipped names (stopped-car, lead-car, traffic); several: a batch")
     cl.add_argument("--agent", default="lidar-aeb", help="replay, privileged, lidar-aeb, module:attribute or "
                                                          "egodriver:HOST:PORT (an AlpaSim policy server; "
                                                          "egodriver:unix:///path too); comma-separated: a batch "
