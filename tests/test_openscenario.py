@@ -386,7 +386,7 @@ def test_deleting_a_scene_actor_removes_it_and_the_shipped_examples_read(loop_st
     im = read_xosc(path)
     assert [e.kind for e in im.scenario.edits] == ["remove"] and im.scenario.edits[0].actor == "parked"
     shipped = sorted(EXAMPLES.glob("*.xosc"))
-    assert len(shipped) == 5
+    assert len(shipped) == 6
     for p in shipped:  # the examples read (schema, subset), on the demo street, gsim's own road
         plan = read_plan(p)
         assert plan.ego == "ego" and plan.road is None and plan.scene.name == "demo"

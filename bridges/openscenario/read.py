@@ -436,6 +436,9 @@ def _action(r: _Reader, a, name: str, line: int, entities) -> Action:
         else:
             r.fail(line, f"FollowTrajectoryAction: a {type(shape).__name__} shape is outside gsim's subset "
                          f"(Polyline, Clothoid)")
+        if a.initialDistanceOffset not in (None, 0, 0.0, "0"):
+            r.fail(line, "FollowTrajectoryAction: initialDistanceOffset is outside gsim's subset (a trajectory is "
+                         "followed from its start)")
         tr = a.timeref
         timed = tr is not None and not getattr(tr, "_only_nones", True)
         v["timing"] = None if not timed else {"domain": r.value(tr.reference_domain),

@@ -1,14 +1,16 @@
 """Writes the OpenSCENARIO examples of this folder with scenariogeneration (the scenarios extra), as a scenario author
 outside gsim would: `python scenarios/openscenario/make_examples.py`. Each plays on the demo street
 (`./quickstart.sh demo`; SceneGraphFile ../../out/demo, gsim's own road) and is the shipped YAML scenario of the same
-name written in the standard, except braking_car (the issue's: a car put into the ego's lane brakes at a time):
+name written in the standard, except braking_car (the issue's: a car put into the ego's lane brakes at a time) and
+cut_in, whose SUV pulls out when the ego comes near (not at the start):
 
     gsim closed-loop scenarios/openscenario/braking_car.xosc --agent privileged --out out/closed_loop/braking-car
     gsim scenario render scenarios/openscenario/crossing.xosc
     gsim scenario import scenarios/openscenario/cut_in.xosc out/cut_in.yaml
 
-What the YAML scenarios do that these do not: roadworks slows the street's own lead car (a log actor's retiming has
-no OpenSCENARIO action), traffic asks SUMO for a traffic density (no TrafficSwarmAction in gsim's subset).
+What the YAML scenarios do that these do not: traffic asks SUMO for a traffic density (no TrafficSwarmAction in
+gsim's subset); roadworks slows the street's own car ahead by re-timing its logged track, which here is a constant
+speed along the lane from its logged start (it drove at a steady 8.07 m/s).
 """
 import datetime
 from pathlib import Path
@@ -17,14 +19,20 @@ from scenariogeneration import xosc
 
 HERE = Path(__file__).resolve().parent
 DATE = datetime.datetime(2026, 11, 28)  # (fixed: the files change only when the scenarios do)
+CAR, SUV, TRUCK, MOVING_0 = (4.7, 1.9, 1.5), (4.8, 2.0, 1.75), (8.0, 2.5, 3.5), (4.05, 1.84, 1.44)  # l, w, h (m)
 
 
-def vehicle(kind=xosc.VehicleCategory.car, size=(4.7, 1.9, 1.5)):
+def vehicle(kind=xosc.VehicleCategory.car, size=CAR):
     """A vehicle whose reference point is its rear axle, 0.85 m ahead of the back of its box."""
     length, width, height = size
     box = xosc.BoundingBox(width, length, height, length / 2 - 0.85, 0.0, height / 2)
     return xosc.Vehicle("vehicle", kind, box, xosc.Axle(0.5, 0.65, width * 0.85, length - 1.7, 0.33),
                         xosc.Axle(0.0, 0.65, width * 0.85, 0.0, 0.33), 50.0, 8.0, 9.0)
+
+
+def misc(kind, size):
+    length, width, height = size
+    return xosc.MiscObject("object", 20.0, kind, xosc.BoundingBox(width, length, height, 0.0, 0.0, height / 2))
 
 
 def walker():
@@ -45,10 +53,26 @@ def at_time(name, t, point="start"):
                              point)
 
 
+def at_start(name):
+    """A trigger true from the first evaluation (time 0) on."""
+    return xosc.ValueTrigger(name, 0, xosc.ConditionEdge.none, xosc.SimulationTimeCondition(0.0,
+                                                                                            xosc.Rule.greaterOrEqual))
+
+
+def back(size):
+    """How far a vehicle()'s reference point (its rear axle) is behind its box centre."""
+    return size[0] / 2 - 0.85
+
+
 def path(points, name):
     t = xosc.Trajectory(name, False)
     t.add_shape(xosc.Polyline([], [xosc.WorldPosition(x, y) for x, y in points]))
     return xosc.FollowTrajectoryAction(t, xosc.FollowingMode.position)
+
+
+def along(who, points):
+    """An event at the start: ``who`` drives along the polyline ``points`` at its speed."""
+    return (f"{who}_drives", who, [(f"{who}_path", path(points, f"{who}_path"))], at_start(f"{who}_starts"))
 
 
 def write(path, entities, init, events=(), deleted=(), stop_s=4.0, params=(), scene="../../out/demo", road=None,
@@ -97,20 +121,24 @@ def main(out=HERE):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ego = {"ego": vehicle()}
+    # (the cars drive along the street's lane, y = -1.75: gsim's own road, built along the log's 30 m of ego path,
+    # leaves the reconstructed lane markings by some decimetres past them)
     write(out / "braking_car.xosc", {**ego, "braker": vehicle(), "moving_0": vehicle()},
           [("braker", put(14.0, -1.75)), ("braker", speed(7.0))],
-          [("brake", "braker", [("brake", speed(0.0, xosc.DynamicsShapes.linear, xosc.DynamicsDimension.rate, 5.0))],
+          [along("braker", [(14.0, -1.75), (80.0, -1.75)]),
+           ("brake", "braker", [("brake", speed(0.0, xosc.DynamicsShapes.linear, xosc.DynamicsDimension.rate, 5.0))],
             at_time("brake_time", "$brake_at_s"))],
           deleted=["moving_0"], stop_s=8.0,
           params=[xosc.Parameter("brake_at_s", xosc.ParameterType.double, "1.5")])
     write(out / "stopped_car.xosc", {**ego, "stopped_car": vehicle(), "moving_0": vehicle()},
-          [("stopped_car", put(22.0, -1.75))], deleted=["moving_0"], stop_s=6.0)
-    write(out / "lead_car.xosc", {**ego, "lead_car": vehicle(size=(4.8, 2.0, 1.75)), "moving_0": vehicle()},
-          [("lead_car", put(16.0, -1.75)), ("lead_car", speed(4.0))], deleted=["moving_0"], stop_s=6.0)
+          [("stopped_car", put(22.0 - back(CAR), -1.75))], deleted=["moving_0"], stop_s=6.0)
+    write(out / "lead_car.xosc", {**ego, "lead_car": vehicle(size=SUV), "moving_0": vehicle()},
+          [("lead_car", put(16.0 - back(SUV), -1.75)), ("lead_car", speed(4.0))],
+          [along("lead_car", [(16.0 - back(SUV), -1.75), (60.0, -1.75)])], deleted=["moving_0"], stop_s=6.0)
     # the SUV pulls out of the right parking lane when the ego is 8 m (free space) behind it, speeding up to 9 m/s
     near = xosc.EntityTrigger("ego_near", 0, xosc.ConditionEdge.none, xosc.RelativeDistanceCondition(
         8.0, xosc.Rule.lessThan, xosc.RelativeDistanceType.longitudinal, "ego", freespace=True), "cut_in_suv")
-    write(out / "cut_in.xosc", {**ego, "cut_in_suv": vehicle(size=(4.8, 2.0, 1.75))},
+    write(out / "cut_in.xosc", {**ego, "cut_in_suv": vehicle(size=SUV)},
           [("cut_in_suv", put(16.0, -4.5))],
           [("pull_out", "cut_in_suv", [("path", path([(16.0, -4.5), (20.0, -4.1), (26.0, -2.2), (32.0, -1.75),
                                                       (60.0, -1.75)], "cut_in")),
@@ -122,7 +150,19 @@ def main(out=HERE):
           [("walker", put(30.0, -4.5)), ("walker", speed(1.4)), ("cyclist", put(40.0, 3.4, 3.14159265)),
            ("cyclist", speed(5.0))],
           [("cross", "walker", [("cross", path([(30.0, -4.5), (32.0, -3.0), (38.0, 3.5)], "crossing"))],
-            at_time("start", 0.0))], deleted=["parked_17"])
+            at_start("start")), along("cyclist", [(40.0, 3.4), (5.0, 3.4)])], deleted=["parked_17"])
+    # roadworks: cones and a barrier close the lane's edge ahead, a truck parks on the right, the street's own car
+    # ahead drives at 0.8 of its logged 8.07 m/s from its logged start (box centre 19.23 m) and the ego drives 0.5 m
+    # further left
+    cone = misc(xosc.MiscObjectCategory.obstacle, (0.4, 0.4, 0.7))
+    write(out / "roadworks.xosc", {**ego, "barrier": misc(xosc.MiscObjectCategory.barrier, (2.0, 0.6, 0.8)),
+                                   "cone_0": cone, "cone_1": cone, "cone_2": cone,
+                                   "parked_truck": vehicle(xosc.VehicleCategory.truck, TRUCK),
+                                   "moving_0": vehicle(size=MOVING_0), "parked_18": vehicle()},
+          [("ego", put(0.0, -1.1)), ("barrier", put(41.0, -0.4)), ("cone_0", put(34.0, -0.6)),
+           ("cone_1", put(36.5, -0.6)), ("cone_2", put(39.0, -0.6)), ("parked_truck", put(36.0 - back(TRUCK), -4.6)),
+           ("moving_0", put(19.23 - back(MOVING_0), -1.75)), ("moving_0", speed(0.8 * 8.07))],
+          [along("moving_0", [(19.23 - back(MOVING_0), -1.75), (80.0, -1.75)])], deleted=["parked_18"])
 
 
 if __name__ == "__main__":  # (tests/test_openscenario.py checks that this writes the files of this folder)
