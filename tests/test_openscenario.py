@@ -47,8 +47,8 @@ def write(path, scene, entities, init, events=(), stop_s=5.0, road="road.xodr", 
     """A scenario file on ``scene`` (see make_examples.write); ``params`` {name: (type, value)}."""
     import os
     decl = [xosc.Parameter(k, kind, v) for k, (kind, v) in (params or {}).items()]
-    EX.write(path, entities, init, events, deleted, stop_s, decl, os.path.relpath(scene, Path(path).parent), road,
-             minor)
+    EX.write(path, entities, init, events, deleted, stop_s, decl,
+             None if scene is None else os.path.relpath(scene, Path(path).parent), road, minor)
     return str(path)
 
 
@@ -393,3 +393,91 @@ def test_deleting_a_scene_actor_removes_it_and_the_shipped_examples_read(loop_st
     EX.main(tmp_path / "again")  # and they are what their script writes
     for p in shipped:
         assert (tmp_path / "again" / p.name).read_text() == p.read_text(), p.name
+
+
+def test_an_opendrive_road_written_by_scenariogeneration_has_its_lanes_where_the_standard_puts_them(tmp_path):
+    """A line, an arc and a spiral, two lanes each way (scenariogeneration's xodr writer, not SUMO's): lane centres at
+    their analytic places, lanes to the left across the centre line, and a car runs straight on past the road's end."""
+    xodr = pytest.importorskip("scenariogeneration.xodr")
+    road = xodr.create_road([xodr.Line(50), xodr.Arc(0.02, angle=0.5), xodr.Spiral(0.02, 0.0, 30)], id=1,
+                            left_lanes=2, right_lanes=2, lane_width=3.5)
+    odr = xodr.OpenDrive("t")
+    odr.add_road(road)
+    odr.adjust_roads_and_lanes()
+    odr.write_xml(str(tmp_path / "road.xodr"))
+    lanes = LaneMap.read(tmp_path / "road.xodr")
+    assert lanes.lane_point("1", -1, 20.0, 0.0, "t") == pytest.approx((20.0, -1.75, 0.0), abs=1e-3)
+    x, y, h = lanes.lane_point("1", 2, 20.0, 0.0, "t")
+    assert (x, y) == pytest.approx((20.0, 5.25), abs=1e-3) and abs(math.remainder(h - math.pi, 2 * math.pi)) < 1e-6
+    h = 0.02 * 12.5  # 12.5 m into the arc of radius 50 about (50, 50)
+    centre = np.array([50 + 50 * math.sin(h), 50 - 50 * math.cos(h)]) + 1.75 * np.array([math.sin(h), -math.cos(h)])
+    x, y, heading = lanes.lane_point("1", -1, 62.5, 0.0, "t")
+    assert (x, y) == pytest.approx(tuple(centre), abs=2e-3)
+    assert heading == pytest.approx(h, abs=0.02 * 0.5 / 2 + 1e-6)  # (a chord's heading: the samples are 0.5 m apart)
+    minus1 = next(i for i, p in enumerate(lanes.pieces) if p.lane == -1)
+    assert [lanes.pieces[lanes.neighbour(minus1, k)].lane for k in (1, 2, -1)] == [1, 2, -2]
+    assert lanes.neighbour(minus1, 3) is None
+    plan = read_plan(write(tmp_path / "end.xosc", None, {"ego": car(), "a": car()},
+                           [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.75, 0.0, 0.0))),
+                            ("a", xosc.TeleportAction(xosc.LanePosition(95.0, 0.0, -1, "1"))), ("a", step_speed(10.0))]))
+    sb = Storyboard(plan, lanes)
+    sb.start(0, (0.0, -1.75, 0.0, 0.0))
+    for k in range(1, 31):
+        sb.step(k * 100_000, (0.0, -1.75, 0.0, 0.0))
+    end_xy, end_h = lanes.chain(minus1).at(1e9)
+    x, y, h, v = sb.pose("a")
+    travelled = 30.0 - (lanes.chain(minus1).length - lanes.chain(minus1).project((*lanes.lane_point("1", -1, 95.0, 0.0,
+                                                                                                      "t")[:2],))[0][0])
+    assert v == 10.0 and h == pytest.approx(end_h[0], abs=1e-6)
+    assert (x, y) == pytest.approx(tuple(end_xy[0] + travelled * np.array([math.cos(h), math.sin(h)])), abs=0.02)
+
+
+def test_a_cancelled_trajectory_leaves_its_car_where_it_is_and_parameters_set_enumerations(loop_street, roads,
+                                                                                          tmp_path):
+    """A timed trajectory replaced by a speed action: the car goes on from where the trajectory left it (no jump back
+    to its old lane position); a condition's rule and edge and an event's priority given by parameters."""
+    import shutil
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    lanes = LaneMap.read(tmp_path / "road.xodr")
+    line = xosc.Trajectory("line", False)
+    line.add_shape(xosc.Polyline([0.0, 4.0], [xosc.WorldPosition(14, -1.75, 0, 0), xosc.WorldPosition(54, -1.75, 0, 0)]))
+    follow = xosc.FollowTrajectoryAction(line, xosc.FollowingMode.position, xosc.ReferenceContext.absolute, 1, 0)
+    path = write(tmp_path / "cancel.xosc", loop_street, {"ego": car(), "a": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("a", xosc.TeleportAction(xosc.WorldPosition(14.0, -1.75, 0.0, 0.0)))],
+                 [("go", "a", [("go", follow)], EX.at_start("t0")), ("slow", "a", [("slow", step_speed(2.0))],
+                                                                    at_time("t2", 2.0))],
+                 params={"rule": (xosc.ParameterType.string, "greaterThan"),
+                         "edge": (xosc.ParameterType.string, "rising")})
+    text = Path(path).read_text()
+    text = text.replace('rule="greaterThan"', 'rule="$rule"').replace('conditionEdge="rising"', 'conditionEdge="$edge"')
+    Path(path).write_text(text)
+    sb, states = play(path, lanes, parked_ego, 4.0)
+    x = [s["a"][0] for _, s in states]
+    assert x[20] == pytest.approx(34.0, abs=1e-6)  # 2.0 s: half way along the timed line
+    assert x[21] == pytest.approx(34.0 + 10.0 * 0.1, abs=1e-6)  # the speed action fires at 2.1 s (first step > 2)
+    assert np.all(np.diff(x[22:]) == pytest.approx(0.2, abs=0.01))  # then 2 m/s on from there
+
+
+def test_more_bad_files_are_refused_with_their_line(loop_street, roads, tmp_path, capsys):
+    """References to a deleted entity, a DOCTYPE, two events of one name, an undeclared enumeration value."""
+    import shutil
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    deleted = write(tmp_path / "deleted.xosc", loop_street, {"ego": car(), "a": car(), "parked": car()},
+                    [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                     ("a", xosc.TeleportAction(xosc.RelativeObjectPosition("parked", 5.0, 0.0)))], deleted=["parked"])
+    _bad(tmp_path, capsys, deleted, "'init_a_0' refers to 'parked', which Init deletes")
+    good = Path(braking(tmp_path, loop_street)).read_text()
+    dtd = tmp_path / "dtd.xosc"
+    dtd.write_text(good.replace("<OpenSCENARIO", '<!DOCTYPE OpenSCENARIO [<!ENTITY x "y">]>\n<OpenSCENARIO', 1))
+    _bad(tmp_path, capsys, dtd, "dtd.xosc:1: a DOCTYPE (a DTD, entities) is outside gsim's subset")
+    two = write(tmp_path / "two.xosc", loop_street, {"ego": car(), "a": car(), "b": car()},
+                [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                 ("a", xosc.TeleportAction(xosc.WorldPosition(20.0, -1.75, 0.0, 0.0))),
+                 ("b", xosc.TeleportAction(xosc.WorldPosition(30.0, -1.75, 0.0, 0.0)))],
+                [("go", "a", [("go_a", step_speed(1.0))], at_time("t", 1.0)),
+                 ("go", "b", [("go_b", step_speed(1.0))], at_time("u", 1.0))])
+    _bad(tmp_path, capsys, two, "a second event named 'go'")
+    enum = tmp_path / "enum.xosc"
+    enum.write_text(good.replace('rule="greaterThan"', 'rule="$brake_at"', 1))
+    _bad(tmp_path, capsys, enum, "rule='1.0': gsim reads greaterThan, lessThan")

@@ -1,17 +1,17 @@
 """A gsim scenario as ASAM OpenSCENARIO 1.3 (`gsim scenario export SCENARIO OUT_DIR`): ``OUT_DIR/<name>.xosc`` and
-``OUT_DIR/road.xodr`` (`opendrive.export_road`), written with scenariogeneration (the ``scenarios`` extra), so that
-the scenario's traffic plays in esmini or CARLA's ScenarioRunner on the road the closed loop drives.
+``OUT_DIR/road.xodr`` (`opendrive.export_road`), written with scenariogeneration (the ``scenarios`` extra), so that the
+scenario's traffic plays in esmini or CARLA's ScenarioRunner on the road the closed loop drives.
 
 What the file holds: the scenario's edited world as it renders (`gsim.editing.world.apply`): ``RoadNetwork`` with
-``LogicFile`` road.xodr and ``SceneGraphFile`` the gsim scene (relative to the file); an entity per actor (its
-category as an OpenSCENARIO vehicle class, a pedestrian or a misc object; its box) and the ego, named ``ego``; in
-``Init`` each placed at its first pose (``TeleportAction``, ``WorldPosition``: gsim's world frame, heading from +x
-counter-clockwise); in the storyboard one event at time 0 per entity, a ``FollowTrajectoryAction`` along its track
-(a polyline of timed world positions, absolute time from the scenario's first frame), and a stop trigger at the
-last frame. The parameter ``gsim_log_actors`` = ``listed`` says that the scene holds these entities only (the log's
-actors a scenario removed stay removed when gsim imports the file). Reference points: an actor's is the centre of its box's bottom face (gsim's actor frame), so its bounding
-box centre sits half its height above; the ego's is the loop's ego frame (the rear axle), its box where the scenario
-puts it (``ego.box_offset_m``).
+``LogicFile`` road.xodr and ``SceneGraphFile`` the gsim scene (relative to the file); an entity per actor (its category
+as an OpenSCENARIO vehicle class, a pedestrian or a misc object; its box) and the ego, named ``ego``; in ``Init`` each
+placed at its first pose (``TeleportAction``, ``WorldPosition``: gsim's world frame, heading from +x counter-clockwise);
+in the storyboard one event at time 0 per entity, a ``FollowTrajectoryAction`` along its track (a polyline of timed
+world positions, absolute time from the scenario's first frame), and a stop trigger at the last frame. The parameter
+``gsim_log_actors`` = ``listed`` says that the scene holds these entities only (the log's actors a scenario removed stay
+removed when gsim imports the file). Reference points: an actor's is the centre of its box's bottom face (gsim's actor
+frame), so its bounding box centre sits half its height above; the ego's is the loop's ego frame (the rear axle), its
+box where the scenario puts it (``ego.box_offset_m``).
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def export_scenario(target: str, out_dir) -> Path:
                        (-0.3 * float(a.size[0]), 0.3 * float(a.size[0])), a.track_timestamps_us, bottom))
     entities, init, story = xosc.Entities(), xosc.Init(), xosc.Story("gsim")
     act = xosc.Act("tracks", xosc.ValueTrigger("start", 0, xosc.ConditionEdge.none,
-                                              xosc.SimulationTimeCondition(0, xosc.Rule.greaterThan)))
+                                              xosc.SimulationTimeCondition(0, xosc.Rule.greaterOrEqual)))
     for name, category, size, centre, axles, ts, poses in tracks:
         entities.add_scenario_object(name, _entity(xosc, name, category, size, centre, axles))
         if len(ts) > 1:  # its track within the scenario's span (ends interpolated), standing from its end on
@@ -95,7 +95,7 @@ def export_scenario(target: str, out_dir) -> Path:
         event = xosc.Event(f"{name}_follows", xosc.Priority.override)
         event.add_action(f"{name}_track", follow)
         event.add_trigger(xosc.ValueTrigger(f"{name}_at_start", 0, xosc.ConditionEdge.none,
-                                            xosc.SimulationTimeCondition(0, xosc.Rule.greaterThan)))
+                                            xosc.SimulationTimeCondition(0, xosc.Rule.greaterOrEqual)))
         maneuver = xosc.Maneuver(f"{name}_maneuver")
         maneuver.add_event(event)
         group = xosc.ManeuverGroup(f"{name}_group")

@@ -1,11 +1,12 @@
 """An OpenDRIVE road's lanes as world polylines: where a `LanePosition` lies, which lane a point is on, and the lanes
 that carry on from a lane's end (what the storyboard's vehicles follow).
 
-Read: each road's plan view (``line``, ``arc``, ``spiral``, ``poly3``, ``paramPoly3``), its ``laneOffset`` records
-and its lane sections' driving lanes with their ``width`` polynomials, sampled every SAMPLE_M metres of the
-reference line. Lanes with negative ids run along the road's s, positive ones against it (right-hand traffic, the
-roads SUMO writes). Heights are not read: gsim puts everything on the scene's own ground. A lane given by its
-``border`` records, a left-hand-traffic road or a geometry of another kind is refused with the file and line.
+Read: each road's plan view (``line``, ``arc``, ``spiral``, ``poly3``, ``paramPoly3``), its ``laneOffset`` records and
+its lane sections' driving lanes with their ``width`` polynomials, sampled every SAMPLE_M metres of the reference line.
+Lanes with negative ids run along the road's s, positive ones against it (right-hand traffic, the roads SUMO writes);
+vehicles follow the driving lanes (`DRIVING`), a `LanePosition` may name any. Heights are not read: gsim puts everything
+on the scene's own ground. A lane given by its ``border`` records, a left-hand-traffic road or a geometry of another
+kind is refused with the file and line.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from gsim.errors import InputError
 SAMPLE_M = 0.5
 JOIN_M = 0.6  # a lane carries on into one that starts this close to its end ...
 JOIN_RAD = math.radians(30)  # ... heading this close to its end's heading
+MAX_ROAD_M = 10_000.0  # a road longer than this is refused (its samples would not fit)
+DRIVING = ("driving", "bidirectional", "entry", "exit", "onRamp", "offRamp", "connectingRamp", "slipLane", "bus",
+           "taxi", "HOV")  # the lane types vehicles follow (a LanePosition may name any lane)
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,16 +37,29 @@ class LanePiece:
     section: int
     centre: Polyline
     widths: np.ndarray  # at the centre polyline's vertices
-    s_start: float
-    s_end: float
+    road_s: np.ndarray  # the road's s at the centre polyline's vertices (decreasing for a lane against s)
     type: str
+
+    @property
+    def s_start(self) -> float:
+        return float(self.road_s[0])
+
+    @property
+    def s_end(self) -> float:
+        return float(self.road_s[-1])
 
     def width_at(self, u: float) -> float:
         return float(np.interp(u, self.centre.s, self.widths))
 
     def u_of_s(self, s: float) -> float:
         """Arc length along the centre at the road's s."""
-        return abs(s - self.s_start) / max(abs(self.s_end - self.s_start), 1e-9) * self.centre.length
+        if self.road_s[-1] >= self.road_s[0]:
+            return float(np.interp(s, self.road_s, self.centre.s))
+        return float(np.interp(s, self.road_s[::-1], self.centre.s[::-1]))
+
+    def s_of_u(self, u: float) -> float:
+        """The road's s at arc length u along the centre."""
+        return float(np.interp(u, self.centre.s, self.road_s))
 
 
 def _float(el, name: str, path: Path, default: Optional[float] = None) -> float:
@@ -133,7 +150,7 @@ class LaneMap:
                 if d[j] > JOIN_M:
                     break
                 h = pieces[j].centre.at(0.0)[1][0]
-                if j != i and abs(math.remainder(h - h_end, 2 * math.pi)) < JOIN_RAD:
+                if j != i and pieces[j].type in DRIVING and abs(math.remainder(h - h_end, 2 * math.pi)) < JOIN_RAD:
                     best = int(j)
                     break
             self.next[i] = best
@@ -143,9 +160,12 @@ class LaneMap:
         from lxml import etree
         path = Path(path)
         try:
-            root = etree.parse(str(path), etree.XMLParser(resolve_entities=False, no_network=True)).getroot()
+            tree = etree.parse(str(path), etree.XMLParser(resolve_entities=False, no_network=True))
         except (OSError, etree.XMLSyntaxError) as e:
             raise InputError(f"{path}: not a readable OpenDRIVE file ({e})") from None
+        if tree.docinfo.doctype or tree.docinfo.internalDTD is not None:
+            raise InputError(f"{path}:1: a DOCTYPE (a DTD, entities) is not read: the file is read as it is written")
+        root = tree.getroot()
         if root.tag != "OpenDRIVE":
             raise InputError(f"{path}:{root.sourceline}: expected <OpenDRIVE> at the top, found <{root.tag}>")
         pieces: List[LanePiece] = []
@@ -182,11 +202,13 @@ class LaneMap:
         return float(xy[0] - offset * math.sin(h)), float(xy[1] + offset * math.cos(h)), float(h)
 
     def locate(self, xy, heading: Optional[float] = None) -> Optional[Tuple[int, float, float]]:
-        """The lane piece a point is on (index, arc length along its centre, lateral offset to the left of its centre):
-        the nearest whose corridor holds it, among those heading within 90 degrees of ``heading`` when given; None when
-        no lane holds it."""
+        """The driving lane piece a point is on (index, arc length along its centre, lateral offset to the left of its
+        centre): the nearest whose corridor holds it, among those heading within 90 degrees of ``heading`` when given;
+        None when no driving lane holds it."""
         best = None
         for i, p in enumerate(self.pieces):
+            if p.type not in DRIVING:
+                continue
             u, t, dist = (v[0] for v in p.centre.project(np.asarray(xy, float)[None]))
             if dist > p.width_at(u) / 2 + 0.05:
                 continue
@@ -201,17 +223,18 @@ class LaneMap:
         the same road and section (lane 0 is no lane: from -1 one step left is +1, the other direction)."""
         p = self.pieces[index]
         lane = p.lane
+        delta = 1 if (steps > 0) == (p.lane < 0) else -1  # left of a lane along s is towards higher ids
         for _ in range(abs(steps)):
-            left = (steps > 0) == (lane < 0)  # towards higher ids for a lane along s
-            lane = lane + (1 if left else -1)
+            lane += delta
             if lane == 0:
-                lane = 1 if left else -1
+                lane += delta
         return next((i for i, q in enumerate(self.pieces) if q.road == p.road and q.section == p.section
-                     and q.lane == lane), None)
+                     and q.lane == lane and q.type in DRIVING), None)
 
-    def chain(self, index: int, length_m: float = 1000.0) -> Polyline:
+    def chain(self, index: int, length_m: float = 100_000.0) -> Polyline:
         """Piece ``index``'s centre and the pieces carrying on from its end, up to ``length_m``, as one polyline."""
-        pts, seen, i, total = [self.pieces[index].centre.xy], {index}, self.next[index], self.pieces[index].centre.length
+        first = self.pieces[index].centre
+        pts, seen, i, total = [first.xy], {index}, self.next[index], first.length
         while i is not None and i not in seen and total < length_m:
             seen.add(i)
             pts.append(self.pieces[i].centre.xy[1:])
@@ -220,23 +243,34 @@ class LaneMap:
         return Polyline(np.concatenate(pts), f"lane {self.pieces[index].road}/{self.pieces[index].lane}")
 
 
+def _lane_id(el, path: Path) -> int:
+    try:
+        return int(el.get("id"))
+    except (TypeError, ValueError):
+        raise InputError(f"{path}:{el.sourceline}: <lane> id={el.get('id')!r} is not an integer") from None
+
+
 def _road_pieces(road, path: Path) -> List[LanePiece]:
     rid = road.get("id")
+    if rid is None:
+        raise InputError(f"{path}:{road.sourceline}: <road> has no id")
     length = _float(road, "length", path)
     geoms = road.findall("planView/geometry")
-    if not geoms or length <= 0:
-        raise InputError(f"{path}:{road.sourceline}: road {rid} has no plan view")
-    s = np.unique(np.r_[np.arange(0.0, length, SAMPLE_M), length])
-    xy, hdg = np.zeros((len(s), 2)), np.zeros(len(s))
+    if not geoms or not 0 < length <= MAX_ROAD_M:
+        raise InputError(f"{path}:{road.sourceline}: road {rid}: no plan view, or a length outside (0, {MAX_ROAD_M:g}] "
+                         f"m")
     g_s = [_float(g, "s", path) for g in geoms]
+    sections = road.findall("lanes/laneSection")
+    sec_s = [_float(x, "s", path) for x in sections]
+    # (every geometry and section starts at a sample: lanes have no gaps at section starts)
+    s = np.unique(np.clip(np.r_[np.arange(0.0, length, SAMPLE_M), length, g_s, sec_s], 0.0, length))
+    xy, hdg = np.zeros((len(s), 2)), np.zeros(len(s))
     for i, g in enumerate(geoms):
         hi = g_s[i + 1] if i + 1 < len(geoms) else np.inf
         m = (s >= g_s[i]) & (s < hi) if i + 1 < len(geoms) else s >= g_s[i]
         xy[m], hdg[m] = _geometry(g, path, np.clip(s[m] - g_s[i], 0.0, _float(g, "length", path)))
     normal = np.c_[-np.sin(hdg), np.cos(hdg)]
     offset = _poly(road.findall("lanes/laneOffset"), s, path)
-    sections = road.findall("lanes/laneSection")
-    sec_s = [_float(x, "s", path) for x in sections]
     out = []
     for k, sec in enumerate(sections):
         hi = sec_s[k + 1] if k + 1 < len(sections) else length
@@ -245,7 +279,7 @@ def _road_pieces(road, path: Path) -> List[LanePiece]:
             continue
         ss, local = s[m], s[m] - sec_s[k]
         for side, sign in (("right", -1), ("left", 1)):
-            lanes = sorted(sec.findall(f"{side}/lane"), key=lambda el: abs(int(el.get("id"))))
+            lanes = sorted(sec.findall(f"{side}/lane"), key=lambda el: abs(_lane_id(el, path)))
             inner = np.zeros(len(ss))
             for el in lanes:
                 if el.find("border") is not None:
@@ -254,14 +288,12 @@ def _road_pieces(road, path: Path) -> List[LanePiece]:
                 w = _poly(el.findall("width"), local, path, key="sOffset")
                 t = offset[m] + sign * (inner + w / 2)
                 inner = inner + w
-                lane = int(el.get("id"))
-                c = xy[m] + t[:, None] * normal[m]
+                lane = _lane_id(el, path)
                 order = slice(None) if lane < 0 else slice(None, None, -1)
-                try:
-                    centre = Polyline(c[order], f"{path.name} road {rid} lane {lane}")
-                except InputError:
+                c, w, at_s = (xy[m] + t[:, None] * normal[m])[order], w[order], ss[order]
+                keep = np.r_[True, np.linalg.norm(np.diff(c, axis=0), axis=1) > 1e-9]  # (as Polyline keeps them)
+                if keep.sum() < 2:
                     continue  # a lane of no length (a junction's degenerate connection)
-                out.append(LanePiece(rid, lane, k, centre, np.interp(centre.s, np.r_[0.0, np.cumsum(np.linalg.norm(
-                    np.diff(c[order], axis=0), axis=1))], w[order]), float(ss[order][0]), float(ss[order][-1]),
-                    el.get("type", "driving")))
+                centre = Polyline(c[keep], f"{path.name} road {rid} lane {lane}")
+                out.append(LanePiece(rid, lane, k, centre, w[keep], at_s[keep], el.get("type", "driving")))
     return out

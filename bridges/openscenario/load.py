@@ -26,7 +26,7 @@ import numpy as np
 
 from gsim.errors import NAME_RE, InputError
 
-from .lanes import LaneMap
+from .lanes import DRIVING, LaneMap
 from .read import Plan, read_plan
 from .storyboard import Storyboard
 
@@ -195,7 +195,8 @@ def read_xosc(path, params=None, ego: Optional[str] = None, scene: Optional[str]
     stop_us = None if sb.stop_time is None else t0 + int(round(sb.stop_time * 1e6))
     road = _road_options(plan, lanes, P0, shift)
     data = {"schema_version": 1, "name": name, "scene": str(scene_dir), "log": str(log_dir), "edits": edits,
-            "ego": {"shift_m": shift, **({"track": ego_track} if ego_track else {})}, "time": {"end_us": min(stop_us or t1, t1)}, "output": name,
+            "ego": {"shift_m": shift, **({"track": ego_track} if ego_track else {})},
+            "time": {"end_us": min(stop_us or t1, t1)}, "output": name,
             "closed_loop": {"step_s": step_s, "road": road,
                             **({"target_speed_mps": ego_speed} if ego_speed else {}),
                             **({"duration_s": max(sb.stop_time, step_s)} if stop_us else {})}}
@@ -274,7 +275,7 @@ def _road_options(plan: Plan, lanes: LaneMap, P0: np.ndarray, shift: float) -> d
     piece = lanes.pieces[at[0]]
     width = piece.width_at(at[1])
     forward = sorted({p.lane for p in lanes.pieces if p.road == piece.road and p.section == piece.section
-                      and (p.lane < 0) == (piece.lane < 0)}, key=abs)
+                      and (p.lane < 0) == (piece.lane < 0) and p.type in DRIVING}, key=abs)
     ego_lane = len(forward) - 1 - forward.index(piece.lane)  # (0: the rightmost)
     # the opposite lanes: probes a lane width apart, left of the innermost forward lane, heading the other way
     left = np.array([-math.sin(h), math.cos(h)])
@@ -287,8 +288,8 @@ def _road_options(plan: Plan, lanes: LaneMap, P0: np.ndarray, shift: float) -> d
 
 class LiveStoryboard:
     """The storyboard played in a closed loop against the ego the agent drives: ``start`` / ``step`` with the ego's
-    reference point (x, y, heading, speed), then each actor's box-centre x-y, heading and speed (``actors``); ``stopped``
-    once the StopTrigger fired."""
+    reference point (x, y, heading, speed), then each actor's box-centre x-y, heading and speed (``actors``);
+    ``stopped`` once the StopTrigger fired."""
 
     def __init__(self, imported: Imported):
         self.plan, self.lanes = imported.plan, imported.lanes

@@ -22,7 +22,8 @@ SUBSET = frozenset("""
 OpenSCENARIO FileHeader License ParameterDeclarations ParameterDeclaration CatalogLocations RoadNetwork LogicFile
 SceneGraphFile Entities ScenarioObject Vehicle Pedestrian MiscObject BoundingBox Center Dimensions Performance Axles
 FrontAxle RearAxle AdditionalAxle Properties Property ObjectController Controller
-Storyboard Init Actions GlobalAction EntityAction DeleteEntityAction Private PrivateAction TeleportAction Position WorldPosition LanePosition RelativeLanePosition
+Storyboard Init Actions GlobalAction EntityAction DeleteEntityAction Private PrivateAction TeleportAction Position
+WorldPosition LanePosition RelativeLanePosition
 RelativeObjectPosition Orientation LongitudinalAction SpeedAction SpeedActionDynamics SpeedActionTarget
 AbsoluteTargetSpeed LateralAction LaneChangeAction LaneChangeActionDynamics LaneChangeTarget RelativeTargetLane
 AbsoluteTargetLane LaneOffsetAction LaneOffsetActionDynamics LaneOffsetTarget AbsoluteTargetLaneOffset RoutingAction
@@ -35,6 +36,13 @@ VEHICLE_CATEGORIES = {"car": "car", "van": "car", "truck": "truck", "trailer": "
                       "bus": "bus", "motorbike": "motorcycle", "bicycle": "cyclist"}
 MISC_CATEGORIES = {"obstacle": "cone", "barrier": "barrier", "guardRail": "barrier"}
 SHAPES = ("step", "linear", "cubic", "sinusoidal")
+MAX_LENGTH_M = 10_000.0  # a trajectory or road longer than this is refused (its samples would not fit)
+EDGES = ("none", "rising", "falling", "risingOrFalling")
+RULES = ("greaterThan", "lessThan", "equalTo", "greaterOrEqual", "lessOrEqual", "notEqualTo")
+PRIORITIES = ("override", "overwrite", "skip", "parallel")
+ELEMENTS = ("act", "maneuverGroup", "maneuver", "event", "action")
+STATES = ("startTransition", "endTransition", "stopTransition", "runningState", "completeState", "standbyState")
+DISTANCES = ("longitudinal", "lateral", "cartesianDistance", "euclidianDistance")
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,8 @@ class _Reader:
         except etree.XMLSyntaxError as e:
             raise InputError(f"{path}:{e.lineno}: not well-formed XML ({e.msg})") from None
         self.root = self.tree.getroot()
+        if self.tree.docinfo.doctype or self.tree.docinfo.internalDTD is not None:
+            self.fail(1, "a DOCTYPE (a DTD, entities) is outside gsim's subset: the file is read as it is written")
         self._check_version_and_schema()
         self._check_subset()
         self.params = self._parameters(overrides)
@@ -202,10 +212,18 @@ class _Reader:
         return after or self.root.sourceline
 
     def value(self, v):
-        """A parsed attribute with its parameter reference resolved (strings as they are otherwise)."""
+        """A parsed attribute (scenariogeneration's enumerations by name) with its parameter reference resolved."""
+        v = getattr(v, "name", v)
         if isinstance(v, str) and v.startswith("$"):
             return self.params[v[1:]]
-        return getattr(v, "name", v)  # scenariogeneration's enumerations
+        return v
+
+    def enum(self, v, line: int, what: str, allowed) -> str:
+        """An enumeration's value, refused (with the line) unless it is one of ``allowed``."""
+        v = self.value(v)
+        if v not in allowed:
+            self.fail(line, f"{what}={v!r}: gsim reads {', '.join(allowed)}")
+        return v
 
     def num(self, v, line: int, what: str, default: Optional[float] = None) -> float:
         v = self.value(v)
@@ -279,6 +297,7 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
     for story in sc.storyboard.stories:
         for act in story.acts:
             events = []
+            start = _trigger(r, act.starttrigger, entities)
             for mg in act.maneuvergroup:
                 actors = tuple(r.value(e.entity) for e in mg.actors.actors)
                 for a in actors:
@@ -297,25 +316,20 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
                                       for a in ev.action)
                         trigger = _trigger(r, ev.trigger, entities)
                         if ego in actors:  # the agent drives the ego: a path from the start is all it takes
-                            if actors != (ego,) or len(acts_) != 1 or acts_[0].kind != "trajectory" or not all(
-                                    c.kind == "time" and c.v["value"] <= 1e-6 for g in trigger for c in g) \
-                                    or ego_path is not None:
+                            if actors != (ego,) or len(acts_) != 1 or acts_[0].kind != "trajectory" or \
+                                    not _at_start(trigger) or not _at_start(start) or ego_path is not None:
                                 r.fail(line, f"<Event name={ev.name!r}> acts on the ego {ego!r}, which the agent "
                                              f"drives (the ego takes one FollowTrajectoryAction from the start: its "
                                              f"path)")
                             ego_path = acts_[0]
                             continue
-                        events.append(Event(ev.name, m.name, mg.name, actors, r.value(ev.priority), acts_, trigger,
-                                            line))
-            acts.append(Act(act.name, _trigger(r, act.starttrigger, entities), _trigger(r, act.stoptrigger, entities),
-                            tuple(events)))
-    _check_references(r, acts)
+                        events.append(Event(ev.name, m.name, mg.name, actors,
+                                            r.enum(ev.priority, line, "priority", PRIORITIES), acts_, trigger, line))
+            acts.append(Act(act.name, start, _trigger(r, act.stoptrigger, entities), tuple(events)))
     stop = _trigger(r, sc.storyboard.stoptrigger, entities)
-    for a in acts:
-        for e in a.events:
-            gone = sorted(set(e.actors) & set(deleted))
-            if gone:
-                r.fail(e.line, f"<Event name={e.name!r}> acts on {gone[0]!r}, which Init deletes")
+    _check_names(r, acts)
+    _check_references(r, acts, stop)
+    _check_not_deleted(r, acts, init, stop, deleted)
     return Plan(path, r.value(sc.header.description) if hasattr(sc, "header") else path.stem, scene, road, entities,
                 ego, init, acts, stop, r.params, tuple(deleted), ego_path)
 
@@ -348,7 +362,8 @@ def _position(r: _Reader, p, line: int, entities) -> Position:
     line = r.line(type(p).__name__, line)  # (the element itself, at or after its action's line)
     orient = getattr(p, "orient", None)
     h = r.value(orient.h) if orient is not None else None
-    rel = r.value(orient.ref) if orient is not None else None
+    rel = r.enum(orient.ref, line, "Orientation type", ("relative", "absolute")) \
+        if orient is not None and orient.ref is not None else None
     ori = {"h": None if h is None else r.num(h, line, "Orientation h"), "ref": rel or "relative"}
     if isinstance(p, xosc.WorldPosition):
         h = None if p.h is None else r.num(p.h, line, "WorldPosition h")  # (none: a trajectory's heading, else 0)
@@ -374,9 +389,8 @@ def _position(r: _Reader, p, line: int, entities) -> Position:
 
 
 def _dynamics(r: _Reader, td, line: int, what: str) -> Dict[str, object]:
-    shape, dim = r.value(td.shape), r.value(td.dimension)
-    if shape not in SHAPES:
-        r.fail(line, f"{what}: dynamicsShape {shape!r} is outside gsim's subset ({', '.join(SHAPES)})")
+    shape = r.enum(td.shape, line, f"{what} dynamicsShape", SHAPES)
+    dim = r.enum(td.dimension, line, f"{what} dynamicsDimension", ("time", "rate", "distance"))
     value = r.num(td.value, line, f"{what} dynamics value")
     if value < 0 or (value == 0 and shape != "step" and dim == "rate"):
         r.fail(line, f"{what}: dynamics value {value:g} must be > 0 (>= 0 for time and distance)")
@@ -403,9 +417,7 @@ def _action(r: _Reader, a, name: str, line: int, entities) -> Action:
                 r.fail(line, f"RelativeTargetLane entityRef={v['entity']!r}: no such entity")
         return Action("lane_change", name, v, line)
     if isinstance(a, xosc.AbsoluteLaneOffsetAction):
-        shape = r.value(a.dynshape)
-        if shape not in SHAPES:
-            r.fail(line, f"LaneOffsetAction: dynamicsShape {shape!r} is outside gsim's subset")
+        shape = r.enum(a.dynshape, line, "LaneOffsetAction dynamicsShape", SHAPES)
         return Action("lane_offset", name, {"offset": r.num(a.value, line, "AbsoluteTargetLaneOffset value"),
                                             "shape": shape,
                                             "max_lat_acc": r.num(a.maxlatacc, line, "maxLateralAcc", 0.5)}, line)
@@ -431,8 +443,10 @@ def _action(r: _Reader, a, name: str, line: int, entities) -> Action:
                  "start_time": None if shape.starttime is None else r.num(shape.starttime, line, "startTime"),
                  "stop_time": None if shape.stoptime is None else r.num(shape.stoptime, line, "stopTime"),
                  "start": _position(r, shape.startposition, line, entities)}
-            if v["length"] <= 0:
-                r.fail(line, "Clothoid length must be > 0")
+            if not 0 < v["length"] <= MAX_LENGTH_M:
+                r.fail(line, f"Clothoid length {v['length']:g} m: gsim reads 0 < length <= {MAX_LENGTH_M:g} m")
+            if v["start_time"] is not None and v["stop_time"] is not None and v["stop_time"] <= v["start_time"]:
+                r.fail(line, "Clothoid stopTime must be after its startTime")
         else:
             r.fail(line, f"FollowTrajectoryAction: a {type(shape).__name__} shape is outside gsim's subset "
                          f"(Polyline, Clothoid)")
@@ -441,7 +455,8 @@ def _action(r: _Reader, a, name: str, line: int, entities) -> Action:
                          "followed from its start)")
         tr = a.timeref
         timed = tr is not None and not getattr(tr, "_only_nones", True)
-        v["timing"] = None if not timed else {"domain": r.value(tr.reference_domain),
+        v["timing"] = None if not timed else {"domain": r.enum(tr.reference_domain, line, "domainAbsoluteRelative",
+                                                               ("absolute", "relative")),
                                               "scale": r.num(tr.scale, line, "Timing scale", 1.0),
                                               "offset": r.num(tr.offset, line, "Timing offset", 0.0)}
         if timed and v["timing"]["scale"] <= 0:
@@ -464,22 +479,21 @@ def _trigger(r: _Reader, t, entities) -> Trigger:
         conds = []
         for c in g.conditions:
             line = r.line("Condition", name=c.name)
-            edge, delay = r.value(c.conditionedge), r.num(c.delay, line, "delay", 0.0)
+            edge = r.enum(c.conditionedge, line, "conditionEdge", EDGES)
+            delay = r.num(c.delay, line, "delay", 0.0)
             if delay < 0:
                 r.fail(line, f"condition {c.name!r}: delay {delay:g} < 0")
             if isinstance(c, xosc.ValueTrigger):
                 vc = c.valuecondition
                 if isinstance(vc, xosc.SimulationTimeCondition):
                     conds.append(Condition("time", c.name, edge, delay, {"value": r.num(vc.value, line, "value"),
-                                                                         "rule": r.value(vc.rule)}, line=line))
+                                                                         "rule": r.enum(vc.rule, line, "rule", RULES)},
+                                           line=line))
                 elif isinstance(vc, xosc.StoryboardElementStateCondition):
-                    element = r.value(vc.element)
-                    if element not in ("event", "action", "act", "maneuver", "maneuverGroup"):
-                        r.fail(line, f"StoryboardElementStateCondition on a {element}: gsim tracks acts, maneuver "
-                                     f"groups, maneuvers, events and actions")
-                    conds.append(Condition("state", c.name, edge, delay, {"element": element,
-                                                                          "ref": r.value(vc.reference),
-                                                                          "state": r.value(vc.state)}, line=line))
+                    element = r.enum(vc.element, line, "storyboardElementType", ELEMENTS)
+                    conds.append(Condition("state", c.name, edge, delay, {
+                        "element": element, "ref": r.value(vc.reference),
+                        "state": r.enum(vc.state, line, "state", STATES)}, line=line))
                 else:
                     r.fail(line, f"a {type(vc).__name__} is outside gsim's subset")
                 continue
@@ -488,7 +502,7 @@ def _trigger(r: _Reader, t, entities) -> Trigger:
             for w in who:
                 if w not in entities:
                     r.fail(line, f"condition {c.name!r}: triggering entity {w!r} does not exist")
-            rule = r.value(c.triggerentity.triggeringrule)
+            rule = r.enum(c.triggerentity.triggeringrule, line, "triggeringEntitiesRule", ("any", "all"))
             if isinstance(ec, xosc.ReachPositionCondition):
                 v = {"position": _position(r, ec.position, line, entities),
                      "tolerance": r.num(ec.tolerance, line, "tolerance")}
@@ -497,11 +511,12 @@ def _trigger(r: _Reader, t, entities) -> Trigger:
                 ref = r.value(ec.entity)
                 if ref not in entities:
                     r.fail(line, f"RelativeDistanceCondition entityRef={ref!r}: no such entity")
-                v = {"entity": ref, "value": r.num(ec.value, line, "value"), "rule": r.value(ec.rule),
-                     "type": r.value(ec.dist_type), "freespace": str(r.value(ec.freespace)).lower() == "true",
-                     "system": r.value(ec.coordinate_system) or "entity"}
-                if v["system"] not in ("entity", "lane", "road"):
-                    r.fail(line, f"RelativeDistanceCondition coordinateSystem {v['system']!r} is outside gsim's subset")
+                v = {"entity": ref, "value": r.num(ec.value, line, "value"),
+                     "rule": r.enum(ec.rule, line, "rule", RULES),
+                     "type": r.enum(ec.dist_type, line, "relativeDistanceType", DISTANCES),
+                     "freespace": str(r.value(ec.freespace)).lower() in ("true", "1"),
+                     "system": r.enum(ec.coordinate_system or "entity", line, "coordinateSystem",
+                                      ("entity", "lane", "road"))}
                 kind = "distance"
             elif isinstance(ec, xosc.TraveledDistanceCondition):
                 v, kind = {"value": r.num(ec.value, line, "value")}, "traveled"
@@ -512,18 +527,74 @@ def _trigger(r: _Reader, t, entities) -> Trigger:
     return tuple(groups)
 
 
-def _check_references(r: _Reader, acts: List[Act]) -> None:
+def _at_start(trigger: Trigger) -> bool:
+    """Whether a trigger fires at the start: none, or a group of time conditions true from time 0 (or its first step:
+    time > 0) on, without delay."""
+    return not trigger or any(all(c.kind == "time" and c.delay == 0 and c.edge == "none" and c.v["value"] <= 1e-6
+                                  and c.v["rule"] in ("greaterOrEqual", "greaterThan") for c in g) for g in trigger)
+
+
+def _check_names(r: _Reader, acts: List[Act]) -> None:
+    """Storyboard elements are told apart by their names: two of a kind with one name are refused."""
+    seen: Dict[Tuple[str, str], bool] = {}
+    kinds = [("act", a.name, r.line("Act", name=a.name)) for a in acts]
+    kinds += [("event", e.name, e.line) for a in acts for e in a.events]
+    kinds += [("action", x.name, x.line) for a in acts for e in a.events for x in e.actions]
+    for kind, name, line in kinds:
+        if (kind, name) in seen:
+            r.fail(line, f"a second {kind} named {name!r}: gsim tells storyboard elements apart by their names")
+        seen[(kind, name)] = True
+    for kind, attr in (("maneuver", "maneuver"), ("maneuverGroup", "group")):
+        owner: Dict[str, Tuple[str, str]] = {}
+        for a in acts:
+            for e in a.events:
+                name, parent = getattr(e, attr), (a.name, e.group)
+                if owner.setdefault(name, parent) != parent:
+                    r.fail(r.line("Maneuver" if kind == "maneuver" else "ManeuverGroup", name=name),
+                           f"a second {kind} named {name!r}: gsim tells storyboard elements apart by their names")
+
+
+def _triggers(acts: List[Act], stop: Trigger):
+    return [stop] + [a.start for a in acts] + [a.stop for a in acts] + [e.trigger for a in acts for e in a.events]
+
+
+def _check_references(r: _Reader, acts: List[Act], stop: Trigger) -> None:
     """Every StoryboardElementStateCondition names an element of the file."""
     names = {"act": {a.name for a in acts}, "event": {e.name for a in acts for e in a.events},
              "action": {x.name for a in acts for e in a.events for x in e.actions},
              "maneuver": {e.maneuver for a in acts for e in a.events},
              "maneuverGroup": {e.group for a in acts for e in a.events}}
-    triggers = [a.start for a in acts] + [a.stop for a in acts] + [e.trigger for a in acts for e in a.events]
-    for t in triggers:
+    for t in _triggers(acts, stop):
         for g in t:
             for c in g:
                 if c.kind == "state" and c.v["ref"] not in names[c.v["element"]]:
-                    r.fail(c.line, f"condition {c.name!r}: no {c.v['element']} named {c.v['ref']!r}")
+                    r.fail(c.line, f"condition {c.name!r}: no {c.v['element']} named {c.v['ref']!r} (the ego's path "
+                                   f"event is not one: the agent drives the ego)")
+
+
+def _positions(v):
+    """The positions an action's or a condition's values hold."""
+    if isinstance(v.get("position"), Position):
+        yield v["position"]
+    if isinstance(v.get("start"), Position):
+        yield v["start"]
+    yield from v.get("positions", ())
+
+
+def _check_not_deleted(r: _Reader, acts: List[Act], init, stop: Trigger, deleted) -> None:
+    """No element of the storyboard names an entity Init deletes."""
+    if not deleted:
+        return
+    uses = [(e.line, f"<Event name={e.name!r}> acts on", a) for act in acts for e in act.events for a in e.actors]
+    actions = [x for _, x in init] + [x for act in acts for e in act.events for x in e.actions]
+    conds = [c for t in _triggers(acts, stop) for g in t for c in g]
+    for item in actions + conds:
+        refs = [item.v.get("entity")] + [p.v.get("entity") for p in _positions(item.v)] + list(
+            getattr(item, "entities", ()))
+        uses += [(item.line, f"{item.name!r} refers to", x) for x in refs if x]
+    for line, what, who in uses:
+        if who in deleted:
+            r.fail(line, f"{what} {who!r}, which Init deletes")
 
 
 __all__ = ["Plan", "read_plan", "SUBSET", "Entity", "Position", "Action", "Condition", "Event", "Act"]

@@ -1,29 +1,28 @@
-"""The storyboard of an OpenSCENARIO `Plan` played step by step: the entities' motion, the actions that change it
-and the triggers that start acts and events and end the run.
+"""The storyboard of an OpenSCENARIO `Plan` played step by step: the entities' motion, the actions that change it and
+the triggers that start acts and events and end the run.
 
-Each step (``step(t_us, ego)``): the entities move over the step (a running FollowTrajectoryAction places them on
-its trajectory; otherwise a vehicle on a lane follows the lane's centre line, through the lanes that carry on from
-its end, at its lateral offset, and an entity on no lane goes straight on at its heading), the ego is where the
-caller says (the agent drives it), then every condition is evaluated on the entities as they are now, and the acts
-and events whose triggers fire start (their actions from this time on; a teleport at once); the StopTrigger ends the
-run (``stopped``).
+Each step (``step(t_us, ego)``): the entities move over the step (a running FollowTrajectoryAction places them on its
+trajectory; otherwise a vehicle on a lane follows the lane's centre line, through the lanes that carry on from its end,
+at its lateral offset, and an entity on no lane goes straight on at its heading), the ego is where the caller says (the
+agent drives it), then every condition is evaluated on the entities as they are now, and the acts and events whose
+triggers fire start (their actions from this time on; a teleport at once); the StopTrigger ends the run (``stopped``).
 
-What the actions do (docs/scenarios.md): SpeedAction: the speed goes from its value at the start to the target with
-the shape (step, linear, cubic, sinusoidal) over a time (dimension time), at a mean rate (rate: m/s^2) or over a
-distance (distance: 2 d / (v0 + v1) seconds). LaneChangeAction: the target lane (absolute id on the entity's road,
-or relative to an entity's lane, + left) is reached with the shape over a time, a distance travelled, or at a
-lateral rate (m/s); the entity then follows that lane, at the target lane offset. LaneOffsetAction: the offset from
-the lane's centre (+ left of travel) with the shape, in the time at which the shape's peak lateral acceleration is
-maxLateralAcc (linear: a bang-bang profile's). FollowTrajectoryAction: with a Timing the entity is where the
-trajectory is at each time (absolute: simulation time, relative: since the action started; times scaled and
-offset), without one it travels the trajectory at its speed; heading along the trajectory (a Polyline's vertex
-headings where every vertex has one). A new action on an entity replaces its running one of the same kind
-(longitudinal, lateral; a trajectory is lateral, and longitudinal too with a Timing). Event priorities: override (and 1.0's overwrite) ends the
-maneuver's other running events, skip does not start an event while another of its maneuver runs, parallel runs
-alongside. Conditions: edges (rising, falling, risingOrFalling, none) against the previous step, delays (the value
-that many seconds ago), triggering entities any or all; RelativeDistanceCondition's distances between reference
-points, or between the boxes' extents along the measured axis (freespace), along the entity's heading (entity
-coordinates) or its lane's (lane, road).
+What the actions do (docs/scenarios.md): SpeedAction: the speed goes from its value at the start to the target with the
+shape (step, linear, cubic, sinusoidal) over a time (dimension time), at a mean rate (rate: m/s^2) or over a distance
+(distance: 2 d / (v0 + v1) seconds). LaneChangeAction: the target lane (absolute id on the entity's road, or relative to
+an entity's lane, + left) is reached with the shape over a time, a distance travelled, or at a lateral rate (m/s); the
+entity then follows that lane, at the target lane offset. LaneOffsetAction: the offset from the lane's centre (+ left of
+travel) with the shape, in the time at which the shape's peak lateral acceleration is maxLateralAcc (linear: a bang-bang
+profile's). FollowTrajectoryAction: with a Timing the entity is where the trajectory is at each time (absolute:
+simulation time, relative: since the action started; times scaled and offset), without one it travels the trajectory at
+its speed; heading along the trajectory (a Polyline's vertex headings where every vertex has one); when it ends (or is
+replaced) a vehicle on a lane follows that lane, anything else goes straight on. A new action on an entity replaces its
+running one of the same kind (longitudinal, lateral; a trajectory is lateral, and longitudinal too with a Timing). Event
+priorities: override (and 1.0's overwrite) ends the maneuver's other running events, skip does not start an event while
+another of its maneuver runs, parallel runs alongside. Conditions: edges (rising, falling, risingOrFalling, none)
+against the previous step, delays (the value that many seconds ago), triggering entities any or all;
+RelativeDistanceCondition's distances between reference points, or between the boxes' extents along the measured axis
+(freespace), along the entity's heading (entity coordinates) or its lane's (lane, road).
 """
 from __future__ import annotations
 
@@ -104,11 +103,13 @@ class Storyboard:
         self.conds: Dict[int, _Cond] = {}
         self.started: Dict[Tuple[str, str], float] = {}  # (element kind, name) -> when it started
         self.ended: Dict[Tuple[str, str], float] = {}
+        # the condition pass after which each transition happened (a transition condition holds in the next pass)
+        self._passes: Dict[Tuple[str, str, str], int] = {}
+        self._pass = 0
         self.stopped = False
         self.stop_time: Optional[float] = None
         self.tau = 0.0
         self.t0_us = 0
-        self._last_eval = -math.inf
 
     # ------------------------------------------------------------------ the run
     def start(self, t_us: int, ego) -> None:
@@ -152,8 +153,7 @@ class Storyboard:
         return None if self.lanes is None else self.lanes.locate((x, y), h)
 
     def _road_s(self, piece: int, u: float) -> float:
-        p = self.lanes.pieces[piece]
-        return p.s_start + (p.s_end - p.s_start) * u / max(p.centre.length, 1e-9)
+        return self.lanes.pieces[piece].s_of_u(u)
 
     def position(self, p: Position) -> Tuple[float, float, float]:
         """World (x, y, heading) of a position (relative ones from the entities as they are now)."""
@@ -201,13 +201,33 @@ class Storyboard:
     def _place(self, who: str, x: float, y: float, h: float) -> None:
         st = self.states[who]
         st.x, st.y, st.h, st.placed = x, y, h, True
+        self._bind(who)
+
+    def _bind(self, who: str) -> None:
+        """A vehicle follows the lane it is on from where it is now; anything else (or off the lanes) goes straight."""
+        st = self.states[who]
         st.path = None
         if self.plan.entities[who].kind == "vehicle":
-            at = self._on_lane(x, y, h)
+            at = self._on_lane(st.x, st.y, st.h)
             if at is not None:
                 st.path = self.lanes.chain(at[0])
-                u, t, _ = st.path.project((x, y))
+                u, t, _ = st.path.project((st.x, st.y))
                 st.u, st.t = float(u[0]), float(t[0])
+
+    def _drop_trajectory(self, who: str) -> None:
+        """The entity's running trajectory ends; it goes on from where it is."""
+        st = self.states[who]
+        if st.traj is not None:
+            self._end_action(st.traj.action.name)
+            st.traj = None
+            self._bind(who)
+
+    def _mark(self, table: Dict[Tuple[str, str], float], key: Tuple[str, str], keep: bool = True) -> None:
+        """A storyboard element started (table ``started``) or ended (``ended``) now."""
+        if keep and key in table:
+            return
+        table[key] = self.tau
+        self._passes[("start" if table is self.started else "end",) + key] = self._pass
 
     def _set_ego(self, ego) -> None:
         st = self.states[self.plan.ego]
@@ -219,17 +239,16 @@ class Storyboard:
     # ------------------------------------------------------------------ actions
     def _begin(self, who: str, a: Action, event: Optional[str]) -> None:
         st, tau, v = self.states[who], self.tau, a.v
-        self.started[("action", a.name)] = tau
+        self._mark(self.started, ("action", a.name))
         if a.kind == "teleport":
             self._place(who, *self.position(v["position"]))
             self._end_action(a.name)
             return
         if a.kind == "speed":  # (it replaces a running speed change, and a timed trajectory, which sets the speed)
-            for r in (st.long, st.traj if st.traj is not None and st.traj.times is not None else None):
-                if r is not None:
-                    self._end_action(r.action.name)
+            if st.long is not None:
+                self._end_action(st.long.action.name)
             if st.traj is not None and st.traj.times is not None:
-                st.traj = None
+                self._drop_trajectory(who)
             v0, v1 = st.speed, v["speed"]
             dim, val = v["dimension"], v["value"]
             span = 0.0 if v["shape"] == "step" else (val if dim == "time" else abs(v1 - v0) / val if dim == "rate"
@@ -240,7 +259,8 @@ class Storyboard:
                 st.long = None
                 self._end_action(a.name)
             return
-        if a.kind in ("lane_change", "lane_offset"):
+        if a.kind in ("lane_change", "lane_offset"):  # (they replace a running lateral action or trajectory)
+            self._drop_trajectory(who)
             if st.path is None:
                 self.fail(a.line, f"{a.name}: {who!r} is on no lane of the road at t = {tau:.2f} s")
             if st.lat is not None:
@@ -270,7 +290,7 @@ class Storyboard:
         st.lat, st.traj = None, run
         if run.times is not None:  # timed: where it is at this time, from now on
             st.long = None
-            self._follow(st, 0.0, st.speed)
+            self._follow(who, st, 0.0, st.speed)
 
     def _retarget(self, who: str, st: EntityState, a: Action) -> None:
         """A lane change's target lane chain; the entity's u and t re-expressed on it."""
@@ -333,7 +353,7 @@ class Storyboard:
         return run
 
     def _end_action(self, name: str) -> None:
-        self.ended.setdefault(("action", name), self.tau)
+        self._mark(self.ended, ("action", name))
 
     # ------------------------------------------------------------------ motion
     def _move(self, who: str, st: EntityState, dt: float) -> None:
@@ -346,11 +366,11 @@ class Storyboard:
             r = st.long
             x = (tau - r.start) / r.span if r.span > 0 else 1.0
             st.speed = r.v0 + (r.v1 - r.v0) * shape_fraction(r.action.v["shape"], x)
-            if x >= 1.0:
+            if x >= 1.0 - 1e-9:
                 st.speed, st.long = r.v1, None
                 self._end_action(r.action.name)
         if st.traj is not None:
-            self._follow(st, dt, v_before)
+            self._follow(who, st, dt, v_before)
         elif st.path is not None:
             du = 0.5 * (v_before + st.speed) * dt
             st.u += du
@@ -359,20 +379,24 @@ class Storyboard:
                 r = st.lat
                 x = ((st.u - r.u0) / r.span if r.by_distance else (tau - r.start) / r.span) if r.span > 0 else 1.0
                 st.t = r.v0 + (r.v1 - r.v0) * shape_fraction(r.action.v["shape"], x)
-                if x >= 1.0:
+                if x >= 1.0 - 1e-9:
                     st.t, st.lat = r.v1, None
                     self._end_action(r.action.name)
             if du > 1e-9 or st.t != t_before:  # (a car standing on its lane keeps the heading it was put at)
                 (p,), (h,) = st.path.at(st.u)
-                st.x, st.y = float(p[0] - st.t * math.sin(h)), float(p[1] + st.t * math.cos(h))
+                over = max(st.u - st.path.length, 0.0)  # past the end of its lanes: straight on
+                st.x = float(p[0] - st.t * math.sin(h) + over * math.cos(h))
+                st.y = float(p[1] + st.t * math.cos(h) + over * math.sin(h))
                 st.h = float(h + (math.atan2(st.t - t_before, du) if du > 1e-6 else 0.0))
+                if over > 0:
+                    st.path = None
         else:
             d = 0.5 * (v_before + st.speed) * dt
             st.x += d * math.cos(st.h)
             st.y += d * math.sin(st.h)
         st.odometer += math.hypot(st.x - x0, st.y - y0)
 
-    def _follow(self, st: EntityState, dt: float, v_before: float) -> None:
+    def _follow(self, who: str, st: EntityState, dt: float, v_before: float) -> None:
         r = st.traj
         if r.times is not None:
             xy = r.xy
@@ -395,10 +419,8 @@ class Storyboard:
                 h = float(np.interp(r.u0, r.path.s, r.headings))
             st.x, st.y, st.h = float(p[0]), float(p[1]), float(h)
             done = r.u0 >= r.path.length - 1e-9
-        if done:
-            st.traj = None
-            st.path = None  # it goes on straight from the trajectory's end
-            self._end_action(r.action.name)
+        if done:  # it goes on from the trajectory's end
+            self._drop_trajectory(who)
 
     # ------------------------------------------------------------------ triggers
     def _evaluate(self) -> None:
@@ -410,19 +432,20 @@ class Storyboard:
                     if id(c) not in values:
                         values[id(c)] = self._condition(c)
         fires = lambda trig: bool(trig) and any(all(values[id(c)] for c in g) for g in trig)  # noqa: E731
-        self._last_eval = tau
+        self._pass += 1  # (what happens from here on is seen by the next pass)
         if fires(plan.stop) and not self.stopped:
             self.stopped, self.stop_time = True, tau
         for act in plan.acts:
             key = ("act", act.name)
             if key not in self.started and (not act.start or fires(act.start)):
-                self.started[key] = tau
+                self._mark(self.started, key)
             if key not in self.started or key in self.ended:
                 continue
             if fires(act.stop):
                 for ev in act.events:
                     self._stop_event(ev)
-                self.ended[key] = tau
+                self._close(act)
+                self._mark(self.ended, key)
                 continue
             for ev in act.events:
                 ek = ("event", ev.name)
@@ -435,9 +458,9 @@ class Storyboard:
                 if ev.priority in ("override", "overwrite"):
                     for o in rivals:
                         self._stop_event(o)
-                self.started[ek] = tau
+                self._mark(self.started, ek)
                 for name in ("maneuver", "maneuverGroup"):
-                    self.started.setdefault((name, ev.maneuver if name == "maneuver" else ev.group), tau)
+                    self._mark(self.started, (name, ev.maneuver if name == "maneuver" else ev.group))
                 for who in ev.actors:
                     for a in ev.actions:
                         self._begin(who, a, ev.name)
@@ -446,27 +469,28 @@ class Storyboard:
     def _stop_event(self, ev) -> None:
         if ("event", ev.name) in self.ended:
             return
-        for st in self.states.values():
+        for who, st in self.states.items():
             for kind in ("long", "lat", "traj"):
                 r = getattr(st, kind)
                 if r is not None and r.event == ev.name:
+                    if kind == "traj":
+                        self._drop_trajectory(who)
                     setattr(st, kind, None)
         for a in ev.actions:
             self._end_action(a.name)
-        self.ended[("event", ev.name)] = self.tau
+        self._mark(self.ended, ("event", ev.name))
 
     def _close(self, act) -> None:
         """Events whose actions have all ended end; maneuvers, groups and the act when all of theirs have."""
-        tau = self.tau
         for ev in act.events:
             if ("event", ev.name) in self.started and all(("action", a.name) in self.ended for a in ev.actions):
-                self.ended.setdefault(("event", ev.name), tau)
+                self._mark(self.ended, ("event", ev.name))
         for kind, key in (("maneuver", lambda e: e.maneuver), ("maneuverGroup", lambda e: e.group)):
             for name in {key(e) for e in act.events}:
                 if all(("event", e.name) in self.ended for e in act.events if key(e) == name):
-                    self.ended.setdefault((kind, name), tau)
-        if act.events and all(("event", e.name) in self.ended for e in act.events):
-            self.ended.setdefault(("act", act.name), tau)
+                    self._mark(self.ended, (kind, name))
+        if all(("event", e.name) in self.ended for e in act.events):  # (an act of no events ends as it starts)
+            self._mark(self.ended, ("act", act.name))
 
     def _triggers(self) -> List[Trigger]:
         out = [self.plan.stop]
@@ -499,21 +523,17 @@ class Storyboard:
             return RULES[v["rule"]](tau, v["value"])
         if c.kind == "state":
             key = (v["element"], v["ref"])
-            started, ended = self.started.get(key), self.ended.get(key)
+            started, ended = key in self.started, key in self.ended
             state = v["state"]
             if state == "startTransition":
-                return started is not None and started > self._last_eval - 1e-9
-            if state == "endTransition":
-                return ended is not None and ended > self._last_eval - 1e-9
+                return self._passes.get(("start",) + key) == self._pass
+            if state in ("endTransition", "stopTransition"):
+                return self._passes.get(("end",) + key) == self._pass
             if state == "runningState":
-                return started is not None and ended is None
+                return started and not ended
             if state == "completeState":
-                return ended is not None
-            if state == "standbyState":
-                return started is None
-            if state == "stopTransition":
-                return ended is not None and ended > self._last_eval - 1e-9
-            self.fail(c.line, f"condition {c.name!r}: state {state!r} is outside gsim's subset")
+                return ended
+            return not started  # standbyState
         results = []
         for who in c.entities:
             st = self.states[who]
