@@ -60,7 +60,8 @@ def test_sumo_traffic_is_reproducible_for_a_seed(loop_street, tmp_path):
     b = run(path, "privileged", tmp_path / "b", seed=3, progress=False, render=False)
     run(path, "privileged", tmp_path / "c", seed=4, progress=False, render=False)
     ra, rb, rc = steps(tmp_path / "a"), steps(tmp_path / "b"), steps(tmp_path / "c")
-    assert len(ra[-1]["actors"]) > 2  # SUMO's vehicles are there as actors
+    assert len(ra[-1]["actors"]) > 2  # SUMO's vehicles are there as actors, moving boxes as they drive
+    assert max(np.hypot(*a["velocity"]) for a in ra[-1]["actors"]) > 1.0
     assert strip(ra) == strip(rb) and a["score"] == b["score"]
     assert strip(ra) != strip(rc)
     # with the sensors rendered and an agent that reads them

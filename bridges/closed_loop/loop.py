@@ -314,8 +314,9 @@ class ClosedLoop:
 
     def scene_at(self):
         """The scene at the current step: the log's (edited) actors on their tracks, SUMO's vehicles (a log
-        actor handed to SUMO keeps its own surfels, the others are library assets), each with a two-pose track
-        over the last step (back along its velocity, and now) so that a rolling LiDAR sweep sees it move."""
+        actor handed to SUMO keeps its own surfels, the others are library assets) and a storyboard's actors, each
+        with a track over the last step (back along its velocity, and now: a rolling LiDAR sweep sees it move) and a
+        step ahead (its velocity)."""
         t = self.state.timestamp_us
         own = {a.id: a for a in self.world.scene.actors}
         actors = [a for a in self.world.scene.actors if a.id not in self._handed]
@@ -323,13 +324,15 @@ class ClosedLoop:
             actors = [self._scripted_actor(a, t) if a.id in self._scripted[1] else a for a in actors]
         vs = self.traffic_vehicles
         bases = [own[v.id] if v.id in self._handed else self._template(v) for v in vs]
-        if vs:  # every vehicle's two poses in one batch: now, and a step back along its velocity
+        if vs:  # every vehicle's poses in one batch: a step back along its velocity, now, and a step ahead (its
+            # boxes' velocity, `actor_boxes`)
             x, y, yaw, speed = (np.array([getattr(v, k) for v in vs]) for k in ("x", "y", "yaw", "speed_mps"))
-            back = speed * self.dt
+            step = speed * self.dt
             h = np.array([b.size[2] / 2 for b in bases])
-            P = self.ground.poses(np.r_[x - back * np.cos(yaw), x], np.r_[y - back * np.sin(yaw), y],
-                                  np.r_[yaw, yaw], np.r_[h, h]).reshape(2, len(vs), 4, 4)
-            times = np.array([t - self.dt_us, t])
+            P = self.ground.poses(np.r_[x - step * np.cos(yaw), x, x + step * np.cos(yaw)],
+                                  np.r_[y - step * np.sin(yaw), y, y + step * np.sin(yaw)],
+                                  np.r_[yaw, yaw, yaw], np.r_[h, h, h]).reshape(3, len(vs), 4, 4)
+            times = np.array([t - self.dt_us, t, t + self.dt_us])
             actors += [replace(b, id=v.id, track_timestamps_us=times, track_poses=P[:, k])
                        for k, (v, b) in enumerate(zip(vs, bases))]
         return replace(self.world.scene, actors=tuple(actors))
