@@ -481,3 +481,42 @@ def test_more_bad_files_are_refused_with_their_line(loop_street, roads, tmp_path
     enum = tmp_path / "enum.xosc"
     enum.write_text(good.replace('rule="greaterThan"', 'rule="$brake_at"', 1))
     _bad(tmp_path, capsys, enum, "rule='1.0': gsim reads greaterThan, lessThan")
+
+
+def test_speed_standstill_headway_ttc_and_distance_conditions(loop_street, roads, tmp_path):
+    """Each condition fires at the first step where its value passes the threshold: a car speeding up at 2 m/s^2
+    (Speed, RelativeSpeed against the ego's 5 m/s), one standing (StandStill 1 s), the ego driving at 5 m/s towards a
+    standing car 50 m ahead (TimeHeadway 2.95 s: 14.75 m, TimeToCollision 1.95 s: 9.75 m, centre to centre) and the car
+    reaching a position (Distance 3 m)."""
+    lanes = LaneMap.read(roads / "one" / "road.xodr")
+    on = lambda name, cond, who: xosc.EntityTrigger(name, 0, xosc.ConditionEdge.none, cond, who)  # noqa: E731
+    conds = {"fast": on("fast", xosc.SpeedCondition(4.9, xosc.Rule.greaterThan), "a"),
+             "faster": on("faster", xosc.RelativeSpeedCondition(0.1, xosc.Rule.greaterThan, "ego"), "a"),
+             "still": on("still", xosc.StandStillCondition(1.0), "s"),
+             "headway": on("headway", xosc.TimeHeadwayCondition("w", 2.95, xosc.Rule.lessThan, freespace=False), "ego"),
+             "ttc": on("ttc", xosc.TimeToCollisionCondition(1.95, xosc.Rule.lessThan, freespace=False, entity="w"),
+                       "ego"),
+             "near": on("near", xosc.DistanceCondition(3.0, xosc.Rule.lessThan, xosc.WorldPosition(-10.0, -4.0),
+                                                       freespace=False,
+                                                       distance_type=xosc.RelativeDistanceType.euclidianDistance),
+                        "a")}
+    entities = {"ego": car(), "a": car(), "s": car(), "w": car(), **{f"x_{k}": car() for k in conds}}
+    init = [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+            ("a", xosc.TeleportAction(xosc.WorldPosition(-40.0, -4.0, 0.0, 0.0))),
+            ("s", xosc.TeleportAction(xosc.WorldPosition(-60.0, -4.0, 0.0, 0.0))),
+            ("w", xosc.TeleportAction(xosc.WorldPosition(50.0, -1.75, 0.0, 0.0)))]
+    init += [(f"x_{k}", xosc.TeleportAction(xosc.WorldPosition(-80.0 - 8 * i, 6.0, 0.0, 0.0)))
+             for i, k in enumerate(conds)]
+    events = [("speed_up", "a", [("speed_up", xosc.AbsoluteSpeedAction(20.0, xosc.TransitionDynamics(
+        xosc.DynamicsShapes.linear, xosc.DynamicsDimension.rate, 2.0)))], EX.at_start("now"))]
+    events += [(k, f"x_{k}", [(f"{k}_go", step_speed(1.0))], c) for k, c in conds.items()]
+    path = write(tmp_path / "more.xosc", loop_street, entities, init, events, stop_s=20.0)
+    sb, states = play(path, lanes, lambda t: (5.0 * t, -1.6, 0.0, 5.0), 9.0)
+    when = {k: sb.started.get(("event", k)) for k in conds}
+    # a's speed after t s is 2 t (from 0 at time 0); its box centre 1.3 m ahead of its reference point
+    assert when["fast"] == pytest.approx(2.5, abs=1e-6) and when["faster"] == pytest.approx(2.6, abs=1e-6)
+    assert when["still"] == pytest.approx(1.0, abs=1e-6)
+    assert when["headway"] == pytest.approx(7.1, abs=1e-6) and when["ttc"] == pytest.approx(8.1, abs=1e-6)
+    x_at = lambda t: -40.0 + 1.3 + t * t  # noqa: E731  (1/2 a t^2 with a = 2)
+    t = when["near"]
+    assert abs(x_at(t) + 10.0) < 3.0 <= abs(x_at(t - 0.1) + 10.0) + 0.1

@@ -31,6 +31,8 @@ FollowTrajectoryAction TrajectoryRef Trajectory Shape Polyline Vertex Clothoid T
 TrajectoryFollowingMode Story Act ManeuverGroup Actors EntityRef Maneuver Event Action StartTrigger StopTrigger
 ConditionGroup Condition ByValueCondition ByEntityCondition TriggeringEntities EntityCondition SimulationTimeCondition
 StoryboardElementStateCondition ReachPositionCondition RelativeDistanceCondition TraveledDistanceCondition
+DistanceCondition TimeHeadwayCondition TimeToCollisionCondition TimeToCollisionConditionTarget SpeedCondition
+RelativeSpeedCondition StandStillCondition
 """.split())
 VEHICLE_CATEGORIES = {"car": "car", "van": "car", "truck": "truck", "trailer": "truck", "semitrailer": "truck",
                       "bus": "bus", "motorbike": "motorcycle", "bicycle": "cyclist"}
@@ -508,18 +510,30 @@ def _trigger(r: _Reader, t, entities) -> Trigger:
                      "tolerance": r.num(ec.tolerance, line, "tolerance")}
                 kind = "reach"
             elif isinstance(ec, xosc.RelativeDistanceCondition):
-                ref = r.value(ec.entity)
-                if ref not in entities:
-                    r.fail(line, f"RelativeDistanceCondition entityRef={ref!r}: no such entity")
-                v = {"entity": ref, "value": r.num(ec.value, line, "value"),
-                     "rule": r.enum(ec.rule, line, "rule", RULES),
-                     "type": r.enum(ec.dist_type, line, "relativeDistanceType", DISTANCES),
-                     "freespace": str(r.value(ec.freespace)).lower() in ("true", "1"),
-                     "system": r.enum(ec.coordinate_system or "entity", line, "coordinateSystem",
-                                      ("entity", "lane", "road"))}
-                kind = "distance"
+                v, kind = {"entity": _ref(r, ec.entity, line, entities), **_measure(r, ec, line, ec.dist_type)}, \
+                    "distance"
             elif isinstance(ec, xosc.TraveledDistanceCondition):
                 v, kind = {"value": r.num(ec.value, line, "value")}, "traveled"
+            elif isinstance(ec, xosc.DistanceCondition):
+                v, kind = {"position": _position(r, ec.position, line, entities),
+                           **_measure(r, ec, line, ec.relative_distance_type)}, "distance"
+            elif isinstance(ec, xosc.TimeHeadwayCondition):
+                v, kind = {"entity": _ref(r, ec.entity, line, entities),
+                           **_measure(r, ec, line, ec.relative_distance_type)}, "headway"
+            elif isinstance(ec, xosc.TimeToCollisionCondition):
+                target = ({"entity": _ref(r, ec.entity.entity, line, entities)} if ec.use_entity else
+                          {"position": _position(r, ec.position, line, entities)})
+                v, kind = {**target, **_measure(r, ec, line, ec.relative_distance_type)}, "ttc"
+            elif isinstance(ec, (xosc.SpeedCondition, xosc.RelativeSpeedCondition)):
+                if ec.directional_dimension is not None and r.value(ec.directional_dimension) != "longitudinal":
+                    r.fail(line, f"{type(ec).__name__} directionalDimension {r.value(ec.directional_dimension)!r}: "
+                                 f"gsim reads the speed along the heading")
+                v = {"value": r.num(ec.value, line, "value"), "rule": r.enum(ec.rule, line, "rule", RULES)}
+                kind = "speed"
+                if isinstance(ec, xosc.RelativeSpeedCondition):
+                    v["entity"], kind = _ref(r, ec.entity, line, entities), "relative_speed"
+            elif isinstance(ec, xosc.StandStillCondition):
+                v, kind = {"value": r.num(ec.duration, line, "duration")}, "standstill"
             else:
                 r.fail(line, f"a {type(ec).__name__} is outside gsim's subset")
             conds.append(Condition(kind, c.name, edge, delay, v, who, rule, line))
@@ -556,6 +570,21 @@ def _check_names(r: _Reader, acts: List[Act]) -> None:
 
 def _triggers(acts: List[Act], stop: Trigger):
     return [stop] + [a.start for a in acts] + [a.stop for a in acts] + [e.trigger for a in acts for e in a.events]
+
+
+def _ref(r: _Reader, name, line: int, entities) -> str:
+    name = r.value(name)
+    if name not in entities:
+        r.fail(line, f"entityRef={name!r}: no such entity")
+    return name
+
+
+def _measure(r: _Reader, ec, line: int, kind) -> Dict[str, object]:
+    """A distance condition's value, rule, distance type, freespace and coordinate system."""
+    return {"value": r.num(ec.value, line, "value"), "rule": r.enum(ec.rule, line, "rule", RULES),
+            "type": r.enum(kind, line, "relativeDistanceType", DISTANCES),
+            "freespace": str(r.value(ec.freespace)).lower() in ("true", "1"),
+            "system": r.enum(ec.coordinate_system, line, "coordinateSystem", ("entity", "lane", "road"))}
 
 
 def _check_references(r: _Reader, acts: List[Act], stop: Trigger) -> None:

@@ -21,8 +21,10 @@ running one of the same kind (longitudinal, lateral; a trajectory is lateral, an
 priorities: override (and 1.0's overwrite) ends the maneuver's other running events, skip does not start an event while
 another of its maneuver runs, parallel runs alongside. Conditions: edges (rising, falling, risingOrFalling, none)
 against the previous step, delays (the value that many seconds ago), triggering entities any or all;
-RelativeDistanceCondition's distances between reference points, or between the boxes' extents along the measured axis
-(freespace), along the entity's heading (entity coordinates) or its lane's (lane, road).
+distances (RelativeDistance, Distance, TimeHeadway, TimeToCollision) between box centres, or between the boxes' extents
+along the measured axis (freespace), along the entity's heading (entity coordinates) or its lane's (lane, road); a
+headway is that distance over the triggering entity's speed, a time to collision the distance over the speed at which
+the two close along the line between them (infinite when they do not); speeds are along the heading.
 """
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ class EntityState:
     long: Optional[_Running] = None
     lat: Optional[_Running] = None
     traj: Optional[_Running] = None
+    still_since: Optional[float] = None  # when it came to a stand (StandStillCondition)
 
 
 @dataclass
@@ -122,6 +125,7 @@ class Storyboard:
             if not st.placed:
                 raise InputError(f"{self.plan.path}:{self.plan.entities[who].line}: entity {who!r} is never placed: "
                                  f"give it a TeleportAction in Init")
+            self._still(st)
         self._evaluate()
 
     def step(self, t_us: int, ego) -> None:
@@ -235,6 +239,7 @@ class Storyboard:
         if st.placed:
             st.odometer += math.hypot(x - st.x, y - st.y)
         st.x, st.y, st.h, st.speed, st.placed = x, y, h, v, True
+        self._still(st)
 
     # ------------------------------------------------------------------ actions
     def _begin(self, who: str, a: Action, event: Optional[str]) -> None:
@@ -395,6 +400,10 @@ class Storyboard:
             st.x += d * math.cos(st.h)
             st.y += d * math.sin(st.h)
         st.odometer += math.hypot(st.x - x0, st.y - y0)
+        self._still(st)
+
+    def _still(self, st: EntityState) -> None:
+        st.still_since = (st.still_since if st.still_since is not None else self.tau) if st.speed < 1e-3 else None
 
     def _follow(self, who: str, st: EntityState, dt: float, v_before: float) -> None:
         r = st.traj
@@ -534,39 +543,67 @@ class Storyboard:
             if state == "completeState":
                 return ended
             return not started  # standbyState
-        results = []
-        for who in c.entities:
-            st = self.states[who]
-            if c.kind == "reach":
-                x, y, _ = self.position(v["position"])
-                results.append(math.hypot(st.x - x, st.y - y) <= v["tolerance"])
-            elif c.kind == "traveled":
-                results.append(st.odometer >= v["value"])
-            else:
-                results.append(RULES[v["rule"]](self.distance(who, v["entity"], v["type"], v["freespace"],
-                                                              v["system"]), v["value"]))
+        results = [self._entity_condition(c, who) for who in c.entities]
         return all(results) if c.rule == "all" else any(results)
 
+    def _entity_condition(self, c: Condition, who: str) -> bool:
+        v, st = c.v, self.states[who]
+        if c.kind == "reach":
+            x, y, _ = self.position(v["position"])
+            return math.hypot(st.x - x, st.y - y) <= v["tolerance"]
+        if c.kind == "traveled":
+            return st.odometer >= v["value"]
+        if c.kind == "standstill":
+            return st.still_since is not None and self.tau - st.still_since >= v["value"] - 1e-9
+        if c.kind in ("speed", "relative_speed"):
+            value = st.speed - (self.states[v["entity"]].speed if c.kind == "relative_speed" else 0.0)
+            return RULES[v["rule"]](value, v["value"])
+        target = self._target(v)
+        d = self._distance_to(who, *target, v["type"], v["freespace"], v["system"])
+        if c.kind == "headway":  # the time the triggering entity takes to cover the distance at its speed
+            value = d / st.speed if st.speed > 1e-9 else math.inf
+        elif c.kind == "ttc":  # the distance over the speed at which it closes (infinite when it does not)
+            ref = self.states[v["entity"]] if "entity" in v else None
+            u = np.array(target[0]) - np.array(self.box_centre(who))
+            u = u / max(float(np.linalg.norm(u)), 1e-9)
+            mine = st.speed * np.array([math.cos(st.h), math.sin(st.h)])
+            theirs = ref.speed * np.array([math.cos(ref.h), math.sin(ref.h)]) if ref is not None else np.zeros(2)
+            closing = float((mine - theirs) @ u)
+            value = d / closing if closing > 1e-9 else math.inf
+        else:
+            value = d
+        return RULES[v["rule"]](value, v["value"])
+
+    def _target(self, v) -> tuple:
+        """What a distance is measured to: (its centre, (entity, heading) for its box or None for a position)."""
+        if "entity" in v:
+            return self.box_centre(v["entity"]), (self.plan.entities[v["entity"]], self.states[v["entity"]].h)
+        return self.position(v["position"])[:2], None
+
     def distance(self, a: str, b: str, kind: str, freespace: bool, system: str = "entity") -> float:
-        """The distance from entity ``a`` to ``b`` (see the module docstring)."""
-        sa, sb = self.states[a], self.states[b]
+        """The distance from entity ``a`` to entity ``b`` (see the module docstring)."""
+        return self._distance_to(a, *self._target({"entity": b}), kind, freespace, system)
+
+    def _distance_to(self, a: str, cb, other, kind: str, freespace: bool, system: str) -> float:
+        """The distance from entity ``a`` to a box centred at ``cb`` (``other``: (entity, heading)) or a point."""
+        sa = self.states[a]
         h = sa.h
         if system in ("lane", "road"):
             at = self._on_lane(sa.x, sa.y, sa.h)
             if at is not None:
                 h = float(self.lanes.pieces[at[0]].centre.at(at[1])[1][0])
-        ca, cb = np.array(self.box_centre(a)), np.array(self.box_centre(b))
+        ca = np.array(self.box_centre(a))
         u, n = np.array([math.cos(h), math.sin(h)]), np.array([-math.sin(h), math.cos(h)])
-        d = cb - ca
+        d = np.asarray(cb, float) - ca
         lon, lat = abs(float(d @ u)), abs(float(d @ n))
         if freespace:
-            ea, eb = self.plan.entities[a], self.plan.entities[b]
-
             def extent(e, heading, axis):
                 rel = heading - math.atan2(axis[1], axis[0])
                 return 0.5 * e.size[0] * abs(math.cos(rel)) + 0.5 * e.size[1] * abs(math.sin(rel))
-            lon = max(0.0, lon - extent(ea, sa.h, u) - extent(eb, sb.h, u))
-            lat = max(0.0, lat - extent(ea, sa.h, n) - extent(eb, sb.h, n))
+            ea = self.plan.entities[a]
+            theirs = (lambda axis: extent(*other, axis)) if other is not None else (lambda axis: 0.0)  # noqa: E731
+            lon = max(0.0, lon - extent(ea, sa.h, u) - theirs(u))
+            lat = max(0.0, lat - extent(ea, sa.h, n) - theirs(n))
         if kind == "longitudinal":
             return lon
         if kind == "lateral":
