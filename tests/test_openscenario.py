@@ -103,7 +103,8 @@ def test_the_issues_file_runs_in_the_closed_loop_and_the_privileged_agent_stops_
     x = xy[:, 0]
     assert box[0]["xyz"][:2] == pytest.approx([12.0 + 1.3, -1.75], abs=0.1)  # the reference point + the box's centre
     v = np.linalg.norm(np.diff(xy, axis=0), axis=1) / 0.1  # (speed over each step; it follows its lane)
-    assert np.allclose(v[1:11], 6.0, atol=0.01) and v[0] == pytest.approx(6.0, abs=0.05)  # (it turns onto its lane) until the trigger fires (at the first step past 1.0 s: 1.1 s)
+    # 6 m/s (the first step turns it onto its lane) until the trigger fires, at the first step past 1.0 s: 1.1 s
+    assert np.allclose(v[1:11], 6.0, atol=0.01) and v[0] == pytest.approx(6.0, abs=0.05)
     assert v[11:14] == pytest.approx([6 - 4 * 0.05, 6 - 4 * 0.15, 6 - 4 * 0.25], abs=0.02)  # then 4 m/s^2
     assert np.allclose(v[30:], 0.0, atol=1e-6) and x[-1] == pytest.approx(13.3 + 6 * 1.1 + 6 ** 2 / 8, abs=0.1)
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -175,8 +176,10 @@ def test_a_lane_change_ends_in_the_target_lane(loop_street, roads, tmp_path):
                  [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
                   ("changer", xosc.TeleportAction(xosc.WorldPosition(float(start[0]), float(start[1]), 0.0, 0.0))),
                   ("changer", step_speed(10.0))],
-                 [("change", "changer", [("change", xosc.RelativeLaneChangeAction(-1, "changer", xosc.TransitionDynamics(
-                     xosc.DynamicsShapes.sinusoidal, xosc.DynamicsDimension.distance, 30.0)))], at_time("go", 0.5))])
+                 [("change", "changer", [("change", xosc.RelativeLaneChangeAction(
+                     -1, "changer", xosc.TransitionDynamics(xosc.DynamicsShapes.sinusoidal,
+                                                            xosc.DynamicsDimension.distance, 30.0)))],
+                   at_time("go", 0.5))])
     sb, states = play(path, lanes, parked_ego, 6.0)
     assert ("action", "change") in sb.ended
     ended = sb.ended[("action", "change")]
@@ -209,7 +212,8 @@ def test_a_relative_distance_trigger_fires_at_its_distance(loop_street, roads, t
 def test_trajectories_polyline_in_time_and_a_clothoid_at_speed(loop_street, roads, tmp_path):
     lanes = LaneMap.read(roads / "one" / "road.xodr")
     poly = xosc.Trajectory("p", False)
-    poly.add_shape(xosc.Polyline([0.0, 1.0, 3.0], [xosc.WorldPosition(10, -1.75, 0, 0), xosc.WorldPosition(14, -1.75, 0, 0),
+    poly.add_shape(xosc.Polyline([0.0, 1.0, 3.0], [xosc.WorldPosition(10, -1.75, 0, 0),
+                                                   xosc.WorldPosition(14, -1.75, 0, 0),
                                                    xosc.WorldPosition(18, 1.25, 0, 0.5)]))
     clo = xosc.Trajectory("c", False)
     clo.add_shape(xosc.Clothoid(0.0, 0.01, 20.0, xosc.WorldPosition(-10, -5, 0, 0)))
@@ -355,7 +359,8 @@ def test_bad_files_are_one_line_each_and_nothing_runs(loop_street, roads, tmp_pa
     line = next(i for i, s in enumerate(rel.splitlines(), 1) if "RelativeTargetSpeed" in s)
     _bad(tmp_path, capsys, variant("unsupported", rel),
          f"unsupported.xosc:{line}: <RelativeTargetSpeed> is outside gsim's OpenSCENARIO subset")
-    _bad(tmp_path, capsys, variant("ghost", text.replace('<EntityRef entityRef="braker"/>', '<EntityRef entityRef="ghost"/>')),
+    _bad(tmp_path, capsys, variant("ghost", text.replace('<EntityRef entityRef="braker"/>',
+                                                         '<EntityRef entityRef="ghost"/>')),
          "<EntityRef entityRef='ghost'> in maneuver group 'brake_group': no such entity")
     nan = text.replace('<WorldPosition x="12.0"', '<WorldPosition x="INF"')
     line = next(i for i, s in enumerate(nan.splitlines(), 1) if 'x="INF"' in s)
@@ -419,7 +424,8 @@ def test_an_opendrive_road_written_by_scenariogeneration_has_its_lanes_where_the
     assert lanes.neighbour(minus1, 3) is None
     plan = read_plan(write(tmp_path / "end.xosc", None, {"ego": car(), "a": car()},
                            [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.75, 0.0, 0.0))),
-                            ("a", xosc.TeleportAction(xosc.LanePosition(95.0, 0.0, -1, "1"))), ("a", step_speed(10.0))]))
+                            ("a", xosc.TeleportAction(xosc.LanePosition(95.0, 0.0, -1, "1"))),
+                            ("a", step_speed(10.0))]))
     sb = Storyboard(plan, lanes)
     sb.start(0, (0.0, -1.75, 0.0, 0.0))
     for k in range(1, 31):
@@ -440,7 +446,8 @@ def test_a_cancelled_trajectory_leaves_its_car_where_it_is_and_parameters_set_en
     shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
     lanes = LaneMap.read(tmp_path / "road.xodr")
     line = xosc.Trajectory("line", False)
-    line.add_shape(xosc.Polyline([0.0, 4.0], [xosc.WorldPosition(14, -1.75, 0, 0), xosc.WorldPosition(54, -1.75, 0, 0)]))
+    line.add_shape(xosc.Polyline([0.0, 4.0], [xosc.WorldPosition(14, -1.75, 0, 0),
+                                              xosc.WorldPosition(54, -1.75, 0, 0)]))
     follow = xosc.FollowTrajectoryAction(line, xosc.FollowingMode.position, xosc.ReferenceContext.absolute, 1, 0)
     path = write(tmp_path / "cancel.xosc", loop_street, {"ego": car(), "a": car()},
                  [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
