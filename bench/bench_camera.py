@@ -100,8 +100,10 @@ def gsplat_variants(surfels, camera, poses) -> str:
                                                       backgrounds=bg[None], **kw)
     calls = {"gsim's composition": lambda V, c: rasterize(s, surfels.sh_degree, V, K, c,
                                                             (camera.width, camera.height), bg, options),
-             "rasterization_2dgs": theirs(), "  RGB only": theirs(render_mode="RGB"),
-             "  packed": theirs(packed=True), "  tile 8": theirs(tile_size=8),
+             # (no packed variant: gsplat 1.5.3's rasterization_2dgs does not index the colours by the packed ids,
+             # its code for that is commented out, so SH colours fail its spherical_harmonics' shape assert, as on the
+             # H200 on 2026-11-28, and plain colours would be the wrong length)
+             "rasterization_2dgs": theirs(), "  RGB only": theirs(render_mode="RGB"), "  tile 8": theirs(tile_size=8),
              "  radius_clip 1 px": theirs(radius_clip=1.0), "  radius_clip 2 px": theirs(radius_clip=2.0)}
     rows, ref = [], None
     for name, call in calls.items():

@@ -75,8 +75,12 @@ def test_cuda_sweep_with_its_head_matches_numba_on_the_gpu():
     scene = street_scene(200_000)
     (trajectory, t0), = street_poses(spec, 0, 20.0)
     a, b = (render_lidar(scene, spec, trajectory, backend=k, timestamp_us=t0) for k in ("numba", "cuda"))
+    # the pose looks along the street: half the rays meet a surface (alpha 0.54 with numba on the VM); the random
+    # head drops most of those (its drop probability is at least 0.5 on 62% of them: 0.205 of all rays return)
+    surface_a, surface_b = a.alpha_image >= 0.5, b.alpha_image >= 0.5
+    assert surface_a.mean() > 0.5 and np.mean(surface_a == surface_b) >= 0.995
     hit_a, hit_b = a.range_image > 0, b.range_image > 0
-    assert hit_a.mean() > 0.3 and np.mean(hit_a == hit_b) >= 0.995
+    assert hit_a.mean() > 0.15 and np.mean(hit_a == hit_b) >= 0.995
     both = hit_a & hit_b
     assert np.median(np.abs(a.range_image[both] - b.range_image[both])) <= 1e-3
     assert np.median(np.abs(a.drop_probability_image[both] - b.drop_probability_image[both])) <= 1e-4
