@@ -345,7 +345,8 @@ class ClosedLoop:
     def _scripted_now(self) -> tuple:
         """(the storyboard's actors a step ago, now): {id: (box centre x, y, heading, speed)} each."""
         now = self.script.actors()
-        back = {n: (x - v * self.dt * math.cos(h), y - v * self.dt * math.sin(h), h, v) for n, (x, y, h, v) in now.items()}
+        back = {n: (x - v * self.dt * math.cos(h), y - v * self.dt * math.sin(h), h, v)
+                for n, (x, y, h, v) in now.items()}
         return back, now
 
     def _step_script(self) -> None:
