@@ -265,8 +265,8 @@ def register(sub) -> None:
                         help="the network sensor API: render cameras and LiDAR and run closed-loop sessions over gRPC",
                         description=SERVE_HELP)
     sv.add_argument("scene", nargs="*", help="reconstruction or scene directories (id: the folder's name), scenario "
-                                             "files or shipped scenario names (default: out/demo and the shipped "
-                                             "closed-loop scenarios, built on first use)")
+                                             "files (.yaml, OpenSCENARIO .xosc) or shipped scenario names (default: "
+                                             "out/demo and the shipped closed-loop scenarios, built on first use)")
     sv.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     sv.add_argument("--port", type=int_at_least(0), default=50051, help="0: any free port (printed)")
     sv.add_argument("--token-file", default=None, help="a file holding the bearer token every call must carry "

@@ -527,3 +527,24 @@ def test_speed_standstill_headway_ttc_and_distance_conditions(loop_street, roads
     x_at = lambda t: -40.0 + 1.3 + t * t  # noqa: E731  (1/2 a t^2 with a = 2)
     t = when["near"]
     assert abs(x_at(t) + 10.0) < 3.0 <= abs(x_at(t - 0.1) + 10.0) + 0.1
+
+
+def test_gsim_serve_serves_an_openscenario_file_whose_sessions_play_its_storyboard(loop_street, roads, tmp_path):
+    """`gsim serve FILE.xosc`: a served scenario (its name the id); a session of it (the Run the server makes for
+    StartSession) drives the file's car as the storyboard says."""
+    import shutil
+    pytest.importorskip("grpc", reason="needs the serve extra")
+    from gsim.bridges.api.server import load_served
+    from gsim.bridges.closed_loop.runner import Run
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    served = load_served(braking(tmp_path, loop_street))
+    assert served.id == "braking" and served.kind == "scenario" and served.scenario.storyboard is not None
+    run = Run(served.scenario, tmp_path / "session", "remote", render=False, video=False)
+    try:
+        obs = run.start()
+        for _ in range(5):
+            obs, _, _ = run.step([[0.5, 3.0, 0.0], [1.0, 6.0, 0.0]])
+    finally:
+        run.finish()
+    car = next(b for b in obs.actors if b.id == "braker")
+    assert math.hypot(car.vx, car.vy) == pytest.approx(6.0, abs=0.05) and car.x == pytest.approx(13.3 + 3.0, abs=0.1)

@@ -3,8 +3,8 @@ same port AlpaSim's sensorsim service (`sensorsim`, with the alpasim extra).
 
 Served scenes are loaded once at start: a reconstruction directory (``recon/scene`` and ``log`` inside, as
 `gsim demo` writes; its id is the folder's name), a scene directory (``scene.json``; its log from the
-training record beside it), or a scenario (a YAML file or a shipped name; its id is the scenario's name;
-these also start closed-loop sessions). Calls are admitted up to ``workers + queue`` at once; beyond that
+training record beside it), or a scenario (a YAML file, an OpenSCENARIO file whose sessions play its storyboard
+against the client's ego, or a shipped name; its id is the scenario's name; these also start closed-loop sessions). Calls are admitted up to ``workers + queue`` at once; beyond that
 gRPC answers RESOURCE_EXHAUSTED, so memory stays bounded. Renders run ``workers`` at a time (numba's CPU
 kernels already use every core for one render). A cancelled or expired call stops before its render.
 Sessions that see no call for ``session_idle_s`` are ended, their records written; SIGTERM ends the server
@@ -97,8 +97,13 @@ def load_served(arg: str, progress: bool = False) -> Served:
     from gsim.scenes.log import load_log, scene_and_log_dirs
     from ..closed_loop.scenario import SHIPPED, LoopScenario, ensure_demo, load_loop_scenario, load_scenario
     p = Path(arg)
-    if str(arg) in SHIPPED or p.suffix in (".yaml", ".yml"):
-        sc = load_loop_scenario(arg) if str(arg) in SHIPPED else load_scenario(p, model=LoopScenario)
+    if str(arg) in SHIPPED or p.suffix in (".yaml", ".yml", ".xosc"):
+        if p.suffix == ".xosc":  # OpenSCENARIO: its sessions play its storyboard against the client's ego
+            from ..openscenario.load import read_xosc
+            imported = read_xosc(p)
+            sc = imported.scenario.with_storyboard(imported.live)
+        else:
+            sc = load_loop_scenario(arg) if str(arg) in SHIPPED else load_scenario(p, model=LoopScenario)
         sid = check_name(sc.name, f"{arg}: the scenario's name (the served id)")
         if str(arg) in SHIPPED:
             ensure_demo(sc)
@@ -107,7 +112,7 @@ def load_served(arg: str, progress: bool = False) -> Served:
         cams, lidars = mounted_rig(world.log, sc.sensors)  # the scenario's own sensors, as its runs render them
         return Served(sid, "scenario", world.scene, cams, lidars, (world.ego_timestamps_us, world.ego_poses), sc)
     if not p.is_dir():
-        raise InputError(f"{arg}: not a scene or reconstruction directory, a scenario file (.yaml) or a "
+        raise InputError(f"{arg}: not a scene or reconstruction directory, a scenario file (.yaml, .xosc) or a "
                          f"shipped scenario ({', '.join(SHIPPED)})")
     scene_dir, log_dir = scene_and_log_dirs(p)
     sid = _folder_id(arg, p)
