@@ -53,9 +53,9 @@ def cmd_closed_loop(a) -> int:
     scenarios = []
     for sc in a.scenario:
         if sc.endswith(".xosc"):  # OpenSCENARIO: its storyboard drives its actors, live
-            from .openscenario.load import read_xosc
-            imported = read_xosc(sc, _params(a), a.ego, a.scene)
-            scenarios.append(imported.scenario.with_dynamics(a.dynamics, a.vehicle).with_storyboard(imported.live))
+            from .openscenario.load import loop_scenario
+            loaded = loop_scenario(sc, _params(a), a.ego, a.scene)
+            scenarios.append(loaded.with_dynamics(a.dynamics, a.vehicle).with_storyboard(loaded.storyboard))
             continue
         loaded = load_loop_scenario(sc)
         if sc in SHIPPED:

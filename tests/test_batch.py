@@ -224,3 +224,19 @@ def test_a_killed_driver_reruns_only_what_did_not_finish(loop_street, tmp_path):
     assert {d: (out / "free" / "replay" / d / "metrics.json").stat().st_mtime_ns for d in finished} == finished
     rows = pq.read_table(out / "results.parquet").to_pylist()
     assert [(row["seed"], row["status"]) for row in rows] == [(k, "done") for k in range(4)]
+
+
+def test_an_openscenario_file_is_an_episode_of_a_batch(loop_street, local_ray, tmp_path):
+    """`gsim batch closed-loop FILE.xosc`: the worker reads the file and plays its storyboard (the car brakes at 4 m/s^2
+    from 1.1 s: 2.4 m/s at 2 s)."""
+    pytest.importorskip("scenariogeneration")
+    from gsim.bridges.closed_loop.opendrive import export_road
+    from test_openscenario import braking
+    export_road(str(loop_street), tmp_path / "road.xodr")
+    rows = batch.closed_loop_batch([braking(tmp_path, loop_street)], ["privileged"], [0], tmp_path / "out", steps=20,
+                                   progress=False)
+    assert rows[0]["status"] == "done" and rows[0]["scenario"] == "braking"
+    steps = tmp_path / "out" / "braking" / "privileged" / "seed0" / "steps.jsonl"
+    last = json.loads(steps.read_text().splitlines()[-1])
+    car = next(a for a in last["actors"] if a["id"] == "braker")
+    assert np.hypot(*car["velocity"]) == pytest.approx(6.0 - 4.0 * (2.0 - 1.1), abs=0.05)

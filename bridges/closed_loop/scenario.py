@@ -150,8 +150,8 @@ def load_loop_scenario(name_or_path) -> LoopScenario:
     FileNotFoundError) naming the file and the field."""
     p = Path(name_or_path)
     if p.suffix == ".xosc":
-        raise InputError(f"{name_or_path}: an OpenSCENARIO file: gsim closed-loop plays it, or gsim scenario import "
-                         f"makes a scenario YAML of it (docs/scenarios.md)")
+        raise InputError(f"{name_or_path}: an OpenSCENARIO file: gsim closed-loop, gsim batch closed-loop and gsim "
+                         f"serve play it, gsim scenario import makes a scenario YAML of it (docs/scenarios.md)")
     if not p.suffix and str(name_or_path) in SHIPPED:
         p = shipped_path(str(name_or_path))
     elif not p.is_file():

@@ -136,8 +136,9 @@ def use_assigned_cpus() -> None:
 def _episode(scenario: str, agent: str, seed: int, out: str, steps: Optional[int], client: str) -> dict:
     """One closed-loop episode in a Ray worker: `gsim.bridges.closed_loop.runner.batch_run`, its row with a status."""
     from ..closed_loop.runner import batch_run
+    from ..openscenario.load import loop_scenario
     use_assigned_cpus()
-    row = batch_run(scenario, agent, seed, out, progress=False, max_steps=steps, client=client)
+    row = batch_run(loop_scenario(scenario), agent, seed, out, progress=False, max_steps=steps, client=client)
     return {**row, "status": "failed" if row.get("error") else "done"}
 
 
@@ -158,12 +159,13 @@ def closed_loop_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Se
     (`gsim.bridges.closed_loop.runner.run_dir`); returns the rows in scenario, agent, seed order."""
     from ..closed_loop.agents import load_agent
     from ..closed_loop.runner import run_dir, write_batch_tables
-    from ..closed_loop.scenario import SHIPPED, load_loop_scenario
+    from ..closed_loop.scenario import SHIPPED
+    from ..openscenario.load import loop_scenario
     for a in agents:
         load_agent(a)  # unknown agents fail before anything starts
     out = local_path(out)
     scenarios = [s if s in SHIPPED else str(local_path(s)) for s in scenarios]
-    names = {s: load_loop_scenario(s).name for s in scenarios}
+    names = {s: loop_scenario(s).name for s in scenarios}  # (an OpenSCENARIO file is read in each worker again)
     out.mkdir(parents=True, exist_ok=True)
     keys = [(s, a, seed) for s in scenarios for a in agents for seed in seeds]
     rows, tasks = {}, {}

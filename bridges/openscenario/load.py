@@ -50,6 +50,16 @@ class Imported:
         return LiveStoryboard(self)
 
 
+def loop_scenario(target, params=None, ego: Optional[str] = None, scene: Optional[str] = None):
+    """A closed-loop scenario from an OpenSCENARIO file (its storyboard attached, `LoopScenario.with_storyboard`) or
+    from what `load_loop_scenario` reads (a scenario YAML, a shipped name)."""
+    if str(target).endswith(".xosc"):
+        imported = read_xosc(target, params, ego, scene)
+        return imported.scenario.with_storyboard(imported.live)
+    from gsim.bridges.closed_loop.scenario import load_loop_scenario
+    return load_loop_scenario(target)
+
+
 def parse_params(items) -> Dict[str, str]:
     """``--param NAME=VALUE`` options as a dict."""
     out = {}
