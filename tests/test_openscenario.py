@@ -488,6 +488,19 @@ def test_more_bad_files_are_refused_with_their_line(loop_street, roads, tmp_path
     enum = tmp_path / "enum.xosc"
     enum.write_text(good.replace('rule="greaterThan"', 'rule="$brake_at"', 1))
     _bad(tmp_path, capsys, enum, "rule='1.0': gsim reads greaterThan, lessThan")
+    # a LogicFile whose lanes are not the loop's (a straight road 1.5 m to the left of the street's): refused
+    xodr = pytest.importorskip("scenariogeneration.xodr")
+    road = xodr.create_road(xodr.Line(200), id=1, left_lanes=1, right_lanes=1, lane_width=3.5)
+    road.planview.set_start_point(-60.0, 1.5, 0.0)
+    odr = xodr.OpenDrive("off")
+    odr.add_road(road)
+    odr.adjust_roads_and_lanes()
+    (tmp_path / "off").mkdir()
+    odr.write_xml(str(tmp_path / "off" / "road.xodr"))
+    off = tmp_path / "off" / "braking.xosc"
+    off.write_text(_scene(good, str(loop_street)))
+    err = _bad(tmp_path, capsys, off, "off this file's along the logged path (tolerance 0.5 m)")
+    assert 1.5 < float(err.split("up to ")[1].split(" m")[0]) < 2.0
 
 
 def test_speed_standstill_headway_ttc_and_distance_conditions(loop_street, roads, tmp_path):

@@ -32,6 +32,7 @@ from .storyboard import Storyboard
 
 EGO_START_TOLERANCE_M = 1.0  # along the logged path: the ego's teleport must be beside its logged start
 EGO_HEADING_TOLERANCE_RAD = math.radians(15)
+ROAD_TOLERANCE_M = 0.5  # a LogicFile's lanes this close to the loop's own along the logged path are its road
 EGO_PATH_TOLERANCE_M = 0.1  # an ego trajectory this close to the logged path is the logged path
 LOG_ACTORS_PARAMETER = "gsim_log_actors"
 STOP_HORIZON_S = 600.0  # a StopTrigger that fires within this of the start sets a closed loop's length
@@ -204,6 +205,8 @@ def read_xosc(path, params=None, ego: Optional[str] = None, scene: Optional[str]
     name = plan.name if NAME_RE.fullmatch(plan.name or "") else plan.path.stem
     stop_us = None if sb.stop_time is None else t0 + int(round(sb.stop_time * 1e6))
     road = _road_options(plan, lanes, P0, shift)
+    if plan.road is not None:
+        _check_same_road(plan, lanes, road, eposes[:, :2, 3])
     data = {"schema_version": 1, "name": name, "scene": str(scene_dir), "log": str(log_dir), "edits": edits,
             "ego": {"shift_m": shift, **({"track": ego_track} if ego_track else {})},
             "time": {"end_us": min(stop_us or t1, t1)}, "output": name,
@@ -250,6 +253,33 @@ def _ego_track(plan: Plan, sb: Storyboard, ts, poses, t0: int, shift: float) -> 
         headings[-1] = headings[-2] if len(headings) > 1 else 0.0
     return {"poses": [{"t_us": int(t), "xyz": [float(x), float(y), 0.0], "yaw_deg": _yaw_deg(h)}
                       for t, (x, y), h in zip(t_us, run.xy, headings)]}
+
+
+def _check_same_road(plan: Plan, lanes: LaneMap, road: dict, path_xy: np.ndarray) -> None:
+    """With a LogicFile: the forward lanes the closed loop drives (gsim's road along the ego's path, with the file's
+    lane count and width where the ego starts) lie on the file's driving lanes along that path, within
+    ROAD_TOLERANCE_M; else InputError (the loop would drive another road than the file's)."""
+    from gsim.bridges.closed_loop.loop import network
+    from gsim.bridges.closed_loop.road import Polyline
+    from gsim.bridges.closed_loop.scenario import RoadOptions
+    with tempfile.TemporaryDirectory(prefix="gsim-xosc-road-") as tmp:
+        net = network(RoadOptions(**road), path_xy, Path(tmp))
+        ours = [shape for lid, shape, _ in net.lanes() if lid.startswith("gsim_f")]
+    path = Polyline(path_xy, "the ego's path")
+    theirs = [p.centre for p in lanes.pieces if p.type in DRIVING]
+    worst = 0.0
+    for shape in ours:
+        line = Polyline(shape, "a lane")
+        pts = line.at(np.arange(0.0, line.length, 1.0))[0]
+        s, _, _ = path.project(pts)
+        pts = pts[(s > 0) & (s < path.length)]  # along the logged path, not the road's extensions past it
+        if len(pts):
+            worst = max(worst, float(np.min([c.project(pts)[2] for c in theirs], axis=0).max()))
+    if worst > ROAD_TOLERANCE_M:
+        raise InputError(f"{plan.path}: RoadNetwork/LogicFile {plan.road.name}: the closed loop drives gsim's road "
+                         f"along the log (forward lanes: {road['lanes']}, {road['lane_width_m']:g} m wide), whose lanes lie "
+                         f"up to {worst:.2f} m off this file's along the logged path (tolerance {ROAD_TOLERANCE_M} "
+                         f"m): give the road `gsim scenario export-road` writes for this scene, or no LogicFile")
 
 
 def _unchanged(actor, track, tolerance_m: float = 0.01) -> bool:
