@@ -561,3 +561,33 @@ def test_gsim_serve_serves_an_openscenario_file_whose_sessions_play_its_storyboa
         run.finish()
     car = next(b for b in obs.actors if b.id == "braker")
     assert math.hypot(car.vx, car.vy) == pytest.approx(6.0, abs=0.05) and car.x == pytest.approx(13.3 + 3.0, abs=0.1)
+
+
+def test_entities_from_a_catalog_with_parameter_assignments(loop_street, roads, tmp_path, capsys):
+    """A vehicle catalog written by scenariogeneration (an entry whose length is a parameter): the scenario's entity
+    takes the entry's box, the reference's assignment over the entry's default; a missing entry is one line."""
+    import shutil
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    (tmp_path / "catalogs").mkdir()
+    entry = xosc.Vehicle("long_car", xosc.VehicleCategory.car, xosc.BoundingBox(2.0, "$length", 1.6, 1.4, 0.0, 0.8),
+                         xosc.Axle(0.5, 0.6, 1.7, 2.8, 0.3), xosc.Axle(0.5, 0.6, 1.7, 0.0, 0.3), 50, 8, 9)
+    entry.add_parameter(xosc.Parameter("length", xosc.ParameterType.double, "4.5"))
+    catalog = xosc.CatalogFile()
+    catalog.create_catalog(str(tmp_path / "catalogs" / "Cars.xosc"), "Cars", "cars", "tests")
+    catalog.add_to_catalog(entry)
+    catalog.dump()
+    path = Path(braking(tmp_path, loop_street))
+    text = path.read_text()
+    ref = ('<CatalogReference catalogName="Cars" entryName="long_car"><ParameterAssignments>'
+           '<ParameterAssignment parameterRef="length" value="5.5"/></ParameterAssignments></CatalogReference>')
+    import re
+    text = re.sub(r'(<ScenarioObject name="braker">)\s*<Vehicle .*?</Vehicle>', r"\1" + ref, text, flags=re.S)
+    text = text.replace("<CatalogLocations/>", '<CatalogLocations><VehicleCatalog><Directory path="catalogs"/>'
+                                               '</VehicleCatalog></CatalogLocations>')
+    path.write_text(text)
+    plan = read_plan(path)
+    assert plan.entities["braker"].size == (5.5, 2.0, 1.6) and plan.entities["braker"].centre == (1.4, 0.0, 0.8)
+    assert read_xosc(path).scenario.edits[0].asset == "suv"  # (the library's asset nearest 5.5 x 2.0 x 1.6)
+    missing = tmp_path / "missing.xosc"
+    missing.write_text(text.replace('entryName="long_car"', 'entryName="short_car"'))
+    _bad(tmp_path, capsys, missing, "catalog 'Cars'")

@@ -19,7 +19,9 @@ from gsim.errors import InputError
 
 # gsim's subset: the elements a file may hold (docs/scenarios.md says what each does in gsim)
 SUBSET = frozenset("""
-OpenSCENARIO FileHeader License ParameterDeclarations ParameterDeclaration CatalogLocations RoadNetwork LogicFile
+OpenSCENARIO FileHeader License ParameterDeclarations ParameterDeclaration CatalogLocations VehicleCatalog
+PedestrianCatalog MiscObjectCatalog ControllerCatalog TrajectoryCatalog ManeuverCatalog EnvironmentCatalog RouteCatalog
+Directory Catalog CatalogReference ParameterAssignments ParameterAssignment File RoadNetwork LogicFile
 SceneGraphFile Entities ScenarioObject Vehicle Pedestrian MiscObject BoundingBox Center Dimensions Performance Axles
 FrontAxle RearAxle AdditionalAxle Properties Property ObjectController Controller
 Storyboard Init Actions GlobalAction EntityAction DeleteEntityAction Private PrivateAction TeleportAction Position
@@ -135,7 +137,9 @@ def _finite_or_text(v: str) -> bool:
 
 
 class _Reader:
-    def __init__(self, path: Path, overrides: Dict[str, str]):
+    """A file's checks (``catalog``: a catalog file of entity entries) and its parameters."""
+
+    def __init__(self, path: Path, overrides: Dict[str, str], catalog: bool = False):
         from lxml import etree
         self.path = path
         try:
@@ -144,7 +148,7 @@ class _Reader:
             raise InputError(f"{path}: cannot read it ({e})") from None
         except etree.XMLSyntaxError as e:
             raise InputError(f"{path}:{e.lineno}: not well-formed XML ({e.msg})") from None
-        self.root = self.tree.getroot()
+        self.root, self.catalog = self.tree.getroot(), catalog
         if self.tree.docinfo.doctype or self.tree.docinfo.internalDTD is not None:
             self.fail(1, "a DOCTYPE (a DTD, entities) is outside gsim's subset: the file is read as it is written")
         self._check_version_and_schema()
@@ -166,7 +170,9 @@ class _Reader:
         major, minor = head.get("revMajor"), head.get("revMinor")
         if major != "1" or minor not in ("0", "1", "2", "3"):
             self.fail(head.sourceline, f"<FileHeader> says OpenSCENARIO {major}.{minor}; gsim reads 1.0 to 1.3")
-        if self.root.find("Storyboard") is None:
+        if self.catalog and self.root.find("Catalog") is None:
+            self.fail(self.root.sourceline, "no <Catalog>: not a catalog file")
+        if not self.catalog and self.root.find("Storyboard") is None:
             self.fail(self.root.sourceline, "no <Storyboard>: a catalog or a parameter distribution is not a scenario")
         xsd = Path(scenariogeneration.__file__).parent.parent / "schemas" / \
             f"OpenSCENARIO_1_{'3_1' if minor == '3' else minor}.xsd"
@@ -256,7 +262,8 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
             sc = xosc.ParseOpenScenario(str(path))
         except Exception as e:  # scenariogeneration's own errors on a file the schema allows
             raise InputError(f"{path}: scenariogeneration could not parse it ({type(e).__name__}: {e})") from None
-    entities = {o.name: _entity(r, o) for o in sc.entities.scenario_objects}
+    entities = {o.name: _scenario_object(r, o, getattr(sc.catalog, "catalogs", {}) or {}) for o in
+                sc.entities.scenario_objects}
     names = sorted(entities)
     if ego is None:
         found = [n for n in names if n.lower() in ("ego", "hero")]
@@ -310,6 +317,9 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
                     r.fail(r.line("ManeuverGroup", name=mg.name), "maximumExecutionCount other than 1 is outside "
                                                                   "gsim's subset")
                 for m in mg.maneuvers:
+                    if isinstance(m, xosc.CatalogReference):
+                        r.fail(r.line("ManeuverGroup", name=mg.name), "a Maneuver from a catalog is outside gsim's "
+                                                                      "subset (entities may come from catalogs)")
                     for ev in m.events:
                         line = r.line("Event", name=ev.name)
                         if int(r.num(ev.maxexecution, line, "maximumExecutionCount")) != 1:
@@ -336,10 +346,50 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
                 ego, init, acts, stop, r.params, tuple(deleted), ego_path)
 
 
-def _entity(r: _Reader, o) -> Entity:
+ENTITY_CATALOGS = ("VehicleCatalog", "PedestrianCatalog", "MiscObjectCatalog")
+
+
+def _scenario_object(r: _Reader, o, locations: Dict[str, str]) -> Entity:
+    """An entity of the file, its object inline or from a catalog (CatalogLocations' vehicle, pedestrian and misc
+    object directories, relative to the file; the entry's parameters from its declarations and the reference's
+    assignments)."""
     from scenariogeneration import xosc
     line = r.line("ScenarioObject", name=o.name)
-    e = o.entityobject
+    ref = o.entityobject
+    if not isinstance(ref, xosc.CatalogReference):
+        return _entity(r, o.name, ref, line)
+    name, entry = r.value(ref.catalogname), r.value(ref.entryname)
+    line = r.line("CatalogReference", line, entryName=ref.entryname)
+    dirs = [(r.path.parent / r.value(p)).resolve() for k, p in locations.items() if k in ENTITY_CATALOGS]
+    files = [d / f"{name}.xosc" for d in dirs if (d / f"{name}.xosc").is_file()]
+    if not files:
+        r.fail(line, f"<CatalogReference catalogName={name!r}>: no {name}.xosc in the file's entity catalog "
+                     f"directories ({', '.join(str(d) for d in dirs) or 'none: give CatalogLocations'})")
+    cat = _Reader(files[0], {}, catalog=True)
+    if not any(el.get("name") == entry for el in cat.root.find("Catalog")):
+        r.fail(line, f"catalog {name!r} ({files[0]}) has no entry {entry!r}")
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            obj = xosc.CatalogReader(xosc.CatalogReference(name, entry), str(files[0].parent))
+        except Exception as e:
+            raise InputError(f"{files[0]}: scenariogeneration could not read entry {entry!r} ({type(e).__name__}: "
+                             f"{e})") from None
+    if obj is None:
+        r.fail(line, f"entry {entry!r} of catalog {name!r} is not a Vehicle, Pedestrian or MiscObject")
+    declared = {p.name: p.value for p in getattr(getattr(obj, "parameters", None), "parameters", [])}
+    for pa in ref.parameterassignments:
+        if pa.parameterref not in declared:
+            r.fail(line, f"<ParameterAssignment parameterRef={pa.parameterref!r}>: entry {entry!r} of catalog "
+                         f"{name!r} declares no such parameter ({', '.join(declared) or 'none'})")
+        declared[pa.parameterref] = r.value(pa.value)
+    cat.params = declared
+    return _entity(cat, o.name, obj, cat.line(type(obj).__name__, name=entry))
+
+
+def _entity(r: _Reader, name: str, e, line: int) -> Entity:
+    """An entity ``name`` of the object ``e`` (at ``line`` of ``r``'s file)."""
+    from scenariogeneration import xosc
     if isinstance(e, xosc.Vehicle):
         kind, cat = "vehicle", VEHICLE_CATEGORIES.get(r.value(e.vehicle_type))
     elif isinstance(e, xosc.Pedestrian):
@@ -347,16 +397,16 @@ def _entity(r: _Reader, o) -> Entity:
     elif isinstance(e, xosc.MiscObject):
         kind, cat = "misc", MISC_CATEGORIES.get(r.value(e.category))
     else:
-        r.fail(line, f"entity {o.name!r}: a {type(e).__name__} is outside gsim's subset (Vehicle, Pedestrian, "
-                     f"MiscObject)")
+        r.fail(line, f"entity {name!r}: a {type(e).__name__} is outside gsim's subset (Vehicle, Pedestrian, "
+                     f"MiscObject, inline or from a catalog)")
     if cat is None:
-        r.fail(line, f"entity {o.name!r}: no gsim asset category for its category")
+        r.fail(line, f"entity {name!r}: no gsim asset category for its category")
     bb = e.boundingbox
     size = tuple(r.num(getattr(bb.boundingbox, k), line, f"BoundingBox {k}") for k in ("length", "width", "height"))
     if min(size) <= 0:
-        r.fail(line, f"entity {o.name!r}: its BoundingBox has a size of {size}; each must be > 0")
+        r.fail(line, f"entity {name!r}: its BoundingBox has a size of {size}; each must be > 0")
     centre = tuple(r.num(getattr(bb.center, k), line, f"BoundingBox Center {k}") for k in "xyz")
-    return Entity(o.name, kind, cat, size, centre, line)
+    return Entity(name, kind, cat, size, centre, line)
 
 
 def _position(r: _Reader, p, line: int, entities) -> Position:
