@@ -277,9 +277,10 @@ def _check_same_road(plan: Plan, lanes: LaneMap, road: dict, path_xy: np.ndarray
             worst = max(worst, float(np.min([c.project(pts)[2] for c in theirs], axis=0).max()))
     if worst > ROAD_TOLERANCE_M:
         raise InputError(f"{plan.path}: RoadNetwork/LogicFile {plan.road.name}: the closed loop drives gsim's road "
-                         f"along the log (forward lanes: {road['lanes']}, {road['lane_width_m']:g} m wide), whose lanes lie "
-                         f"up to {worst:.2f} m off this file's along the logged path (tolerance {ROAD_TOLERANCE_M} "
-                         f"m): give the road `gsim scenario export-road` writes for this scene, or no LogicFile")
+                         f"along the log (forward lanes: {road['lanes']}, {road['lane_width_m']:g} m wide), whose "
+                         f"lanes lie up to {worst:.2f} m off this file's along the logged path (tolerance "
+                         f"{ROAD_TOLERANCE_M} m): give the road `gsim scenario export-road` writes for this scene, or "
+                         f"no LogicFile")
 
 
 def _unchanged(actor, track, tolerance_m: float = 0.01) -> bool:
