@@ -354,11 +354,11 @@ def test_bad_files_are_one_line_each_and_nothing_runs(loop_street, roads, tmp_pa
     err = _bad(tmp_path, capsys, variant("schema", text.replace('maxSpeed="50.0" ', "", 1)),
                f"schema.xosc:{line}: <Performance> breaks the OpenSCENARIO 1.3 schema")
     assert "maxSpeed" in err
-    rel = text.replace("<AbsoluteTargetSpeed value=\"0.0\"/>", "<RelativeTargetSpeed entityRef=\"ego\" value=\"1\" "
-                                                                "speedTargetValueType=\"delta\" continuous=\"false\"/>")
-    line = next(i for i, s in enumerate(rel.splitlines(), 1) if "RelativeTargetSpeed" in s)
-    _bad(tmp_path, capsys, variant("unsupported", rel),
-         f"unsupported.xosc:{line}: <RelativeTargetSpeed> is outside gsim's OpenSCENARIO subset")
+    tod = text.replace('<SimulationTimeCondition value="5.0" rule="greaterThan"/>',
+                       '<TimeOfDayCondition dateTime="2026-11-28T10:00:00" rule="greaterThan"/>')
+    line = next(i for i, s in enumerate(tod.splitlines(), 1) if "TimeOfDayCondition" in s)
+    _bad(tmp_path, capsys, variant("unsupported", tod),
+         f"unsupported.xosc:{line}: <TimeOfDayCondition> is outside gsim's OpenSCENARIO subset")
     _bad(tmp_path, capsys, variant("ghost", text.replace('<EntityRef entityRef="braker"/>',
                                                          '<EntityRef entityRef="ghost"/>')),
          "<EntityRef entityRef='ghost'> in maneuver group 'brake_group': no such entity")
@@ -591,3 +591,36 @@ def test_entities_from_a_catalog_with_parameter_assignments(loop_street, roads, 
     missing = tmp_path / "missing.xosc"
     missing.write_text(text.replace('entryName="long_car"', 'entryName="short_car"'))
     _bad(tmp_path, capsys, missing, "catalog 'Cars'")
+
+
+def test_relative_target_speeds_and_the_egos_controller(loop_street, roads, tmp_path, capsys):
+    """A car keeps the ego's speed plus 1 m/s (continuous: it follows the ego's speed changes); another goes to half
+    the ego's speed in 2 s (linear) and keeps it; the ego's ActivateControllerAction in Init is accepted (the agent is
+    its controller), another entity's is refused."""
+    import shutil
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    lanes = LaneMap.read(tmp_path / "road.xodr")
+    step = xosc.TransitionDynamics(xosc.DynamicsShapes.step, xosc.DynamicsDimension.time, 0)
+    linear = xosc.TransitionDynamics(xosc.DynamicsShapes.linear, xosc.DynamicsDimension.time, 2.0)
+    init = [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+            ("ego", xosc.ActivateControllerAction(True, True)),
+            ("a", xosc.TeleportAction(xosc.WorldPosition(-40.0, -4.0, 0.0, 0.0))),
+            ("b", xosc.TeleportAction(xosc.WorldPosition(-60.0, -4.0, 0.0, 0.0)))]
+    events = [("keep", "a", [("keep", xosc.RelativeSpeedAction(1.0, "ego", step, xosc.SpeedTargetValueType.delta,
+                                                                True))], EX.at_start("t0")),
+              ("half", "b", [("half", xosc.RelativeSpeedAction(0.5, "ego", linear, xosc.SpeedTargetValueType.factor,
+                                                                False))], EX.at_start("t1"))]
+    path = write(tmp_path / "relative.xosc", loop_street, {"ego": car(), "a": car(), "b": car()}, init, events,
+                 stop_s=20.0)
+    ego_speed = lambda t: 4.0 if t < 1.0 else 8.0  # noqa: E731
+    sb, states = play(path, lanes, lambda t: (0.0, -1.6, 0.0, ego_speed(t)), 4.0)
+    at = {round(t, 1): s for t, s in states}
+    assert at[0.5]["a"][3] == pytest.approx(5.0) and at[1.5]["a"][3] == pytest.approx(9.0)
+    assert ("action", "keep") not in sb.ended  # (continuous: it runs on)
+    assert at[0.5]["b"][3] == pytest.approx(0.5 * 0.25 * 4.0) and at[1.5]["b"][3] == pytest.approx(0.75 * 4.0)
+    assert at[3.0]["b"][3] == pytest.approx(4.0) and ("action", "half") in sb.ended
+    bad = tmp_path / "controller.xosc"
+    bad.write_text(Path(path).read_text().replace('<Private entityRef="a">', '<Private entityRef="a"><PrivateAction>'
+                                                  '<ControllerAction><ActivateControllerAction lateral="true" '
+                                                  'longitudinal="true"/></ControllerAction></PrivateAction>', 1))
+    _bad(tmp_path, capsys, bad, "<ActivateControllerAction> of 'a': only the ego takes a controller")

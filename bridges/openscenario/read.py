@@ -27,7 +27,8 @@ FrontAxle RearAxle AdditionalAxle Properties Property ObjectController Controlle
 Storyboard Init Actions GlobalAction EntityAction DeleteEntityAction Private PrivateAction TeleportAction Position
 WorldPosition LanePosition RelativeLanePosition
 RelativeObjectPosition Orientation LongitudinalAction SpeedAction SpeedActionDynamics SpeedActionTarget
-AbsoluteTargetSpeed LateralAction LaneChangeAction LaneChangeActionDynamics LaneChangeTarget RelativeTargetLane
+AbsoluteTargetSpeed RelativeTargetSpeed ControllerAction ActivateControllerAction LateralAction LaneChangeAction
+LaneChangeActionDynamics LaneChangeTarget RelativeTargetLane
 AbsoluteTargetLane LaneOffsetAction LaneOffsetActionDynamics LaneOffsetTarget AbsoluteTargetLaneOffset RoutingAction
 FollowTrajectoryAction TrajectoryRef Trajectory Shape Polyline Vertex Clothoid TimeReference Timing None
 TrajectoryFollowingMode Story Act ManeuverGroup Actors EntityRef Maneuver Event Action StartTrigger StopTrigger
@@ -288,6 +289,10 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
         if who not in entities:
             r.fail(line, f"<Private entityRef={who!r}>: no such entity ({', '.join(names)})")
         init += [(who, _action(r, a, f"init_{who}_{k}", line, entities)) for k, a in enumerate(actions)]
+    for who, a in init:
+        if a.kind == "controller" and who != ego:
+            r.fail(a.line, f"<ActivateControllerAction> of {who!r}: only the ego takes a controller (the agent); the "
+                           f"storyboard drives the others")
     deleted = []
     for g in sc.storyboard.init.global_actions:
         who = r.value(getattr(g, "entityref", None))
@@ -327,6 +332,9 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
                         acts_ = tuple(_action(r, a.action, a.name, r.line("Action", name=a.name), entities)
                                       for a in ev.action)
                         trigger = _trigger(r, ev.trigger, entities)
+                        if any(x.kind == "controller" for x in acts_):
+                            r.fail(line, f"<Event name={ev.name!r}>: an ActivateControllerAction outside Init is "
+                                         f"outside gsim's subset (the ego's, in Init, is the agent)")
                         if ego in actors:  # the agent drives the ego: a path from the start is all it takes
                             if actors != (ego,) or len(acts_) != 1 or acts_[0].kind != "trajectory" or \
                                     not _at_start(trigger) or not _at_start(start) or ego_path is not None:
@@ -459,6 +467,16 @@ def _action(r: _Reader, a, name: str, line: int, entities) -> Action:
             r.fail(line, f"AbsoluteTargetSpeed {speed:g}: a speed is >= 0")
         return Action("speed", name, {"speed": speed, **_dynamics(r, a.transition_dynamics, line, "SpeedAction")},
                       line)
+    if isinstance(a, xosc.RelativeSpeedAction):  # a target from an entity's speed (and kept with continuous)
+        return Action("speed", name, {"speed": r.num(a.speed, line, "RelativeTargetSpeed value"),
+                                      "relative_to": _ref(r, a.entity, line, entities),
+                                      "value_type": r.enum(a.valuetype, line, "speedTargetValueType",
+                                                           ("delta", "factor")),
+                                      "continuous": str(r.value(a.continuous)).lower() in ("true", "1"),
+                                      **_dynamics(r, a.transition_dynamics, line, "SpeedAction")}, line)
+    if isinstance(a, xosc.ControllerAction) and a.activateControllerAction is not None and \
+            a.assignControllerAction is None and a.overrideControllerValueAction is None:
+        return Action("controller", name, {}, line)  # (only activation: the ego's, whose controller is the agent)
     if isinstance(a, (xosc.AbsoluteLaneChangeAction, xosc.RelativeLaneChangeAction)):
         v = {"lane": int(r.num(a.lane, line, "target lane")),
              "offset": r.num(a.target_lane_offset, line, "targetLaneOffset", 0.0),
@@ -668,8 +686,8 @@ def _check_not_deleted(r: _Reader, acts: List[Act], init, stop: Trigger, deleted
     actions = [x for _, x in init] + [x for act in acts for e in act.events for x in e.actions]
     conds = [c for t in _triggers(acts, stop) for g in t for c in g]
     for item in actions + conds:
-        refs = [item.v.get("entity")] + [p.v.get("entity") for p in _positions(item.v)] + list(
-            getattr(item, "entities", ()))
+        refs = [item.v.get("entity"), item.v.get("relative_to")] + [p.v.get("entity") for p in _positions(item.v)] \
+            + list(getattr(item, "entities", ()))
         uses += [(item.line, f"{item.name!r} refers to", x) for x in refs if x]
     for line, what, who in uses:
         if who in deleted:

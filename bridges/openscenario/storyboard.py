@@ -254,15 +254,16 @@ class Storyboard:
                 self._end_action(st.long.action.name)
             if st.traj is not None and st.traj.times is not None:
                 self._drop_trajectory(who)
-            v0, v1 = st.speed, v["speed"]
+            v0, v1 = st.speed, self._target_speed(v)
             dim, val = v["dimension"], v["value"]
             span = 0.0 if v["shape"] == "step" else (val if dim == "time" else abs(v1 - v0) / val if dim == "rate"
                                                      else 2 * val / max(v0 + v1, 1e-6))
             st.long = _Running(a, event, tau, span, v0, v1)
             if span <= 0:
                 st.speed = v1
-                st.long = None
-                self._end_action(a.name)
+                if not v.get("continuous"):
+                    st.long = None
+                    self._end_action(a.name)
             return
         if a.kind in ("lane_change", "lane_offset"):  # (they replace a running lateral action or trajectory)
             self._drop_trajectory(who)
@@ -296,6 +297,13 @@ class Storyboard:
         if run.times is not None:  # timed: where it is at this time, from now on
             st.long = None
             self._follow(who, st, 0.0, st.speed)
+
+    def _target_speed(self, v) -> float:
+        """A speed action's target now: absolute, or from its entity's speed (plus a delta, times a factor)."""
+        if "relative_to" not in v:
+            return v["speed"]
+        ref = self.states[v["relative_to"]].speed
+        return max(0.0, ref + v["speed"] if v["value_type"] == "delta" else ref * v["speed"])
 
     def _retarget(self, who: str, st: EntityState, a: Action) -> None:
         """A lane change's target lane chain; the entity's u and t re-expressed on it."""
@@ -370,10 +378,13 @@ class Storyboard:
         if st.long is not None:
             r = st.long
             x = (tau - r.start) / r.span if r.span > 0 else 1.0
-            st.speed = r.v0 + (r.v1 - r.v0) * shape_fraction(r.action.v["shape"], x)
+            target = self._target_speed(r.action.v)  # (a relative target moves with its entity)
+            st.speed = r.v0 + (target - r.v0) * shape_fraction(r.action.v["shape"], x)
             if x >= 1.0 - 1e-9:
-                st.speed, st.long = r.v1, None
-                self._end_action(r.action.name)
+                st.speed = target
+                if not r.action.v.get("continuous"):  # (a continuous one keeps the target until replaced)
+                    st.long = None
+                    self._end_action(r.action.name)
         if st.traj is not None:
             self._follow(who, st, dt, v_before)
         elif st.path is not None:
