@@ -3,6 +3,7 @@ storyboard, imported as gsim scenarios, run in the closed loop; export then impo
 one line each, and nothing runs or is written."""
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -624,3 +625,62 @@ def test_relative_target_speeds_and_the_egos_controller(loop_street, roads, tmp_
                                                   '<ControllerAction><ActivateControllerAction lateral="true" '
                                                   'longitudinal="true"/></ControllerAction></PrivateAction>', 1))
     _bad(tmp_path, capsys, bad, "<ActivateControllerAction> of 'a': only the ego takes a controller")
+
+
+def test_a_car_driving_against_its_lanes_direction_follows_it_and_changes_lanes_as_it_drives(tmp_path):
+    """On a road written by scenariogeneration (two lanes each way): a car put on lane 1 facing along s (esmini's
+    ALKS files drive lane 1 so) follows it along s, and a lane change one lane to its right takes it to lane -1."""
+    xodr = pytest.importorskip("scenariogeneration.xodr")
+    road = xodr.create_road(xodr.Line(300), id=1, left_lanes=2, right_lanes=2, lane_width=3.5)
+    odr = xodr.OpenDrive("t")
+    odr.add_road(road)
+    odr.adjust_roads_and_lanes()
+    odr.write_xml(str(tmp_path / "road.xodr"))
+    lanes = LaneMap.read(tmp_path / "road.xodr")
+    turned = xosc.LanePosition(20.0, 0.0, 1, "1", xosc.Orientation(h=math.pi, reference=xosc.ReferenceContext.relative))
+    path = write(tmp_path / "against.xosc", None, {"ego": car(), "a": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.75, 0.0, 0.0))),
+                  ("a", xosc.TeleportAction(turned)), ("a", step_speed(10.0))],
+                 [("right", "a", [("right", xosc.RelativeLaneChangeAction(-1, "a", xosc.TransitionDynamics(
+                     xosc.DynamicsShapes.sinusoidal, xosc.DynamicsDimension.distance, 20.0)))], at_time("t", 1.0))])
+    sb, states = play(path, lanes, lambda t: (0.0, -1.75, 0.0, 0.0), 5.0)
+    at = {round(t, 1): s for t, s in states}
+    assert at[0.0]["a"][:2] == pytest.approx((20.0, 1.75), abs=1e-6) and math.cos(at[0.0]["a"][2]) == pytest.approx(1.0)
+    assert at[1.0]["a"][:2] == pytest.approx((30.0, 1.75), abs=1e-6)  # along s, on lane 1's centre
+    assert at[4.0]["a"][1] == pytest.approx(-1.75, abs=1e-3) and at[4.0]["a"][0] == pytest.approx(60.0, abs=1e-3)
+    assert ("action", "right") in sb.ended
+
+
+def test_expressions_are_evaluated_by_their_grammar_not_by_python():
+    from gsim.bridges.openscenario.expressions import as_text, evaluate
+    p = {"v": "50", "flag": "true", "name": "car"}
+    assert evaluate("${$v / 3.6}", p) == pytest.approx(13.8888889)
+    assert evaluate("${2 + 3 * 4 - -1}", p) == 15.0 and evaluate("${(2 + 3) * 4 % 7}", p) == 6.0
+    assert evaluate("${max(1, $v, 3) + round(2.5) + pow(2, 3) + sqrt(16)}", p) == 50 + 3 + 8 + 4
+    assert evaluate("${$v > 10 and not false or $flag}", p) is True and evaluate("${1 == 2}", p) is False
+    assert as_text(evaluate("${100 / 4}", p)) == "25" and as_text(evaluate("${1 / 4}", p)) == "0.25"
+    for bad, why in (("${1 / 0}", "division by zero"), ("${$nope + 1}", "no parameter $nope"),
+                     ("${2 +}", "unexpected end"), ("${__import__('os')}", "unexpected"), ("${sqrt(-1)}", "sqrt"),
+                     ("${$name * 2}", "not a number"), ("${1e308 * 1e308}", "not finite"), ("${(1}", "expected )")):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            evaluate(bad, p)
+
+
+def test_a_file_with_expressions_negative_rates_and_an_empty_trailer_plays(loop_street, roads, tmp_path):
+    """As esmini's files are written: a speed in km/h turned to m/s by an expression, a deceleration written as a
+    negative rate, and a catalog-style vehicle with a trailer hitch and an empty trailer reference."""
+    import shutil
+    shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
+    lanes = LaneMap.read(tmp_path / "road.xodr")
+    text = Path(braking(tmp_path, loop_street)).read_text()
+    text = text.replace('<ParameterDeclaration name="brake_at" parameterType="double" value="1.0"/>',
+                        '<ParameterDeclaration name="brake_at" parameterType="double" value="1.0"/>'
+                        '<ParameterDeclaration name="kmh" parameterType="double" value="${$brake_at * 21.6}"/>')
+    text = text.replace('<AbsoluteTargetSpeed value="6.0"/>', '<AbsoluteTargetSpeed value="${$kmh / 3.6}"/>')
+    text = text.replace('value="4.0" dynamicsDimension="rate"', 'value="-4.0" dynamicsDimension="rate"')
+    text = text.replace('</Axles>', '</Axles><TrailerHitch dx="-1.2"/><Trailer><TrailerRef entityRef=""/></Trailer>', 1)
+    path = tmp_path / "esmini_like.xosc"
+    path.write_text(text)
+    sb, states = play(path, lanes, parked_ego, 3.0)
+    speed = {round(t, 1): s["braker"][3] for t, s in states}
+    assert speed[1.0] == pytest.approx(6.0) and speed[1.6] == pytest.approx(4.0) and speed[2.6] == pytest.approx(0.0)

@@ -154,6 +154,7 @@ class LaneMap:
                     best = int(j)
                     break
             self.next[i] = best
+        self.prev = {j: i for i, j in self.next.items() if j is not None}  # (against the lanes' direction)
 
     @staticmethod
     def read(path) -> "LaneMap":
@@ -231,15 +232,17 @@ class LaneMap:
         return next((i for i, q in enumerate(self.pieces) if q.road == p.road and q.section == p.section
                      and q.lane == lane and q.type in DRIVING), None)
 
-    def chain(self, index: int, length_m: float = 100_000.0) -> Polyline:
-        """Piece ``index``'s centre and the pieces carrying on from its end, up to ``length_m``, as one polyline."""
+    def chain(self, index: int, reverse: bool = False, length_m: float = 100_000.0) -> Polyline:
+        """Piece ``index``'s centre and the pieces carrying on from its end, up to ``length_m``, as one polyline;
+        ``reverse``: against the lane's direction (a vehicle driving it the other way), through the pieces before it."""
+        step, along = (self.prev, lambda xy: xy[::-1]) if reverse else (self.next, lambda xy: xy)
         first = self.pieces[index].centre
-        pts, seen, i, total = [first.xy], {index}, self.next[index], first.length
+        pts, seen, i, total = [along(first.xy)], {index}, step.get(index), first.length
         while i is not None and i not in seen and total < length_m:
             seen.add(i)
-            pts.append(self.pieces[i].centre.xy[1:])
+            pts.append(along(self.pieces[i].centre.xy)[1:])
             total += self.pieces[i].centre.length
-            i = self.next[i]
+            i = step.get(i)
         return Polyline(np.concatenate(pts), f"lane {self.pieces[index].road}/{self.pieces[index].lane}")
 
 

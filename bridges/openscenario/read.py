@@ -23,7 +23,8 @@ OpenSCENARIO FileHeader License ParameterDeclarations ParameterDeclaration Catal
 PedestrianCatalog MiscObjectCatalog ControllerCatalog TrajectoryCatalog ManeuverCatalog EnvironmentCatalog RouteCatalog
 Directory Catalog CatalogReference ParameterAssignments ParameterAssignment File RoadNetwork LogicFile
 SceneGraphFile Entities ScenarioObject Vehicle Pedestrian MiscObject BoundingBox Center Dimensions Performance Axles
-FrontAxle RearAxle AdditionalAxle Properties Property ObjectController Controller
+FrontAxle RearAxle AdditionalAxle TrailerHitch TrailerCoupler Trailer TrailerRef Properties Property ObjectController
+Controller
 Storyboard Init Actions GlobalAction EntityAction DeleteEntityAction Private PrivateAction TeleportAction Position
 WorldPosition LanePosition RelativeLanePosition
 RelativeObjectPosition Orientation LongitudinalAction SpeedAction SpeedActionDynamics SpeedActionTarget
@@ -153,8 +154,9 @@ class _Reader:
         if self.tree.docinfo.doctype or self.tree.docinfo.internalDTD is not None:
             self.fail(1, "a DOCTYPE (a DTD, entities) is outside gsim's subset: the file is read as it is written")
         self._check_version_and_schema()
-        self._check_subset()
-        self.params = self._parameters(overrides)
+        if not catalog:  # (a catalog: the entry a scenario takes, `check_entry`)
+            self.check_subset(self.root)
+            self.params = self._parameters(overrides, self.root)
 
     # ------------------------------------------------------------------ checks before parsing
     def fail(self, line, msg: str):
@@ -182,35 +184,61 @@ class _Reader:
             self.fail(getattr(err, "sourceline", None) or "?",
                       f"<{where.split('[')[0]}> breaks the OpenSCENARIO 1.{minor} schema: {err.reason}")
 
-    def _check_subset(self) -> None:
-        for el in self.root.iter():
+    def check_entry(self, entry, overrides: Dict[str, str]) -> None:
+        """A catalog entry (an element of this file) checked as a scenario is; its parameters from its declarations
+        with ``overrides`` (the reference's assignments)."""
+        self.check_subset(entry)
+        self.params = self._parameters(overrides, entry)
+
+    def check_subset(self, top) -> None:
+        for el in top.iter():
             if not isinstance(el.tag, str):
                 continue  # comments, processing instructions
             if el.tag not in SUBSET:
                 self.fail(el.sourceline, f"<{el.tag}> is outside gsim's OpenSCENARIO subset (docs/scenarios.md lists "
                                          f"what gsim plays)")
             for k, v in el.attrib.items():
-                if v.startswith("${"):
-                    self.fail(el.sourceline, f"<{el.tag}> {k}={v!r}: expressions are outside gsim's subset")
                 if not _finite_or_text(v):
                     self.fail(el.sourceline, f"<{el.tag}> {k}={v!r} is not a finite number")
 
-    def _parameters(self, overrides: Dict[str, str]) -> Dict[str, str]:
-        declared = {}
-        for p in self.root.iter("ParameterDeclaration"):
-            declared[p.get("name")] = p.get("value")
+    def _parameters(self, overrides: Dict[str, str], top) -> Dict[str, str]:
+        declarations = list(top.iter("ParameterDeclaration"))
+        names = {p.get("name") for p in declarations}
         for k, v in overrides.items():
-            if k not in declared:
+            if k not in names:
                 raise InputError(f"--param {k}={v}: {self.path} declares no parameter {k!r} (it declares "
-                                 f"{', '.join(sorted(declared)) or 'none'})")
-        params = {**declared, **overrides}
-        for el in self.root.iter():
+                                 f"{', '.join(sorted(names)) or 'none'})")
+        params: Dict[str, str] = {}
+        for p in declarations:  # in order: a value may use the parameters declared before it
+            name = p.get("name")
+            raw = overrides.get(name, p.get("value"))
+            params[name] = self._resolve(raw, params, p.sourceline, f"<ParameterDeclaration name={name!r}> value")
+        for el in top.iter():
             for k, v in (el.attrib.items() if isinstance(el.tag, str) else ()):
-                if v.startswith("$") and v[1:] not in params:
-                    self.fail(el.sourceline, f"<{el.tag}> {k}={v!r}: no such parameter is declared")
-                if v.startswith("$") and v[1:] in params and not _finite_or_text(params[v[1:]]):
-                    self.fail(el.sourceline, f"<{el.tag}> {k}={v!r} = {params[v[1:]]!r} is not a finite number")
+                if v.startswith("$") and el.tag != "ParameterDeclaration" and k not in ("name", "parameterRef"):
+                    value = self._resolve(v, params, el.sourceline, f"<{el.tag}> {k}")
+                    if not _finite_or_text(value):
+                        self.fail(el.sourceline, f"<{el.tag}> {k}={v!r} = {value!r} is not a finite number")
+        for el in top.iter("Trailer"):  # (catalogs declare one that is empty unless a parameter names an entity)
+            refs = [self._resolve(x.get("entityRef", ""), params, x.sourceline, "<TrailerRef> entityRef")
+                    for x in el if isinstance(x.tag, str)]
+            if len(el) and refs != [""]:
+                self.fail(el.sourceline, "a vehicle with a trailer is outside gsim's subset")
         return params
+
+    def _resolve(self, raw: str, params: Dict[str, str], line: int, what: str) -> str:
+        """An attribute's text with its parameter reference or expression resolved."""
+        from .expressions import as_text, evaluate
+        if raw.startswith("${"):
+            try:
+                return as_text(evaluate(raw, params))
+            except (ValueError, OverflowError) as e:
+                self.fail(line, f"{what}={raw!r}: {e}")
+        if raw.startswith("$"):
+            if raw[1:] not in params:
+                self.fail(line, f"{what}={raw!r}: no such parameter is declared")
+            return params[raw[1:]]
+        return raw
 
     # ------------------------------------------------------------------ values of the parsed objects
     def line(self, tag: str, after: int = 0, **attrs) -> int:
@@ -224,7 +252,7 @@ class _Reader:
         """A parsed attribute (scenariogeneration's enumerations by name) with its parameter reference resolved."""
         v = getattr(v, "name", v)
         if isinstance(v, str) and v.startswith("$"):
-            return self.params[v[1:]]
+            return self._resolve(v, self.params, self.root.sourceline, "a value")
         return v
 
     def enum(self, v, line: int, what: str, allowed) -> str:
@@ -318,7 +346,8 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
                     if a not in entities:
                         r.fail(r.line("ManeuverGroup", name=mg.name), f"<EntityRef entityRef={a!r}> in maneuver group "
                                                                       f"{mg.name!r}: no such entity")
-                if int(r.num(mg.maxexecution, r.line("ManeuverGroup", name=mg.name), "maximumExecutionCount")) != 1:
+                if int(r.num(mg.maxexecution, r.line("ManeuverGroup", name=mg.name), "maximumExecutionCount",
+                             1.0)) != 1:
                     r.fail(r.line("ManeuverGroup", name=mg.name), "maximumExecutionCount other than 1 is outside "
                                                                   "gsim's subset")
                 for m in mg.maneuvers:
@@ -327,7 +356,7 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
                                                                       "subset (entities may come from catalogs)")
                     for ev in m.events:
                         line = r.line("Event", name=ev.name)
-                        if int(r.num(ev.maxexecution, line, "maximumExecutionCount")) != 1:
+                        if int(r.num(ev.maxexecution, line, "maximumExecutionCount", 1.0)) != 1:
                             r.fail(line, "maximumExecutionCount other than 1 is outside gsim's subset")
                         acts_ = tuple(_action(r, a.action, a.name, r.line("Action", name=a.name), entities)
                                       for a in ev.action)
@@ -374,8 +403,18 @@ def _scenario_object(r: _Reader, o, locations: Dict[str, str]) -> Entity:
         r.fail(line, f"<CatalogReference catalogName={name!r}>: no {name}.xosc in the file's entity catalog "
                      f"directories ({', '.join(str(d) for d in dirs) or 'none: give CatalogLocations'})")
     cat = _Reader(files[0], {}, catalog=True)
-    if not any(el.get("name") == entry for el in cat.root.find("Catalog")):
+    element = next((el for el in cat.root.find("Catalog") if el.get("name") == entry), None)
+    if element is None:
         r.fail(line, f"catalog {name!r} ({files[0]}) has no entry {entry!r}")
+    declared = {p.get("name") for p in element.iter("ParameterDeclaration")}
+    assigned = {}
+    for pa in ref.parameterassignments:
+        ref_name = str(pa.parameterref).lstrip("$")  # (OpenSCENARIO 1.0 files write the reference with its $)
+        if ref_name not in declared:
+            r.fail(line, f"<ParameterAssignment parameterRef={pa.parameterref!r}>: entry {entry!r} of catalog "
+                         f"{name!r} declares no such parameter ({', '.join(sorted(declared)) or 'none'})")
+        assigned[ref_name] = r.value(pa.value)
+    cat.check_entry(element, assigned)
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -385,13 +424,6 @@ def _scenario_object(r: _Reader, o, locations: Dict[str, str]) -> Entity:
                              f"{e})") from None
     if obj is None:
         r.fail(line, f"entry {entry!r} of catalog {name!r} is not a Vehicle, Pedestrian or MiscObject")
-    declared = {p.name: p.value for p in getattr(getattr(obj, "parameters", None), "parameters", [])}
-    for pa in ref.parameterassignments:
-        if pa.parameterref not in declared:
-            r.fail(line, f"<ParameterAssignment parameterRef={pa.parameterref!r}>: entry {entry!r} of catalog "
-                         f"{name!r} declares no such parameter ({', '.join(declared) or 'none'})")
-        declared[pa.parameterref] = r.value(pa.value)
-    cat.params = declared
     return _entity(cat, o.name, obj, cat.line(type(obj).__name__, name=entry))
 
 
@@ -452,6 +484,8 @@ def _dynamics(r: _Reader, td, line: int, what: str) -> Dict[str, object]:
     shape = r.enum(td.shape, line, f"{what} dynamicsShape", SHAPES)
     dim = r.enum(td.dimension, line, f"{what} dynamicsDimension", ("time", "rate", "distance"))
     value = r.num(td.value, line, f"{what} dynamics value")
+    if dim == "rate":  # (a rate's sign is the target's side: files write decelerations negative too)
+        value = abs(value)
     if value < 0 or (value == 0 and shape != "step" and dim == "rate"):
         r.fail(line, f"{what}: dynamics value {value:g} must be > 0 (>= 0 for time and distance)")
     return {"shape": shape, "dimension": dim, "value": value}
@@ -474,8 +508,9 @@ def _action(r: _Reader, a, name: str, line: int, entities) -> Action:
                                                            ("delta", "factor")),
                                       "continuous": str(r.value(a.continuous)).lower() in ("true", "1"),
                                       **_dynamics(r, a.transition_dynamics, line, "SpeedAction")}, line)
-    if isinstance(a, xosc.ControllerAction) and a.activateControllerAction is not None and \
-            a.assignControllerAction is None and a.overrideControllerValueAction is None:
+    if isinstance(a, xosc.ActivateControllerAction) or isinstance(a, xosc.ControllerAction) and \
+            a.activateControllerAction is not None and a.assignControllerAction is None and \
+            a.overrideControllerValueAction is None:
         return Action("controller", name, {}, line)  # (only activation: the ego's, whose controller is the agent)
     if isinstance(a, (xosc.AbsoluteLaneChangeAction, xosc.RelativeLaneChangeAction)):
         v = {"lane": int(r.num(a.lane, line, "target lane")),

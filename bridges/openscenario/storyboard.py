@@ -88,6 +88,7 @@ class EntityState:
     lat: Optional[_Running] = None
     traj: Optional[_Running] = None
     still_since: Optional[float] = None  # when it came to a stand (StandStillCondition)
+    reverse: bool = False  # it follows its lane against the lane's direction
 
 
 @dataclass
@@ -178,7 +179,7 @@ class Storyboard:
             x, y, h = self.lanes.lane_point(road, lane, s, off if lane < 0 else -off, where)
             return x, y, self._turn(h, v)
         ref = self.states[v["entity"]]
-        at = self._on_lane(ref.x, ref.y, ref.h) if ref.placed else None
+        at = self._lane_of(ref) if ref.placed else None
         if at is None:
             self.fail(p.line, f"a RelativeLanePosition from {v['entity']!r}, which is on no lane of the road")
         piece = self.lanes.pieces[at[0]]
@@ -208,15 +209,19 @@ class Storyboard:
         self._bind(who)
 
     def _bind(self, who: str) -> None:
-        """A vehicle follows the lane it is on from where it is now; anything else (or off the lanes) goes straight."""
+        """A vehicle follows the lane it is on from where it is now, in the direction it faces (a lane's direction or
+        against it); anything else (or off the lanes) goes straight."""
         st = self.states[who]
         st.path = None
-        if self.plan.entities[who].kind == "vehicle":
-            at = self._on_lane(st.x, st.y, st.h)
+        if self.plan.entities[who].kind == "vehicle" and self.lanes is not None:
+            at = self._lane_of(st)
             if at is not None:
-                st.path = self.lanes.chain(at[0])
-                u, t, _ = st.path.project((st.x, st.y))
-                st.u, st.t = float(u[0]), float(t[0])
+                self._follow_lane(st, at[0], at[3])
+
+    def _follow_lane(self, st: EntityState, piece: int, reverse: bool) -> None:
+        st.path, st.reverse = self.lanes.chain(piece, reverse), reverse
+        u, t, _ = st.path.project((st.x, st.y))
+        st.u, st.t = float(u[0]), float(t[0])
 
     def _drop_trajectory(self, who: str) -> None:
         """The entity's running trajectory ends; it goes on from where it is."""
@@ -290,6 +295,11 @@ class Storyboard:
             return
         # a trajectory: the path (a running lateral action ends), and with a Timing the speed too
         run = self.trajectory(a, event)
+        if not st.placed:  # (an entity Init sets on a trajectory starts at its start)
+            x0, y0 = (run.xy[0] if run.times is not None else run.path.xy[0])
+            h0 = run.headings[0] if run.headings is not None else math.atan2(
+                *(np.diff(run.xy[:2] if run.times is not None else run.path.xy[:2], axis=0)[0][::-1]))
+            st.x, st.y, st.h, st.placed = float(x0), float(y0), float(h0), True
         for r in (st.lat, st.traj, st.long if run.times is not None else None):
             if r is not None:
                 self._end_action(r.action.name)
@@ -305,18 +315,26 @@ class Storyboard:
         ref = self.states[v["relative_to"]].speed
         return max(0.0, ref + v["speed"] if v["value_type"] == "delta" else ref * v["speed"])
 
+    def _lane_of(self, st: EntityState):
+        """(piece, arc length, lateral offset, against the lane's direction) of the lane an entity drives, or None."""
+        at = self._on_lane(st.x, st.y, st.h)
+        if at is not None:
+            return (*at, False)
+        at = self._on_lane(st.x, st.y, st.h + math.pi)
+        return None if at is None else (*at, True)
+
     def _retarget(self, who: str, st: EntityState, a: Action) -> None:
-        """A lane change's target lane chain; the entity's u and t re-expressed on it."""
-        here = self._on_lane(st.x, st.y, st.h)
+        """A lane change's target lane chain (left and right as the entity drives); the entity's u and t re-expressed
+        on it."""
+        here = self._lane_of(st)
         if here is None:
             self.fail(a.line, f"{a.name}: {who!r} is on no lane of the road at t = {self.tau:.2f} s")
         piece = self.lanes.pieces[here[0]]
         if "entity" in a.v:
-            ref = self.states[a.v["entity"]]
-            at = self._on_lane(ref.x, ref.y, ref.h)
-            if at is None:
+            ref = self._lane_of(self.states[a.v["entity"]])
+            if ref is None:
                 self.fail(a.line, f"{a.name}: {a.v['entity']!r} is on no lane of the road")
-            target = self.lanes.neighbour(at[0], a.v["lane"])
+            target = self.lanes.neighbour(ref[0], -a.v["lane"] if ref[3] else a.v["lane"])
             lane = None if target is None else self.lanes.pieces[target].lane
         else:
             lane = a.v["lane"]
@@ -327,9 +345,9 @@ class Storyboard:
         if found is None:
             self.fail(a.line, f"{a.name}: road {piece.road!r} has no target lane "
                               f"{lane if lane is not None else ''} beside {who!r} at t = {self.tau:.2f} s")
-        st.path = self.lanes.chain(found)
-        u, t, _ = st.path.project((st.x, st.y))
-        st.u, st.t = float(u[0]), float(t[0])
+        p = self.lanes.pieces[found]
+        lane_h = float(p.centre.at(p.u_of_s(s))[1][0])
+        self._follow_lane(st, found, abs(math.remainder(st.h - lane_h, 2 * math.pi)) > math.pi / 2)
 
     def trajectory(self, a: Action, event: Optional[str] = None) -> _Running:
         """A FollowTrajectoryAction's trajectory from now: ``times`` (simulation s), ``xy`` and ``headings`` at its
@@ -600,7 +618,7 @@ class Storyboard:
         sa = self.states[a]
         h = sa.h
         if system in ("lane", "road"):
-            at = self._on_lane(sa.x, sa.y, sa.h)
+            at = self._lane_of(sa)
             if at is not None:
                 h = float(self.lanes.pieces[at[0]].centre.at(at[1])[1][0])
         ca = np.array(self.box_centre(a))
