@@ -684,3 +684,18 @@ def test_a_file_with_expressions_negative_rates_and_an_empty_trailer_plays(loop_
     sb, states = play(path, lanes, parked_ego, 3.0)
     speed = {round(t, 1): s["braker"][3] for t, s in states}
     assert speed[1.0] == pytest.approx(6.0) and speed[1.6] == pytest.approx(4.0) and speed[2.6] == pytest.approx(0.0)
+
+
+def test_a_storys_state_is_its_acts(loop_street, roads, tmp_path):
+    """A story starts with its first act and is running while its acts run; an event waiting for the story's start
+    transition starts at the next step."""
+    lanes = LaneMap.read(roads / "one" / "road.xodr")
+    started = xosc.ValueTrigger("story_on", 0, xosc.ConditionEdge.none, xosc.StoryboardElementStateCondition(
+        xosc.StoryboardElementType.story, "story", xosc.StoryboardElementState.startTransition))
+    path = write(tmp_path / "story.xosc", loop_street, {"ego": car(), "a": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("a", xosc.TeleportAction(xosc.WorldPosition(20.0, -1.75, 0.0, 0.0)))],
+                 [("go", "a", [("go", step_speed(3.0))], started)])
+    sb, states = play(path, lanes, parked_ego, 1.0)
+    assert sb.started[("story", "story")] == 0.0 and sb.started[("event", "go")] == pytest.approx(0.1)
+    assert ("story", "story") in sb.ended  # (its one act has ended: its event's action is done)

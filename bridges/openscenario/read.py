@@ -46,7 +46,7 @@ MAX_LENGTH_M = 10_000.0  # a trajectory or road longer than this is refused (its
 EDGES = ("none", "rising", "falling", "risingOrFalling")
 RULES = ("greaterThan", "lessThan", "equalTo", "greaterOrEqual", "lessOrEqual", "notEqualTo")
 PRIORITIES = ("override", "overwrite", "skip", "parallel")
-ELEMENTS = ("act", "maneuverGroup", "maneuver", "event", "action")
+ELEMENTS = ("story", "act", "maneuverGroup", "maneuver", "event", "action")
 STATES = ("startTransition", "endTransition", "stopTransition", "runningState", "completeState", "standbyState")
 DISTANCES = ("longitudinal", "lateral", "cartesianDistance", "euclidianDistance")
 
@@ -109,6 +109,7 @@ class Act:
     start: Trigger
     stop: Trigger
     events: Tuple[Event, ...]
+    story: str = ""
 
 
 @dataclass
@@ -374,7 +375,7 @@ def read_plan(path, params: Optional[Dict[str, str]] = None, ego: Optional[str] 
                             continue
                         events.append(Event(ev.name, m.name, mg.name, actors,
                                             r.enum(ev.priority, line, "priority", PRIORITIES), acts_, trigger, line))
-            acts.append(Act(act.name, start, _trigger(r, act.stoptrigger, entities), tuple(events)))
+            acts.append(Act(act.name, start, _trigger(r, act.stoptrigger, entities), tuple(events), story.name))
     stop = _trigger(r, sc.storyboard.stoptrigger, entities)
     _check_names(r, acts)
     _check_references(r, acts, stop)
@@ -695,7 +696,7 @@ def _check_references(r: _Reader, acts: List[Act], stop: Trigger) -> None:
     names = {"act": {a.name for a in acts}, "event": {e.name for a in acts for e in a.events},
              "action": {x.name for a in acts for e in a.events for x in e.actions},
              "maneuver": {e.maneuver for a in acts for e in a.events},
-             "maneuverGroup": {e.group for a in acts for e in a.events}}
+             "maneuverGroup": {e.group for a in acts for e in a.events}, "story": {a.story for a in acts}}
     for t in _triggers(acts, stop):
         for g in t:
             for c in g:

@@ -503,6 +503,12 @@ class Storyboard:
                     for a in ev.actions:
                         self._begin(who, a, ev.name)
             self._close(act)
+        for story in {a.story for a in plan.acts}:  # a story runs from its first act's start to its last act's end
+            acts = [("act", a.name) for a in plan.acts if a.story == story]
+            if any(k in self.started for k in acts):
+                self._mark(self.started, ("story", story))
+            if all(k in self.ended for k in acts):
+                self._mark(self.ended, ("story", story))
 
     def _stop_event(self, ev) -> None:
         if ("event", ev.name) in self.ended:
