@@ -699,3 +699,27 @@ def test_a_storys_state_is_its_acts(loop_street, roads, tmp_path):
     sb, states = play(path, lanes, parked_ego, 1.0)
     assert sb.started[("story", "story")] == 0.0 and sb.started[("event", "go")] == pytest.approx(0.1)
     assert ("story", "story") in sb.ended  # (its one act has ended: its event's action is done)
+
+
+def test_a_car_keeps_its_distance_and_its_time_gap_behind_another(loop_street, roads, tmp_path):
+    """LongitudinalDistanceAction: without constraints a car keeps 10 m (centre to centre) behind the ego as the ego
+    drives at 5 m/s; with maxAcceleration 2 m/s^2 another closes on a 1.5 s time gap gradually and keeps it."""
+    lanes = LaneMap.read(roads / "one" / "road.xodr")
+    keep = xosc.LongitudinalDistanceAction("ego", freespace=False, distance=10.0)
+    gap = xosc.LongitudinalDistanceAction("ego", freespace=False, timeGap=1.5, max_acceleration=2.0,
+                                          max_deceleration=6.0, max_speed=30.0)
+    path = write(tmp_path / "keep.xosc", loop_street, {"ego": car(), "a": car(), "b": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("a", xosc.TeleportAction(xosc.WorldPosition(-25.0, -9.0, 0.0, 0.0))),  # (off the road: they
+                  ("b", xosc.TeleportAction(xosc.WorldPosition(-40.0, -12.0, 0.0, 0.0)))],  # go straight on)
+                 [("keep", "a", [("keep", keep)], EX.at_start("k")), ("gap", "b", [("gap", gap)], EX.at_start("g"))],
+                 stop_s=30.0)
+    sb, states = play(path, lanes, lambda t: (5.0 * t, -1.6, 0.0, 5.0), 20.0)
+    at = {round(t, 1): s for t, s in states}
+    behind = lambda t, who="a": 5.0 * t - at[t][who][0]  # noqa: E731  (along x: both box centres 1.3 m ahead)
+    assert behind(0.1) == pytest.approx(10.0, abs=1e-6) and behind(5.0) == pytest.approx(10.0, abs=1e-6)
+    assert at[5.0]["a"][3] == pytest.approx(5.0, abs=1e-6)
+    speeds = np.array([s["b"][3] for _, s in states])
+    assert np.diff(speeds).max() <= 2.0 * 0.1 + 1e-9  # never faster than its constraint
+    assert at[20.0]["b"][3] == pytest.approx(5.0, abs=0.01)
+    assert behind(20.0, "b") == pytest.approx(1.5 * 5.0, abs=0.05)  # 1.5 s at 5 m/s behind

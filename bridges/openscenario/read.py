@@ -28,7 +28,8 @@ Controller
 Storyboard Init Actions GlobalAction EntityAction DeleteEntityAction Private PrivateAction TeleportAction Position
 WorldPosition LanePosition RelativeLanePosition
 RelativeObjectPosition Orientation LongitudinalAction SpeedAction SpeedActionDynamics SpeedActionTarget
-AbsoluteTargetSpeed RelativeTargetSpeed ControllerAction ActivateControllerAction LateralAction LaneChangeAction
+AbsoluteTargetSpeed RelativeTargetSpeed LongitudinalDistanceAction DynamicConstraints ControllerAction
+ActivateControllerAction LateralAction LaneChangeAction
 LaneChangeActionDynamics LaneChangeTarget RelativeTargetLane
 AbsoluteTargetLane LaneOffsetAction LaneOffsetActionDynamics LaneOffsetTarget AbsoluteTargetLaneOffset RoutingAction
 FollowTrajectoryAction TrajectoryRef Trajectory Shape Polyline Vertex Clothoid TimeReference Timing None
@@ -509,6 +510,25 @@ def _action(r: _Reader, a, name: str, line: int, entities) -> Action:
                                                            ("delta", "factor")),
                                       "continuous": str(r.value(a.continuous)).lower() in ("true", "1"),
                                       **_dynamics(r, a.transition_dynamics, line, "SpeedAction")}, line)
+    if isinstance(a, xosc.LongitudinalDistanceAction):  # keep a distance or a time gap to an entity
+        dc = a.dynamic_constraint
+        limit = lambda x, what: None if dc is None or getattr(dc, x, None) is None else r.num(  # noqa: E731
+            getattr(dc, x), line, what)
+        v = {"entity": _ref(r, a.target, line, entities),
+             "distance": None if a.distance is None else r.num(a.distance, line, "distance"),
+             "time_gap": None if a.timeGap is None else r.num(a.timeGap, line, "timeGap"),
+             "freespace": str(r.value(a.freespace)).lower() in ("true", "1"),
+             "continuous": str(r.value(a.continuous)).lower() in ("true", "1"),
+             "displacement": r.enum(a.displacement, line, "displacement",
+                                    ("trailingReferencedEntity", "leadingReferencedEntity", "any")),
+             "system": r.enum(a.coordinate_system, line, "coordinateSystem", ("entity", "lane", "road")),
+             "max_acc": limit("max_acceleration", "maxAcceleration"), "max_dec": limit("max_deceleration",
+                                                                                      "maxDeceleration"),
+             "max_speed": limit("max_speed", "maxSpeed")}
+        if (v["distance"] is None) == (v["time_gap"] is None) or min(x for x in (v["distance"], v["time_gap"])
+                                                                      if x is not None) < 0:
+            r.fail(line, "LongitudinalDistanceAction: give one of distance and timeGap, >= 0")
+        return Action("keep_distance", name, v, line)
     if isinstance(a, xosc.ActivateControllerAction) or isinstance(a, xosc.ControllerAction) and \
             a.activateControllerAction is not None and a.assignControllerAction is None and \
             a.overrideControllerValueAction is None:

@@ -254,6 +254,13 @@ class Storyboard:
             self._place(who, *self.position(v["position"]))
             self._end_action(a.name)
             return
+        if a.kind == "keep_distance":  # (a longitudinal action: it replaces the running one and a timed trajectory)
+            if st.long is not None:
+                self._end_action(st.long.action.name)
+            if st.traj is not None and st.traj.times is not None:
+                self._drop_trajectory(who)
+            st.long = _Running(a, event, tau)
+            return
         if a.kind == "speed":  # (it replaces a running speed change, and a timed trajectory, which sets the speed)
             if st.long is not None:
                 self._end_action(st.long.action.name)
@@ -307,6 +314,42 @@ class Storyboard:
         if run.times is not None:  # timed: where it is at this time, from now on
             st.long = None
             self._follow(who, st, 0.0, st.speed)
+
+    def _keep_distance(self, who: str, st: EntityState, dt: float) -> None:
+        """LongitudinalDistanceAction over the step: the speed that makes the gap to the entity (signed along the
+        heading: ahead positive) the one asked for at the step's end, within the action's DynamicConstraints (none:
+        exactly; with constraints, closing the error in about a second and, with a maxDeceleration, no faster than that
+        braking can still stop at the gap; a time gap is the reference's speed times it); a
+        continuous action keeps at it, another ends where it holds (within 0.1 m and 0.1 m/s)."""
+        r, v = st.long, st.long.action.v
+        ref = self.states[v["entity"]]
+        u = np.array([math.cos(st.h), math.sin(st.h)])
+        gap = float((np.array(self.box_centre(v["entity"])) - np.array(self.box_centre(who))) @ u)
+        if v["freespace"]:
+            gap -= math.copysign(0.5 * (self.plan.entities[who].size[0] + self.plan.entities[v["entity"]].size[0]),
+                                 gap)
+        ref_along = ref.speed * math.cos(ref.h - st.h)
+        want = v["distance"] if v["distance"] is not None else v["time_gap"] * max(ref_along, 0.0)
+        side = {"trailingReferencedEntity": 1.0, "leadingReferencedEntity": -1.0}.get(v["displacement"],
+                                                                                   1.0 if gap >= 0 else -1.0)
+        error = gap - side * want
+        constrained = any(v[k] is not None for k in ("max_acc", "max_dec", "max_speed"))
+        # unconstrained: the speed that closes the error in this step; constrained: in a second, and no faster than
+        # its braking can still stop the error at the gap
+        close = abs(error) / (max(1.0, dt) if constrained else max(dt, 1e-6))
+        if v["max_dec"] is not None:
+            close = min(close, math.sqrt(2.0 * v["max_dec"] * abs(error)))
+        speed = ref_along + math.copysign(close, error) if dt > 0 else st.speed
+        if v["max_acc"] is not None:
+            speed = min(speed, st.speed + v["max_acc"] * dt)
+        if v["max_dec"] is not None:
+            speed = max(speed, st.speed - v["max_dec"] * dt)
+        if v["max_speed"] is not None:
+            speed = min(speed, v["max_speed"])
+        st.speed = max(speed, 0.0)
+        if not v["continuous"] and abs(gap - side * want) < 0.1 and abs(st.speed - ref_along) < 0.1:
+            st.long = None
+            self._end_action(r.action.name)
 
     def _target_speed(self, v) -> float:
         """A speed action's target now: absolute, or from its entity's speed (plus a delta, times a factor)."""
@@ -393,7 +436,10 @@ class Storyboard:
         x0, y0 = st.x, st.y
         tau = self.tau
         v_before = st.speed
-        if st.long is not None:
+        if st.long is not None and st.long.action.kind == "keep_distance":
+            self._keep_distance(who, st, dt)
+            v_before = st.speed  # (its speed over the whole step: the gap it asked for at the step's end)
+        elif st.long is not None:
             r = st.long
             x = (tau - r.start) / r.span if r.span > 0 else 1.0
             target = self._target_speed(r.action.v)  # (a relative target moves with its entity)
