@@ -1,7 +1,8 @@
 """An OpenSCENARIO 1.0-1.3 file read into gsim's plan of it (`Plan`): checked against the standard's schema (the
 XSDs scenariogeneration ships, with xmlschema), then against gsim's subset (`SUBSET`, element by element: anything
-else is refused with its line), its parameters resolved (``--param NAME=VALUE`` overrides a declaration), then
-parsed with scenariogeneration (`xosc.ParseOpenScenario`) into the entities, the Init actions, the acts, events,
+else is refused with its line), its parameters and expressions resolved (``--param NAME=VALUE`` overrides a
+declaration), then parsed with scenariogeneration (`xosc.ParseOpenScenario`; entities from catalogs with its
+`CatalogReader`, the catalog's entry checked the same way) into the entities, the Init actions, the acts, events,
 actions and triggers the storyboard plays (`gsim.bridges.openscenario.storyboard`). Errors are `InputError`s of one
 line naming the file, the line and the element; nothing runs before the whole file is read.
 """

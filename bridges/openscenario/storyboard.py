@@ -9,21 +9,22 @@ triggers fire start (their actions from this time on; a teleport at once); the S
 
 What the actions do (docs/scenarios.md): SpeedAction: the speed goes from its value at the start to the target with the
 shape (step, linear, cubic, sinusoidal) over a time (dimension time), at a mean rate (rate: m/s^2) or over a distance
-(distance: 2 d / (v0 + v1) seconds). LaneChangeAction: the target lane (absolute id on the entity's road, or relative to
-an entity's lane, + left) is reached with the shape over a time, a distance travelled, or at a lateral rate (m/s); the
-entity then follows that lane, at the target lane offset. LaneOffsetAction: the offset from the lane's centre (+ left of
-travel) with the shape, in the time at which the shape's peak lateral acceleration is maxLateralAcc (linear: a bang-bang
-profile's). FollowTrajectoryAction: with a Timing the entity is where the trajectory is at each time (absolute:
-simulation time, relative: since the action started; times scaled and offset), without one it travels the trajectory at
-its speed; heading along the trajectory (a Polyline's vertex headings where every vertex has one); when it ends (or is
-replaced) a vehicle on a lane follows that lane, anything else goes straight on. A new action on an entity replaces its
-running one of the same kind (longitudinal, lateral; a trajectory is lateral, and longitudinal too with a Timing). Event
-priorities: override (and 1.0's overwrite) ends the maneuver's other running events, skip does not start an event while
-another of its maneuver runs, parallel runs alongside. Conditions: edges (rising, falling, risingOrFalling, none)
-against the previous step, delays (the value that many seconds ago), triggering entities any or all;
-distances (RelativeDistance, Distance, TimeHeadway, TimeToCollision) between box centres, or between the boxes' extents
-along the measured axis (freespace), along the entity's heading (entity coordinates) or its lane's (lane, road); a
-headway is that distance over the triggering entity's speed, a time to collision the distance over the speed at which
+(distance: 2 d / (v0 + v1) seconds); a relative target follows its entity's speed. LongitudinalDistanceAction: the speed
+that keeps a distance or time gap to an entity (`_keep_distance`). LaneChangeAction: the target lane (absolute id on the
+entity's road, or relative to an entity's lane, + left) is reached with the shape over a time, a distance travelled, or
+at a lateral rate (m/s); the entity then follows that lane, at the target lane offset. LaneOffsetAction: the offset from
+the lane's centre (+ left of travel) with the shape, in the time at which the shape's peak lateral acceleration is
+maxLateralAcc (linear: a bang-bang profile's). FollowTrajectoryAction: with a Timing the entity is where the trajectory
+is at each time (absolute: simulation time, relative: since the action started; times scaled and offset), without one it
+travels the trajectory at its speed; heading along the trajectory (a Polyline's vertex headings where every vertex has
+one); when it ends (or is replaced) a vehicle on a lane follows that lane, anything else goes straight on. A new action
+on an entity replaces its running one of the same kind (longitudinal, lateral; a trajectory is lateral, and longitudinal
+too with a Timing). Event priorities: override (and 1.0's overwrite) ends the maneuver's other running events, skip does
+not start an event while another of its maneuver runs, parallel runs alongside. Conditions: edges (rising, falling,
+risingOrFalling, none) against the previous step, delays (the value that many seconds ago), triggering entities any or
+all; distances (RelativeDistance, Distance, TimeHeadway, TimeToCollision) between box centres, or between the boxes'
+extents along the measured axis (freespace), along the entity's heading (entity coordinates) or its lane's (lane, road);
+a headway is that distance over the triggering entity's speed, a time to collision the distance over the speed at which
 the two close along the line between them (infinite when they do not); speeds are along the heading.
 """
 from __future__ import annotations
