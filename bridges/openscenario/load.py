@@ -123,8 +123,8 @@ def _yaw_deg(h: float) -> float:
     return math.degrees(math.remainder(h, 2 * math.pi))
 
 
-def read_xosc(path, params=None, ego: Optional[str] = None, scene: Optional[str] = None, step_s: float = 0.1,
-              progress: bool = False) -> Imported:
+def read_xosc(path, params=None, ego: Optional[str] = None, scene: Optional[str] = None,
+              step_s: float = 0.1) -> Imported:
     """An OpenSCENARIO file as a gsim closed-loop scenario (see the module docstring)."""
     from gsim.bridges.closed_loop.scenario import LoopScenario
     from gsim.editing import AssetLibrary
