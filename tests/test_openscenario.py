@@ -20,6 +20,7 @@ from gsim.bridges.openscenario.load import read_xosc  # noqa: E402
 from gsim.bridges.openscenario.read import read_plan  # noqa: E402
 from gsim.bridges.openscenario.storyboard import Storyboard  # noqa: E402
 from gsim.cli import main  # noqa: E402
+from gsim.errors import InputError  # noqa: E402
 from support import scenario  # noqa: E402
 
 CAR_BOX = (1.9, 4.6, 1.5, 1.3, 0.0, 0.75)  # width, length, height, centre x, y, z (the reference point: rear axle)
@@ -422,6 +423,19 @@ def test_an_opendrive_road_written_by_scenariogeneration_has_its_lanes_where_the
     assert heading == pytest.approx(h, abs=0.02 * 0.5 / 2 + 1e-6)  # (a chord's heading: the samples are 0.5 m apart)
     minus1 = next(i for i, p in enumerate(lanes.pieces) if p.lane == -1)
     assert [lanes.pieces[lanes.neighbour(minus1, k)].lane for k in (1, 2, -1)] == [1, 2, -2]
+    # road positions: on the reference line's analytic places; relative ones from an entity's place on its road
+    reference = np.array([50 + 50 * math.sin(0.25), 50 - 50 * math.cos(0.25)])
+    assert lanes.road_point("1", 62.5, 0.0, "t")[:2] == pytest.approx(tuple(reference), abs=2e-3)
+    assert lanes.road_point("1", 20.0, -1.75, "t") == pytest.approx((20.0, -1.75, 0.0), abs=1e-6)
+    with pytest.raises(InputError, match="s = 500 m is off road '1'"):
+        lanes.road_point("1", 500.0, 0.0, "t")
+    plan = read_plan(write(tmp_path / "road.xosc", None, {"ego": car(), "a": car(), "b": car()},
+                           [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.75, 0.0, 0.0))),
+                            ("a", xosc.TeleportAction(xosc.RoadPosition(20.0, -1.75, 1))),
+                            ("b", xosc.TeleportAction(xosc.RelativeRoadPosition(10.0, 3.5, "a")))], stop_s=None))
+    sb = Storyboard(plan, lanes)
+    sb.start(0, (0.0, -1.75, 0.0, 0.0))
+    assert sb.pose("b")[:3] == pytest.approx((30.0, 1.75, 0.0), abs=1e-6)
     assert lanes.neighbour(minus1, 3) is None
     plan = read_plan(write(tmp_path / "end.xosc", None, {"ego": car(), "a": car()},
                            [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.75, 0.0, 0.0))),
@@ -506,12 +520,13 @@ def test_more_bad_files_are_refused_with_their_line(loop_street, roads, tmp_path
 
 def test_speed_standstill_headway_ttc_and_distance_conditions(loop_street, roads, tmp_path):
     """Each condition fires at the first step where its value passes the threshold: a car speeding up at 2 m/s^2
-    (Speed, RelativeSpeed against the ego's 5 m/s), one standing (StandStill 1 s), the ego driving at 5 m/s towards a
-    standing car 50 m ahead (TimeHeadway 2.95 s: 14.75 m, TimeToCollision 1.95 s: 9.75 m, centre to centre) and the car
-    reaching a position (Distance 3 m)."""
+    (Speed, Acceleration, RelativeSpeed against the ego's 5 m/s), one standing (StandStill 1 s), the ego driving at
+    5 m/s towards a standing car 50 m ahead (TimeHeadway 2.95 s: 14.75 m, TimeToCollision 1.95 s: 9.75 m, centre to
+    centre) and the car reaching a position (Distance 3 m)."""
     lanes = LaneMap.read(roads / "one" / "road.xodr")
     on = lambda name, cond, who: xosc.EntityTrigger(name, 0, xosc.ConditionEdge.none, cond, who)  # noqa: E731
     conds = {"fast": on("fast", xosc.SpeedCondition(4.9, xosc.Rule.greaterThan), "a"),
+             "pushing": on("pushing", xosc.AccelerationCondition(1.5, xosc.Rule.greaterThan), "a"),
              "faster": on("faster", xosc.RelativeSpeedCondition(0.1, xosc.Rule.greaterThan, "ego"), "a"),
              "still": on("still", xosc.StandStillCondition(1.0), "s"),
              "headway": on("headway", xosc.TimeHeadwayCondition("w", 2.95, xosc.Rule.lessThan, freespace=False), "ego"),
@@ -537,6 +552,7 @@ def test_speed_standstill_headway_ttc_and_distance_conditions(loop_street, roads
     # a's speed after t s is 2 t (from 0 at time 0); its box centre 1.3 m ahead of its reference point
     assert when["fast"] == pytest.approx(2.5, abs=1e-6) and when["faster"] == pytest.approx(2.6, abs=1e-6)
     assert when["still"] == pytest.approx(1.0, abs=1e-6)
+    assert when["pushing"] == pytest.approx(0.1, abs=1e-6)  # (its acceleration over the first step)
     assert when["headway"] == pytest.approx(7.1, abs=1e-6) and when["ttc"] == pytest.approx(8.1, abs=1e-6)
     x_at = lambda t: -40.0 + 1.3 + t * t  # noqa: E731  (1/2 a t^2 with a = 2)
     t = when["near"]

@@ -134,8 +134,9 @@ def _poly(records, s: np.ndarray, path: Path, key: str = "s") -> np.ndarray:
 class LaneMap:
     """The lanes of an OpenDRIVE file (see the module docstring)."""
 
-    def __init__(self, pieces: List[LanePiece], path: Path):
+    def __init__(self, pieces: List[LanePiece], path: Path, references: Optional[Dict[str, tuple]] = None):
         self.pieces, self.path = pieces, path
+        self.references = references or {}  # road id -> (s (M,), reference line x-y (M,2), heading (M,))
         self.by_key: Dict[Tuple[str, int], List[LanePiece]] = {}
         for p in pieces:
             self.by_key.setdefault((p.road, p.lane), []).append(p)
@@ -170,14 +171,35 @@ class LaneMap:
         if root.tag != "OpenDRIVE":
             raise InputError(f"{path}:{root.sourceline}: expected <OpenDRIVE> at the top, found <{root.tag}>")
         pieces: List[LanePiece] = []
+        references: Dict[str, tuple] = {}
         for road in root.iter("road"):
             if road.get("rule", "RHT") != "RHT":
                 raise InputError(f"{path}:{road.sourceline}: road {road.get('id')} is left-hand traffic; gsim reads "
                                  f"right-hand traffic roads")
-            pieces += _road_pieces(road, path)
+            more, references[road.get("id")] = _road_pieces(road, path)
+            pieces += more
         if not pieces:
             raise InputError(f"{path}: no lanes in the file")
-        return LaneMap(pieces, path)
+        return LaneMap(pieces, path, references)
+
+    def road_point(self, road: str, s: float, t: float, where: str) -> Tuple[float, float, float]:
+        """World x, y and the road's heading at its s, ``t`` m to the left of its reference line (a RoadPosition)."""
+        if road not in self.references:
+            raise InputError(f"{where}: road {road!r} is not in {self.path.name} (roads: "
+                             f"{', '.join(sorted(self.references))})")
+        ss, xy, hdg = self.references[road]
+        if not ss[0] - 1e-6 <= s <= ss[-1] + 1e-6:
+            raise InputError(f"{where}: s = {s:g} m is off road {road!r} (0 to {ss[-1]:g} m)")
+        h = float(np.interp(s, ss, hdg))
+        x, y = float(np.interp(s, ss, xy[:, 0])), float(np.interp(s, ss, xy[:, 1]))
+        return x - t * math.sin(h), y + t * math.cos(h), h
+
+    def road_coords(self, road: str, xy) -> Tuple[float, float]:
+        """A point's s along road ``road``'s reference line and t to its left."""
+        ss, line, _ = self.references[road]
+        u, t, _ = Polyline(line, f"road {road}").project(np.asarray(xy, float)[None])
+        arc = np.r_[0.0, np.cumsum(np.linalg.norm(np.diff(line, axis=0), axis=1))]
+        return float(np.interp(u[0], arc, ss)), float(t[0])
 
     def find(self, road: str, lane: int, s: float, where: str) -> int:
         """The index of the piece of lane ``lane`` of road ``road`` holding the road's ``s``; InputError (naming
@@ -253,7 +275,8 @@ def _lane_id(el, path: Path) -> int:
         raise InputError(f"{path}:{el.sourceline}: <lane> id={el.get('id')!r} is not an integer") from None
 
 
-def _road_pieces(road, path: Path) -> List[LanePiece]:
+def _road_pieces(road, path: Path) -> Tuple[List[LanePiece], tuple]:
+    """A road's lane pieces and its reference line (s, x-y, heading)."""
     rid = road.get("id")
     if rid is None:
         raise InputError(f"{path}:{road.sourceline}: <road> has no id")
@@ -299,4 +322,4 @@ def _road_pieces(road, path: Path) -> List[LanePiece]:
                     continue  # a lane of no length (a junction's degenerate connection)
                 centre = Polyline(c[keep], f"{path.name} road {rid} lane {lane}")
                 out.append(LanePiece(rid, lane, k, centre, w[keep], at_s[keep], el.get("type", "driving")))
-    return out
+    return out, (s, xy, np.unwrap(hdg))

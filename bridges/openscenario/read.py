@@ -27,7 +27,7 @@ SceneGraphFile Entities ScenarioObject Vehicle Pedestrian MiscObject BoundingBox
 FrontAxle RearAxle AdditionalAxle TrailerHitch TrailerCoupler Trailer TrailerRef Properties Property ObjectController
 Controller
 Storyboard Init Actions GlobalAction EntityAction DeleteEntityAction Private PrivateAction TeleportAction Position
-WorldPosition LanePosition RelativeLanePosition
+WorldPosition LanePosition RelativeLanePosition RoadPosition RelativeRoadPosition
 RelativeObjectPosition Orientation LongitudinalAction SpeedAction SpeedActionDynamics SpeedActionTarget
 AbsoluteTargetSpeed RelativeTargetSpeed LongitudinalDistanceAction DynamicConstraints ControllerAction
 ActivateControllerAction LateralAction LaneChangeAction
@@ -38,7 +38,7 @@ TrajectoryFollowingMode Story Act ManeuverGroup Actors EntityRef Maneuver Event 
 ConditionGroup Condition ByValueCondition ByEntityCondition TriggeringEntities EntityCondition SimulationTimeCondition
 StoryboardElementStateCondition ReachPositionCondition RelativeDistanceCondition TraveledDistanceCondition
 DistanceCondition TimeHeadwayCondition TimeToCollisionCondition TimeToCollisionConditionTarget SpeedCondition
-RelativeSpeedCondition StandStillCondition
+RelativeSpeedCondition StandStillCondition AccelerationCondition
 """.split())
 VEHICLE_CATEGORIES = {"car": "car", "van": "car", "truck": "truck", "trailer": "truck", "semitrailer": "truck",
                       "bus": "bus", "motorbike": "motorcycle", "bicycle": "cyclist"}
@@ -468,6 +468,12 @@ def _position(r: _Reader, p, line: int, entities) -> Position:
         return Position("lane", {"road": str(r.value(p.road_id)), "lane": int(r.num(p.lane_id, line, "laneId")),
                                  "s": r.num(p.s, line, "LanePosition s"),
                                  "offset": r.num(p.offset, line, "LanePosition offset", 0.0), **ori}, line)
+    if isinstance(p, xosc.RoadPosition):
+        return Position("road", {"road": str(r.value(p.id)), "s": r.num(p.s, line, "RoadPosition s"),
+                                 "t": r.num(p.t, line, "RoadPosition t"), **ori}, line)
+    if isinstance(p, xosc.RelativeRoadPosition):
+        return Position("relative_road", {"entity": _ref(r, p.target, line, entities),
+                                          "ds": r.num(p.ds, line, "ds"), "dt": r.num(p.dt, line, "dt"), **ori}, line)
     if isinstance(p, (xosc.RelativeLanePosition, xosc.RelativeObjectPosition)):
         ent = r.value(getattr(p, "entity", None) or getattr(p, "target", None))
         if ent not in entities:
@@ -480,7 +486,7 @@ def _position(r: _Reader, p, line: int, entities) -> Position:
                                           "ds": r.num(ds, line, "ds", 0.0),
                                           "offset": r.num(p.offset, line, "offset", 0.0), **ori}, line)
     r.fail(line, f"a {type(p).__name__} is outside gsim's subset (WorldPosition, LanePosition, RelativeLanePosition, "
-                 f"RelativeObjectPosition)")
+                 f"RoadPosition, RelativeRoadPosition, RelativeObjectPosition)")
 
 
 def _dynamics(r: _Reader, td, line: int, what: str) -> Dict[str, object]:
@@ -657,6 +663,12 @@ def _trigger(r: _Reader, t, entities) -> Trigger:
                 kind = "speed"
                 if isinstance(ec, xosc.RelativeSpeedCondition):
                     v["entity"], kind = _ref(r, ec.entity, line, entities), "relative_speed"
+            elif isinstance(ec, xosc.AccelerationCondition):
+                if ec.direction is not None and r.value(ec.direction) != "longitudinal":
+                    r.fail(line, f"AccelerationCondition direction {r.value(ec.direction)!r}: gsim reads the "
+                                 f"acceleration along the heading")
+                v, kind = {"value": r.num(ec.value, line, "value"), "rule": r.enum(ec.rule, line, "rule", RULES)}, \
+                    "acceleration"
             elif isinstance(ec, xosc.StandStillCondition):
                 v, kind = {"value": r.num(ec.duration, line, "duration")}, "standstill"
             else:

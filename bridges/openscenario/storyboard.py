@@ -90,6 +90,7 @@ class EntityState:
     traj: Optional[_Running] = None
     still_since: Optional[float] = None  # when it came to a stand (StandStillCondition)
     reverse: bool = False  # it follows its lane against the lane's direction
+    accel: float = 0.0  # over the last step (AccelerationCondition)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class Storyboard:
         self.stopped = False
         self.stop_time: Optional[float] = None
         self.tau = 0.0
+        self._dt = 0.0
         self.t0_us = 0
 
     # ------------------------------------------------------------------ the run
@@ -132,7 +134,7 @@ class Storyboard:
 
     def step(self, t_us: int, ego) -> None:
         tau = (int(t_us) - self.t0_us) * 1e-6
-        dt = tau - self.tau
+        dt = self._dt = tau - self.tau
         self.tau = tau
         for who, st in self.states.items():
             if who != self.plan.ego:
@@ -175,6 +177,18 @@ class Storyboard:
         if self.lanes is None:
             self.fail(p.line, "a lane position, but the scenario has no road (RoadNetwork LogicFile)")
         where = f"{self.plan.path}:{p.line}"
+        if p.kind == "road":
+            x, y, h = self.lanes.road_point(v["road"], v["s"], v["t"], where)
+            return x, y, self._turn(h, v)
+        if p.kind == "relative_road":  # ds, dt from the entity's place on the road of the lane it drives
+            ref = self.states[v["entity"]]
+            at = self._lane_of(ref) if ref.placed else None
+            if at is None:
+                self.fail(p.line, f"a RelativeRoadPosition from {v['entity']!r}, which is on no lane of the road")
+            road = self.lanes.pieces[at[0]].road
+            s, t = self.lanes.road_coords(road, (ref.x, ref.y))
+            x, y, h = self.lanes.road_point(road, s + v["ds"], t + v["dt"], where)
+            return x, y, self._turn(h, v)
         if p.kind == "lane":
             road, lane, s, off = v["road"], v["lane"], v["s"], v["offset"]
             x, y, h = self.lanes.lane_point(road, lane, s, off if lane < 0 else -off, where)
@@ -244,6 +258,7 @@ class Storyboard:
         x, y, h, v = map(float, ego)
         if st.placed:
             st.odometer += math.hypot(x - st.x, y - st.y)
+            st.accel = (v - st.speed) / self._dt if self._dt > 0 else 0.0
         st.x, st.y, st.h, st.speed, st.placed = x, y, h, v, True
         self._still(st)
 
@@ -434,7 +449,7 @@ class Storyboard:
     def _move(self, who: str, st: EntityState, dt: float) -> None:
         if not st.placed:
             return
-        x0, y0 = st.x, st.y
+        x0, y0, speed0 = st.x, st.y, st.speed
         tau = self.tau
         v_before = st.speed
         if st.long is not None and st.long.action.kind == "keep_distance":
@@ -476,6 +491,7 @@ class Storyboard:
             st.x += d * math.cos(st.h)
             st.y += d * math.sin(st.h)
         st.odometer += math.hypot(st.x - x0, st.y - y0)
+        st.accel = (st.speed - speed0) / dt if dt > 0 else 0.0
         self._still(st)
 
     def _still(self, st: EntityState) -> None:
@@ -637,6 +653,8 @@ class Storyboard:
             return st.odometer >= v["value"]
         if c.kind == "standstill":
             return st.still_since is not None and self.tau - st.still_since >= v["value"] - 1e-9
+        if c.kind == "acceleration":
+            return RULES[v["rule"]](st.accel, v["value"])
         if c.kind in ("speed", "relative_speed"):
             value = st.speed - (self.states[v["entity"]].speed if c.kind == "relative_speed" else 0.0)
             return RULES[v["rule"]](value, v["value"])
