@@ -44,20 +44,17 @@ driving log) and run.mcap (Foxglove). A failing run keeps every completed step. 
 def cmd_closed_loop(a) -> int:
     from .closed_loop.agents import load_agent
     from .closed_loop.runner import run, run_batch
-    from .closed_loop.scenario import SHIPPED, ensure_demo, load_loop_scenario
+    from .closed_loop.scenario import SHIPPED, ensure_demo
     agents = a.agent.split(",") if not a.agent.startswith("exec:") else [a.agent]
     seeds = a.seed
     options = {"deadline_s": a.egodriver_deadline_s, "image_format": a.egodriver_image}
     for name in agents:
         load_agent(name, **options)  # bad input fails before anything starts
     scenarios = []
+    from .openscenario.load import loop_scenario
     for sc in a.scenario:
-        if sc.endswith(".xosc"):  # OpenSCENARIO: its storyboard drives its actors, live
-            from .openscenario.load import loop_scenario
-            loaded = loop_scenario(sc, _params(a), a.ego, a.scene)
-            scenarios.append(loaded.with_dynamics(a.dynamics, a.vehicle).with_storyboard(loaded.storyboard))
-            continue
-        loaded = load_loop_scenario(sc)
+        _xosc_options_only_for_xosc(a, sc)
+        loaded = loop_scenario(sc, _params(a), a.ego, a.scene)  # (an .xosc's storyboard drives its actors, live)
         if sc in SHIPPED:
             ensure_demo(loaded)
         scenarios.append(loaded.with_dynamics(a.dynamics, a.vehicle))
@@ -78,14 +75,18 @@ def _params(a) -> dict:
     return parse_params(a.param)
 
 
+def _xosc_options_only_for_xosc(a, path: str) -> None:
+    if not path.endswith(".xosc") and (a.param or a.ego or a.scene):
+        raise InputError(f"{path}: --param, --ego and --scene are for OpenSCENARIO files (.xosc)")
+
+
 def read_scenario_arg(a):
     """gsim scenario validate/apply/render's reader of FILE: OpenSCENARIO (.xosc, with --param, --ego, --scene) or
     a scenario YAML."""
     if a.file.endswith(".xosc"):
         from .openscenario.load import read_xosc
         return read_xosc(a.file, _params(a), a.ego, a.scene).scenario
-    if a.param or a.ego or a.scene:
-        raise InputError(f"{a.file}: --param, --ego and --scene are for OpenSCENARIO files (.xosc)")
+    _xosc_options_only_for_xosc(a, a.file)
     from gsim.editing.scenario import load_scenario
     return load_scenario(a.file)
 

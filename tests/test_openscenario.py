@@ -378,6 +378,9 @@ def test_bad_files_are_one_line_each_and_nothing_runs(loop_street, roads, tmp_pa
     _bad(tmp_path, capsys, variant("outside", _scene(text, "../not_a_scene")), "SceneGraphFile")
     _bad(tmp_path, capsys, good, "declares no parameter 'brake'", "--param", "brake=1")
     _bad(tmp_path, capsys, good, "--param x: expected NAME=VALUE", "--param", "x")
+    yaml_file = scenario(loop_street, "plain")  # (a scenario YAML takes no OpenSCENARIO options)
+    assert main(["closed-loop", yaml_file, "--param", "x=1", "--out", str(tmp_path / "never")]) == 2
+    assert "--param, --ego and --scene are for OpenSCENARIO files" in capsys.readouterr().err
 
 
 def _scene(text, new):
@@ -569,6 +572,7 @@ def test_gsim_serve_serves_an_openscenario_file_whose_sessions_play_its_storyboa
     shutil.copy(roads / "one" / "road.xodr", tmp_path / "road.xodr")
     served = load_served(braking(tmp_path, loop_street))
     assert served.id == "braking" and served.kind == "scenario" and served.scenario.storyboard is not None
+    assert served.scenario.with_dynamics("ks").storyboard is served.scenario.storyboard  # (gsim closed-loop --dynamics)
     run = Run(served.scenario, tmp_path / "session", "remote", render=False, video=False)
     try:
         obs = run.start()

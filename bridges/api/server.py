@@ -1,14 +1,14 @@
 """`gsim serve`: the network sensor API (`sensor.proto`) over gRPC, on the public API and the closed loop, and on the
 same port AlpaSim's sensorsim service (`sensorsim`, with the alpasim extra).
 
-Served scenes are loaded once at start: a reconstruction directory (``recon/scene`` and ``log`` inside, as
-`gsim demo` writes; its id is the folder's name), a scene directory (``scene.json``; its log from the
-training record beside it), or a scenario (a YAML file, an OpenSCENARIO file whose sessions play its storyboard
-against the client's ego, or a shipped name; its id is the scenario's name; these also start closed-loop sessions). Calls are admitted up to ``workers + queue`` at once; beyond that
-gRPC answers RESOURCE_EXHAUSTED, so memory stays bounded. Renders run ``workers`` at a time (numba's CPU
-kernels already use every core for one render). A cancelled or expired call stops before its render.
-Sessions that see no call for ``session_idle_s`` are ended, their records written; SIGTERM ends the server
-gracefully: new calls are refused, in-flight ones finish, sessions are ended and recorded."""
+Served scenes are loaded once at start: a reconstruction directory (``recon/scene`` and ``log`` inside, as `gsim demo`
+writes; its id is the folder's name), a scene directory (``scene.json``; its log from the training record beside it), or
+a scenario (a YAML file, an OpenSCENARIO file whose sessions play its storyboard against the client's ego, or a shipped
+name; its id is the scenario's name; these also start closed-loop sessions). Calls are admitted up to ``workers +
+queue`` at once; beyond that gRPC answers RESOURCE_EXHAUSTED, so memory stays bounded. Renders run ``workers`` at a time
+(numba's CPU kernels already use every core for one render). A cancelled or expired call stops before its render.
+Sessions that see no call for ``session_idle_s`` are ended, their records written; SIGTERM ends the server gracefully:
+new calls are refused, in-flight ones finish, sessions are ended and recorded."""
 from __future__ import annotations
 
 import contextlib
@@ -95,15 +95,11 @@ def load_served(arg: str, progress: bool = False) -> Served:
     from gsim.editing.scenario import Sensors
     from gsim.scene import load_scene
     from gsim.scenes.log import load_log, scene_and_log_dirs
-    from ..closed_loop.scenario import SHIPPED, LoopScenario, ensure_demo, load_loop_scenario, load_scenario
+    from ..closed_loop.scenario import SHIPPED, ensure_demo
+    from ..openscenario.load import loop_scenario
     p = Path(arg)
     if str(arg) in SHIPPED or p.suffix in (".yaml", ".yml", ".xosc"):
-        if p.suffix == ".xosc":  # OpenSCENARIO: its sessions play its storyboard against the client's ego
-            from ..openscenario.load import read_xosc
-            imported = read_xosc(p)
-            sc = imported.scenario.with_storyboard(imported.live)
-        else:
-            sc = load_loop_scenario(arg) if str(arg) in SHIPPED else load_scenario(p, model=LoopScenario)
+        sc = loop_scenario(arg)  # (an OpenSCENARIO file's sessions play its storyboard against the client's ego)
         sid = check_name(sc.name, f"{arg}: the scenario's name (the served id)")
         if str(arg) in SHIPPED:
             ensure_demo(sc)

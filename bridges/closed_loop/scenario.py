@@ -130,7 +130,9 @@ class LoopScenario(Scenario):
             return self
         ego = {**self.ego.model_dump(), **{k: v for k, v in (("dynamics", dynamics), ("vehicle", vehicle))
                                            if v is not None}}
-        return parse_scenario({**self.model_dump(), "ego": ego}, f"scenario {self.name}", LoopScenario)
+        out = parse_scenario({**self.model_dump(), "ego": ego}, f"scenario {self.name}", LoopScenario)
+        out._storyboard = self._storyboard  # (a private attribute: not in the dump)
+        return out
 
     def resolve(self, base: Path) -> "LoopScenario":
         out = self.model_copy(update={"output": self.output or "."})

@@ -680,10 +680,6 @@ class Storyboard:
             return self.box_centre(v["entity"]), (self.plan.entities[v["entity"]], self.states[v["entity"]].h)
         return self.position(v["position"])[:2], None
 
-    def distance(self, a: str, b: str, kind: str, freespace: bool, system: str = "entity") -> float:
-        """The distance from entity ``a`` to entity ``b`` (see the module docstring)."""
-        return self._distance_to(a, *self._target({"entity": b}), kind, freespace, system)
-
     def _distance_to(self, a: str, cb, other, kind: str, freespace: bool, system: str) -> float:
         """The distance from entity ``a`` to a box centred at ``cb`` (``other``: (entity, heading)) or a point."""
         sa = self.states[a]
