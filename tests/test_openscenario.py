@@ -743,3 +743,19 @@ def test_a_car_keeps_its_distance_and_its_time_gap_behind_another(loop_street, r
     assert np.diff(speeds).max() <= 2.0 * 0.1 + 1e-9  # never faster than its constraint
     assert at[20.0]["b"][3] == pytest.approx(5.0, abs=0.01)
     assert behind(20.0, "b") == pytest.approx(1.5 * 5.0, abs=0.05)  # 1.5 s at 5 m/s behind
+
+
+def test_a_condition_delay_fires_what_held_that_long_ago(loop_street, roads, tmp_path):
+    """delay 0.5 s: a level condition (time > 1 s, true from 1.1 s) starts its event at 1.6 s; a rising edge (true at
+    1.1 s only) starts its event at 1.6 s too."""
+    lanes = LaneMap.read(roads / "one" / "road.xodr")
+    late = lambda name, edge: xosc.ValueTrigger(name, 0.5, edge, xosc.SimulationTimeCondition(  # noqa: E731
+        1.0, xosc.Rule.greaterThan))
+    path = write(tmp_path / "delay.xosc", loop_street, {"ego": car(), "a": car(), "b": car()},
+                 [("ego", xosc.TeleportAction(xosc.WorldPosition(0.0, -1.6, 0.0, 0.0))),
+                  ("a", xosc.TeleportAction(xosc.WorldPosition(20.0, -1.75, 0.0, 0.0))),
+                  ("b", xosc.TeleportAction(xosc.WorldPosition(30.0, -1.75, 0.0, 0.0)))],
+                 [("level", "a", [("level", step_speed(1.0))], late("lv", xosc.ConditionEdge.none)),
+                  ("edge", "b", [("edge", step_speed(1.0))], late("ed", xosc.ConditionEdge.rising))])
+    sb, states = play(path, lanes, parked_ego, 3.0)
+    assert sb.started[("event", "level")] == pytest.approx(1.6) and sb.started[("event", "edge")] == pytest.approx(1.6)

@@ -168,7 +168,7 @@ def read_xosc(path, params=None, ego: Optional[str] = None, scene: Optional[str]
         return float(P[0, 3]), float(P[1, 3]), math.atan2(P[1, 0], P[0, 0]), speed
 
     step_us = int(round(step_s * 1e6))
-    others = [n for n in plan.entities if n != plan.ego and n not in plan.deleted]
+    others = plan.driven
     tracks: Dict[str, List[Tuple[int, float, float, float]]] = {n: [] for n in others}
     # played along the log (the tracks), and on past its end while a StopTrigger may still end the run
     horizon = t0 + int(STOP_HORIZON_S * 1e6) if plan.stop else t1
@@ -334,7 +334,7 @@ class LiveStoryboard:
 
     def __init__(self, imported: Imported):
         self.plan, self.lanes = imported.plan, imported.lanes
-        self.names = [n for n in imported.plan.entities if n != imported.plan.ego and n not in imported.plan.deleted]
+        self.names = imported.plan.driven
         self.sb: Optional[Storyboard] = None
 
     def start(self, t_us: int, ego) -> None:

@@ -129,8 +129,10 @@ class Plan:
     deleted: Tuple[str, ...] = ()  # entities Init deletes (a scene's own actors the scenario takes out)
     ego_path: Optional[Action] = None  # the ego's FollowTrajectoryAction from the start, if any
 
-    def where(self, line: int) -> str:
-        return f"{self.path}:{line}"
+    @property
+    def driven(self) -> List[str]:
+        """The entities the storyboard drives: all but the ego and those Init deletes."""
+        return [n for n in self.entities if n != self.ego and n not in self.deleted]
 
 
 def _finite_or_text(v: str) -> bool:
@@ -705,7 +707,8 @@ def _check_names(r: _Reader, acts: List[Act]) -> None:
                            f"a second {kind} named {name!r}: gsim tells storyboard elements apart by their names")
 
 
-def _triggers(acts: List[Act], stop: Trigger):
+def all_triggers(acts: List[Act], stop: Trigger) -> List[Trigger]:
+    """Every trigger of a storyboard: its stop trigger, the acts' start and stop triggers, the events'."""
     return [stop] + [a.start for a in acts] + [a.stop for a in acts] + [e.trigger for a in acts for e in a.events]
 
 
@@ -730,7 +733,7 @@ def _check_references(r: _Reader, acts: List[Act], stop: Trigger) -> None:
              "action": {x.name for a in acts for e in a.events for x in e.actions},
              "maneuver": {e.maneuver for a in acts for e in a.events},
              "maneuverGroup": {e.group for a in acts for e in a.events}, "story": {a.story for a in acts}}
-    for t in _triggers(acts, stop):
+    for t in all_triggers(acts, stop):
         for g in t:
             for c in g:
                 if c.kind == "state" and c.v["ref"] not in names[c.v["element"]]:
@@ -753,7 +756,7 @@ def _check_not_deleted(r: _Reader, acts: List[Act], init, stop: Trigger, deleted
         return
     uses = [(e.line, f"<Event name={e.name!r}> acts on", a) for act in acts for e in act.events for a in e.actors]
     actions = [x for _, x in init] + [x for act in acts for e in act.events for x in e.actions]
-    conds = [c for t in _triggers(acts, stop) for g in t for c in g]
+    conds = [c for t in all_triggers(acts, stop) for g in t for c in g]
     for item in actions + conds:
         refs = [item.v.get("entity"), item.v.get("relative_to")] + [p.v.get("entity") for p in _positions(item.v)] \
             + list(getattr(item, "entities", ()))
@@ -763,4 +766,4 @@ def _check_not_deleted(r: _Reader, acts: List[Act], init, stop: Trigger, deleted
             r.fail(line, f"{what} {who!r}, which Init deletes")
 
 
-__all__ = ["Plan", "read_plan", "SUBSET", "Entity", "Position", "Action", "Condition", "Event", "Act"]
+__all__ = ["Plan", "read_plan", "SUBSET", "Entity", "Position", "Action", "Condition", "Event", "Act", "all_triggers"]

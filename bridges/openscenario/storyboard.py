@@ -30,8 +30,9 @@ the two close along the line between them (infinite when they do not); speeds ar
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Deque, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from gsim.bridges.closed_loop.road import Polyline
 from gsim.errors import InputError
 
 from .lanes import LaneMap
-from .read import Action, Condition, Plan, Position, Trigger
+from .read import Action, Condition, Plan, Position, all_triggers
 
 RULES = {"greaterThan": lambda a, b: a > b, "lessThan": lambda a, b: a < b, "equalTo": lambda a, b: abs(a - b) < 1e-6,
          "greaterOrEqual": lambda a, b: a >= b, "lessOrEqual": lambda a, b: a <= b,
@@ -96,7 +97,7 @@ class EntityState:
 @dataclass
 class _Cond:
     prev: Optional[bool] = None
-    history: List[Tuple[float, bool]] = field(default_factory=list)
+    history: Deque[Tuple[float, bool]] = field(default_factory=deque)  # (time, value): a delayed condition's
 
 
 class Storyboard:
@@ -246,9 +247,9 @@ class Storyboard:
             st.traj = None
             self._bind(who)
 
-    def _mark(self, table: Dict[Tuple[str, str], float], key: Tuple[str, str], keep: bool = True) -> None:
-        """A storyboard element started (table ``started``) or ended (``ended``) now."""
-        if keep and key in table:
+    def _mark(self, table: Dict[Tuple[str, str], float], key: Tuple[str, str]) -> None:
+        """A storyboard element started (table ``started``) or ended (``ended``) now, unless it did before."""
+        if key in table:
             return
         table[key] = self.tau
         self._passes[("start" if table is self.started else "end",) + key] = self._pass
@@ -527,7 +528,7 @@ class Storyboard:
     def _evaluate(self) -> None:
         plan, tau = self.plan, self.tau
         values = {}
-        for trig in self._triggers():
+        for trig in all_triggers(self.plan.acts, self.plan.stop):
             for g in trig:
                 for c in g:
                     if id(c) not in values:
@@ -599,12 +600,6 @@ class Storyboard:
         if all(("event", e.name) in self.ended for e in act.events):  # (an act of no events ends as it starts)
             self._mark(self.ended, ("act", act.name))
 
-    def _triggers(self) -> List[Trigger]:
-        out = [self.plan.stop]
-        for act in self.plan.acts:
-            out += [act.start, act.stop] + [e.trigger for e in act.events]
-        return out
-
     def _condition(self, c: Condition) -> bool:
         raw = self._raw(c)
         mem = self.conds.setdefault(id(c), _Cond())
@@ -617,12 +612,13 @@ class Storyboard:
         else:
             value = {"rising": raw and not prev, "falling": prev and not raw,
                      "risingOrFalling": raw != prev}.get(edge, raw)
-        mem.history.append((self.tau, value))
         if c.delay <= 0:
             return value
+        mem.history.append((self.tau, value))  # (kept back to the latest value at or before `delay` ago)
         then = self.tau - c.delay + 1e-9
-        past = [v for t, v in mem.history if t <= then]
-        return bool(past) and past[-1]
+        while len(mem.history) > 1 and mem.history[1][0] <= then:
+            mem.history.popleft()
+        return mem.history[0][0] <= then and mem.history[0][1]
 
     def _raw(self, c: Condition) -> bool:
         v, tau = c.v, self.tau
