@@ -28,13 +28,16 @@ def main(argv=None) -> None:
                   a((1, 2), f8), 0.1, a((1, 7), f8), a((1, 2, 4), i8), a((1, 2), f4), a((1, 2, 7), f4)),
         "_pairs": (a((2, 4), i8), a(2, i4), a(2, i8), a(2, i8), a(2, i8), a(2, i8), a(3, i8), a(3, i8)),
     }
-    # the two composites: (units...) then cell_start, lst, src, rays, ray_bundle, rec, cap, feats, group,
-    # group_from_world, o_refs, origins, dirs, column, inv2, hit, then the outputs
-    common = (a(3, i8), a(3, i8), a(3, i8), a(3, i8), a(3, i8), a((2, 13), f4), a((2, 7), f4), a((2, 8), f4),
-              a(2, i8), a((2, 3, 3, 4), f8), a((2, 3), f8), a((3, 3), f8), a((3, 3), f8), a(3, i8), f4(1), f4(0.5),
-              a(3, f4), a(3, f4), a(3, f4), a((3, 3), f4), a((3, 8), f4), a((3, 4), i8))
-    kernels["_composite_rays"] = (a(2, i8), a(2, i8)) + common
-    kernels["_composite_cells"] = (a(2, i8), a(2, i8), a(2, i8)) + common
+    # the two composites: units, then lst, src, rays, ray_bundle, rec, cap, feats, group, group_from_world, o_refs,
+    # origins, dirs, column, inv2, hit; the segments' tables (cells only); the outputs; the scan flag (cells only)
+    common = (a(3, i8), a(3, i8), a(3, i8), a(3, i8), a((2, 13), f4), a((2, 7), f4), a((2, 8), f4), a(2, i8),
+              a((2, 3, 3, 4), f8), a((2, 3), f8), a((3, 3), f8), a((3, 3), f8), a(3, i8), f4(1), f4(0.5))
+    outs = (a(3, f4), a(3, f4), a(3, f4), a((3, 3), f4), a((3, 8), f4), a((3, 4), i8))
+    parts = (a(4, f4), a(4, i8), a((4, 6), f4), a((4, 8), f4))
+    kernels["_composite_rays"] = (a((2, 6), i8),) + common + outs
+    kernels["_composite_cells"] = (a((2, 6), i8),) + common + parts + outs + (True,)
+    kernels["_segment_starts"] = (a((2, 3), i8), parts[0], parts[1])
+    kernels["_segment_sums"] = (a((2, 3), i8), a(3, i8), parts[2], parts[3]) + outs[:5]
     for name, args in kernels.items():
         ptx, _ = cuda.compile_ptx(getattr(kc, name).py_func, tuple(typeof(x) for x in args), cc=cc)
         print(f"{name}: {len(ptx)} characters of PTX for sm_{cc[0]}{cc[1]}"

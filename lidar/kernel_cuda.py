@@ -17,13 +17,18 @@ syncs for 80% of a sweep on an H200):
    slot, at its offset in the prefix sum of the rectangle areas; cells are numbered bundle after bundle;
 3. one device radix sort (torch.sort, stable) orders the keys: each cell's surfels are then a slice in
    depth order, ties by index, as the CPU's depth keys and counting sort give them.
-Then every bundle's rays are composited in ONE launch (`result`: a bundle alone is a few thousand rays, too few
-threads to fill a GPU), a thread per ray through its cell's list front to back until its transmittance runs out,
-culling by the caps as the CPU does. A cell's rays (16 on average in a sweep) share a block, whose threads load the
-list's next entries into shared memory together (`_composite_cells`): a sweep's time is its slowest warps', and
-along a street they walk tens of thousands of entries (36766 at most on the 1M-surfel street, HDL-64E: counted on
-the CPU), one dependent load after another when each thread read its own; cells of one ray (a sparse batch) take
-a thread each (`_composite_rays`).
+Then every bundle's rays are composited together (`result`: one launch, or a scan, the composite and the sums where
+lists are split; a bundle alone is a few thousand rays, too few threads to fill a GPU), a thread per ray through its
+cell's list front to back until its transmittance runs out, culling by the caps as the CPU does. A cell's rays (16
+on average in a sweep) share a block, whose threads load the list's next entries into shared memory together
+(`_composite_cells`): a sweep's time is its slowest warps', and along a street they walk tens of thousands of
+entries (36766 at most on the 1M-surfel street, HDL-64E: counted on the CPU), one dependent load after another when
+each thread read its own. A list longer than SEGMENT entries is cut into segments of a block each (the street's
+longest list took its block 1149 rounds of 32 entries where the median block took 3, counted on the CPU: the sweep
+waited on a few blocks), so the segments first scan their own transmittance and candidate count (`_segment_starts`
+turns them into each segment's start), then composite from the ray's state before them, and `_segment_sums` adds
+their sums in list order (the result numba's but for float32 rounding, the same bits every run). Cells of one ray (a
+sparse batch) take a thread each (`_composite_rays`).
 Each bundle's grid and its rays' cells are computed on the device for all bundles at once, by the numba
 kernel's own functions (`seam_bins`, `grid_cells`; `grid_of` on the host from their extents: one sync); a pass
 syncs twice more (its slot and pair counts size the sort).
@@ -46,7 +51,7 @@ from gsim.render.common import to_device
 from gsim.render.numba_tiles import ONE
 
 from .groups import SurfelGroups
-from .kernel import (N_REC, SEAM_BINS, ZERO, actor_hit, alpha_range, composite_step, f32, grid_cells, grid_of,
+from .kernel import (N_REC, SEAM_BINS, T_END, ZERO, actor_hit, alpha_range, composite_step, f32, grid_cells, grid_of,
                      seam_bins, surfel_cap, surfel_geometry, surfel_record)
 
 THREADS = 128
@@ -64,6 +69,10 @@ WARP = 32
 # (a sparse training batch's cells hold 1-3 rays) a thread per ray in 128-thread blocks keeps more loads in flight
 SHARED_FROM = 4
 N_GEO = N_REC - 3  # surfel_geometry's numbers (a literal for the shared arrays' shapes)
+# a cell's list longer than this is composited in segments, a block each, their sums then added in list order: a
+# few cells' lists along a street run to tens of thousands of entries, and a sweep lasted as long as the block that
+# walked the longest (bench_lidar_cells: 1149 rounds of 32 entries where the median block took 3)
+SEGMENT = 1024
 
 
 @functools.lru_cache(maxsize=1)
@@ -121,10 +130,11 @@ def _pairs(rect, depth_bits, offset, bundle, n_az, cell_offset, keys, values):  
 
 @njit(inline="always")  # (inlined into the kernels: numba-cuda compiles no separate device function)
 def _take(state, ray, c0, c1, c2, c3, c4, c5, c6, geo, j, g, group_from_world, column, origins, dirs, rec, feats,
-          inv2, hit, feat_sum, cand):
+          inv2, hit, fr, feat_sum, cand, scan):
     """One list entry (its cap c0..c6, geometry, surfel j, group g) composited into a ray's state (T, acc, range
     sum, median, normal, candidates taken); ray = (r, the origin relative to the bundle's reference, the direction).
-    Returns the new state."""
+    The weighted features go to feat_sum[fr], the candidates to cand[r]; ``scan`` writes neither (a segment's
+    transmittance and count alone). Returns the new state."""
     T, acc, rs, med, nx, ny, nz, n_cand = state
     r, o0, o1, o2, d0, d1, d2 = ray
     if d0 * c3 + d1 * c4 + d2 * c5 < c6:
@@ -145,11 +155,13 @@ def _take(state, ray, c0, c1, c2, c3, c4, c5, c6, geo, j, g, group_from_world, c
         nx += w * n0
         ny += w * n1
         nz += w * n2
-        for f in range(feats.shape[1]):
-            feat_sum[r, f] += w * feats[j, f]
         if n_cand < cand.shape[1]:
-            cand[r, n_cand] = j
+            if not scan:
+                cand[r, n_cand] = j
             n_cand += 1
+        if not scan:
+            for f in range(feats.shape[1]):
+                feat_sum[fr, f] += w * feats[j, f]
     return T, acc, rs, med, nx, ny, nz, n_cand
 
 
@@ -173,45 +185,52 @@ if simulated():  # (see _record above)
 
 
 @cuda.jit
-def _composite_rays(unit_cell, unit_first, cell_start, lst, src, rays, ray_bundle, rec, cap, feats, group,
-                    group_from_world, o_refs, origins, dirs, column, inv2, hit, alpha, range_sum, median, normal,
-                    feat_sum, cand):
-    """A thread per ray (cells of few rays: a sparse batch), each reading its cell's list itself."""
+def _composite_rays(units, lst, src, rays, ray_bundle, rec, cap, feats, group, group_from_world, o_refs, origins,
+                    dirs, column, inv2, hit, alpha, range_sum, median, normal, feat_sum, cand):
+    """A thread per unit of one ray (cells of few rays: a sparse batch), each reading its cell's list itself."""
     u = cuda.grid(1)
-    if u >= unit_cell.shape[0]:
+    if u >= units.shape[0]:
         return
-    c = unit_cell[u]
-    ray = _ray(unit_first[u], rays, ray_bundle, o_refs, origins, dirs)
+    ray = _ray(units[u, 0], rays, ray_bundle, o_refs, origins, dirs)
     state = (ONE, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, 0)
-    for k in range(cell_start[c], cell_start[c + 1]):
+    for k in range(units[u, 2], units[u, 3]):
         if state[0] == ZERO:
             break
         q = lst[k]  # the slot in the bundle tables (caps), src[q] the surfel
         j = src[q]
         state = _take(state, ray, cap[q, 0], cap[q, 1], cap[q, 2], cap[q, 3], cap[q, 4], cap[q, 5], cap[q, 6],
                       _geometry(rec, j), j, group[j], group_from_world, column, origins, dirs, rec, feats, inv2, hit,
-                      feat_sum, cand)
+                      ray[0], feat_sum, cand, False)
     _store(state, ray[0], alpha, range_sum, median, normal)
 
 
 @cuda.jit
-def _composite_cells(unit_cell, unit_first, unit_count, cell_start, lst, src, rays, ray_bundle, rec, cap, feats,
-                     group, group_from_world, o_refs, origins, dirs, column, inv2, hit, alpha, range_sum, median,
-                     normal, feat_sum, cand):
-    """A block per unit (up to its width, at most WARP, rays of one cell, a thread per ray): the threads load the
-    next width entries of the cell's list into shared memory together, then each ray composites them in order
-    (a long list's entries cost one load latency a round, not one each: the sweep's slowest warps walk tens of
-    thousands)."""
+def _composite_cells(units, lst, src, rays, ray_bundle, rec, cap, feats, group, group_from_world, o_refs, origins,
+                     dirs, column, inv2, hit, start_T, start_n, part, part_feat, alpha, range_sum, median, normal,
+                     feat_sum, cand, scan):
+    """A block per unit (`Tracer._units`: up to its width, at most WARP, rays of one cell, a thread per ray, and
+    the list entries k0:k1 of the cell): the threads load the next width entries into shared memory together,
+    then each ray composites them in order (a long list's entries cost one load latency a round, not one each).
+    A unit of a whole list writes its rays' outputs; a segment of a split list (row0 >= 0: its lane's row is
+    row0 + lane * nseg) starts from the ray's transmittance and candidate count before it (start_T, start_n) and
+    writes its sums to part and part_feat, or with ``scan`` its own transmittance and count to start_T, start_n."""
     lane, u, width = cuda.threadIdx.x, cuda.blockIdx.x, cuda.blockDim.x
     sh_cap = cuda.shared.array((WARP, 7), np.float32)
     sh_geo = cuda.shared.array((WARP, N_GEO), np.float32)
     sh_src = cuda.shared.array(WARP, np.int64)
     sh_grp = cuda.shared.array(WARP, np.int64)
-    c, n = unit_cell[u], unit_count[u]
-    ray = _ray(unit_first[u] + min(lane, n - 1), rays, ray_bundle, o_refs, origins, dirs)
-    state = (ONE, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, 0)
-    done = lane >= n
-    k0, k1 = cell_start[c], cell_start[c + 1]
+    first, n, k0, k1, row0, nseg = units[u, 0], units[u, 1], units[u, 2], units[u, 3], units[u, 4], units[u, 5]
+    ray = _ray(first + min(lane, n - 1), rays, ray_bundle, o_refs, origins, dirs)
+    row = row0 + lane * nseg if row0 >= 0 and lane < n else -1
+    T0, n0, hit_r = ONE, 0, hit
+    if row >= 0 and not scan:
+        T0, n0 = start_T[row], start_n[row]
+        hit_r = hit - (ONE - T0)  # the crossing of hit by the accumulated alpha (1 - T0 before this segment)
+    state = (T0, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, n0)
+    fr, feat_out = ray[0], feat_sum
+    if row >= 0:
+        fr, feat_out = row, part_feat
+    done = lane >= n or T0 == ZERO
     while k0 < k1:
         if cuda.syncthreads_and(1 if done else 0):  # the block's rays all done (the barrier also guards the shared loads)
             break
@@ -232,10 +251,51 @@ def _composite_cells(unit_cell, unit_first, unit_count, cell_start, lst, src, ra
                    sh_geo[e, 7], sh_geo[e, 8], sh_geo[e, 9])
             state = _take(state, ray, sh_cap[e, 0], sh_cap[e, 1], sh_cap[e, 2], sh_cap[e, 3], sh_cap[e, 4],
                           sh_cap[e, 5], sh_cap[e, 6], geo, sh_src[e], sh_grp[e], group_from_world, column, origins,
-                          dirs, rec, feats, inv2, hit, feat_sum, cand)
+                          dirs, rec, feats, inv2, hit_r, fr, feat_out, cand, scan)
         k0 += width
     if lane < n:
-        _store(state, ray[0], alpha, range_sum, median, normal)
+        if row < 0:
+            _store(state, ray[0], alpha, range_sum, median, normal)
+        elif scan:
+            start_T[row], start_n[row] = state[0], state[7]
+        else:
+            part[row, 0], part[row, 1], part[row, 2] = state[1], state[2], state[3]
+            part[row, 3], part[row, 4], part[row, 5] = state[4], state[5], state[6]
+
+
+@cuda.jit
+def _segment_starts(splits, start_T, start_n):
+    """A thread per ray of a split list (splits: its position in the cell order, first row, segments): each
+    segment's own transmittance and count (the scan) become the ray's before it, in list order; a segment that
+    takes the transmittance to T_MIN stops the ray (later segments start at 0: `composite_step`'s stop)."""
+    i = cuda.grid(1)
+    if i < splits.shape[0]:
+        row0, nseg = splits[i, 1], splits[i, 2]
+        T, m = ONE, 0
+        for s in range(nseg):
+            tT, tn = start_T[row0 + s], start_n[row0 + s]
+            start_T[row0 + s], start_n[row0 + s] = T, m
+            T = T * tT
+            T = ZERO if T <= T_END else T
+            m += tn
+
+
+@cuda.jit
+def _segment_sums(splits, rays, part, part_feat, alpha, range_sum, median, normal, feat_sum):
+    """A thread per ray of a split list: its segments' sums added in list order (the same bits every run), its
+    median the segment's where the accumulated alpha crossed the hit threshold."""
+    i = cuda.grid(1)
+    if i < splits.shape[0]:
+        r, row0, nseg = rays[splits[i, 0]], splits[i, 1], splits[i, 2]
+        acc, rs, med, nx, ny, nz = ZERO, ZERO, ZERO, ZERO, ZERO, ZERO
+        for s in range(nseg):
+            p = row0 + s
+            acc, rs, nx, ny, nz = acc + part[p, 0], rs + part[p, 1], nx + part[p, 3], ny + part[p, 4], nz + part[p, 5]
+            med = part[p, 2] if med == ZERO else med
+            for f in range(feat_sum.shape[1]):
+                feat_sum[r, f] += part_feat[p, f]
+        alpha[r], range_sum[r], median[r] = acc, rs, med
+        normal[r, 0], normal[r, 1], normal[r, 2] = nx, ny, nz
 
 
 def _blocks(n: int) -> int:
@@ -336,19 +396,39 @@ class Tracer:
         cell_start = torch.searchsorted(keys >> 32, torch.arange(int(cell_off[-1]) + 1, device=self.device))
         return cell_start, values[perm], slot % n, cap[slot]
 
-    def _units(self, ray_cell, n_cells: int):
-        """The composite's units: up to ``width`` rays of one cell each (the rays sorted by cell), ``width`` the
-        most rays a cell has, at most WARP, and 1 below SHARED_FROM (width 1: `_composite_rays`, a thread per ray;
-        else `_composite_cells`, a block per unit). Returns the width and each unit's cell, first ray and ray
-        count, on the device (one sync: the cells' ray counts)."""
-        per_cell = self.torch.bincount(ray_cell, minlength=n_cells).cpu().numpy()
+    def _units(self, ray_cell, cell_start):
+        """The composite's units (the rays sorted by cell, ``cell_start`` their cells' lists): up to ``width`` rays
+        of one cell each, ``width`` the most rays a cell has, at most WARP, and 1 below SHARED_FROM (width 1:
+        `_composite_rays`, a thread per ray; else `_composite_cells`, a block per unit, a list longer than SEGMENT
+        in segments of a unit each). Returns the width, the units (first ray, ray count, list entries k0:k1, the
+        first ray's row of a segment's sums or -1, segments), those of the segments' scan (all but each list's
+        last), the split rays (position in the cell order, first row, segments) and the rows, the tables on the
+        device (one sync: the cells' ray counts and lists)."""
+        n_cells = len(cell_start) - 1
+        host = self.torch.cat([self.torch.bincount(ray_cell, minlength=n_cells), cell_start]).cpu().numpy()
+        per_cell, start = host[:n_cells], host[n_cells:]
         width = int(min(WARP, max(1, per_cell.max())))
         width = width if width >= SHARED_FROM else 1
         chunks = -(-per_cell // width)
         cell = np.repeat(np.arange(n_cells), chunks)
         k = np.arange(len(cell)) - np.repeat(np.cumsum(chunks) - chunks, chunks)  # the block's chunk in its cell
         first = np.repeat(np.cumsum(per_cell) - per_cell, chunks) + width * k
-        return width, self.tensor(cell), self.tensor(first), self.tensor(np.minimum(per_cell[cell] - width * k, width))
+        count = np.minimum(per_cell[cell] - width * k, width)
+        nseg = np.maximum(1, -(-(start[cell + 1] - start[cell]) // SEGMENT)) if width > 1 else np.ones_like(cell)
+        rows = np.where(nseg > 1, count * nseg, 0)  # a split chunk's rows: its rays' segments, ray after ray
+        base = np.cumsum(rows) - rows
+        ch = np.repeat(np.arange(len(cell)), nseg)  # a unit per segment
+        seg = np.arange(len(ch)) - np.repeat(np.cumsum(nseg) - nseg, nseg)
+        k0 = start[cell[ch]] + seg * SEGMENT
+        units = np.stack([first[ch], count[ch], k0, np.minimum(k0 + SEGMENT, start[cell[ch] + 1]),
+                          np.where(nseg[ch] > 1, base[ch] + seg, -1), nseg[ch]], 1)
+        split = np.nonzero(nseg > 1)[0]
+        lane_of = np.repeat(split, count[split])
+        lane = np.arange(len(lane_of)) - np.repeat(np.cumsum(count[split]) - count[split], count[split])
+        splits = np.stack([first[lane_of] + lane, base[lane_of] + lane * nseg[lane_of], nseg[lane_of]], 1)
+        t = self.tensor
+        return (width, t(units), t(units[(nseg[ch] > 1) & (seg < nseg[ch] - 1)]), t(splits.reshape(-1, 3)),
+                int(rows.sum()))
 
     def result(self, device: bool = False) -> dict:
         """trace's outputs: numpy arrays (float64, as the CPU kernel's), or with ``device`` float32 tensors left
@@ -366,17 +446,27 @@ class Tracer:
             cell_start = cat([st[:-1] + p for st, p in zip(starts, pair_off)]
                              + [self.tensor([sum(len(x) for x in lsts)], torch.int64)])
             s, a = self.surfels, _array
-            width, unit_cell, unit_first, unit_count = self._units(ray_cell, len(cell_start) - 1)
-            args = (cell_start, cat([x + q for x, q in zip(lsts, slot_off)]), cat(srcs), rays, ray_bundle, s["rec"],
-                    cat(caps), s["features"], s["group"], self.gfw, self.tensor(np.stack([b[2] for b in self.bundles])),
+            width, units, scan, splits, rows = self._units(ray_cell, cell_start)
+            args = (cat([x + q for x, q in zip(lsts, slot_off)]), cat(srcs), rays, ray_bundle, s["rec"], cat(caps),
+                    s["features"], s["group"], self.gfw, self.tensor(np.stack([b[2] for b in self.bundles])),
                     self.origins, self.dirs, self.column)
             outs = (o["alpha"], o["range_sum"], o["median"], o["normal"], o["features"], o["candidates"])
             if width == 1:
-                _composite_rays[_blocks(len(unit_cell)), THREADS](a(unit_cell), a(unit_first), *map(a, args), self.inv2,
-                                                                  self.hit, *map(a, outs))
+                _composite_rays[_blocks(len(units)), THREADS](a(units), *map(a, args), self.inv2, self.hit,
+                                                              *map(a, outs))
             else:
-                _composite_cells[len(unit_cell), width](a(unit_cell), a(unit_first), a(unit_count), *map(a, args),
-                                                        self.inv2, self.hit, *map(a, outs))
+                z = lambda *shape: torch.zeros(shape, dtype=torch.float32, device=self.device)  # noqa: E731
+                parts = (z(rows) + 1, torch.zeros(rows, dtype=torch.int64, device=self.device), z(rows, 6),
+                         z(rows, o["features"].shape[1]))  # start_T, start_n, part, part_feat
+                if rows:
+                    _composite_cells[len(scan), width](a(scan), *map(a, args), self.inv2, self.hit, *map(a, parts),
+                                                       *map(a, outs), True)
+                    _segment_starts[_blocks(len(splits)), THREADS](a(splits), a(parts[0]), a(parts[1]))
+                _composite_cells[len(units), width](a(units), *map(a, args), self.inv2, self.hit, *map(a, parts),
+                                                    *map(a, outs), False)
+                if rows:
+                    _segment_sums[_blocks(len(splits)), THREADS](a(splits), a(rays), a(parts[2]), a(parts[3]),
+                                                                 *map(a, outs[:5]))
             self.bundles = []
         if device:
             return dict(o)

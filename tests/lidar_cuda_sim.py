@@ -126,12 +126,28 @@ def main():
     kc.WARP, kc.SHARED_FROM = 3, 4  # blocks of 3 rays would share too little: a thread per ray
     x = render_lidar(small, spec, pose(-8.0), backend="cuda")
     Tracer._units, kc.WARP = real_units, 32
-    (wide, cells, _, _), (narrow, blocks, _, _), (single, _, _, _) = units
-    assert wide > 3 and narrow == 2 and single == 1 and len(blocks) > len(set(blocks.tolist())), (wide, narrow)
+    (wide, _, _, _, _), (narrow, blocks, _, _, _), (single, _, _, _, _) = units
+    starts = blocks[:, 2].tolist()  # (a unit's first list entry: its cell's for a whole list)
+    assert wide > 3 and narrow == 2 and single == 1 and len(starts) > len(set(starts)), (wide, narrow)
     assert (g.range_image > 0).sum() > 30 and np.array_equal(g.range_image > 0, h.range_image > 0)
     assert np.abs(g.range_image - h.range_image).max() < 1e-4 and np.abs(g.alpha_image - h.alpha_image).max() < 1e-5
     assert all(np.array_equal(getattr(h, k), getattr(v, k)) for k in ("range_image", "alpha_image", "normals")
                for v in (w, x))
+    # lists in segments (SEGMENT entries, here 3: a block each), each segment's transmittance and candidate count
+    # scanned first, then every segment composited from the ray's state before it and the sums added in list
+    # order: numba's outputs, the car's surfels and candidates included
+    az, el = np.meshgrid(np.linspace(0.12, 0.27, 30), [-0.04, -0.02, 0.0, 0.02])
+    fan = np.stack([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)], -1).reshape(-1, 3)
+    one = (surfel_groups(scene), pose(-8.0)[None], np.zeros(1, np.int64), fan, np.zeros(len(fan), np.int64), 0.5)
+    n = trace(*one, "numba", candidates=4)
+    kc.SEGMENT, rows, real_units = 3, [], Tracer._units
+    Tracer._units = lambda self, *args: (lambda u: rows.append(u[4]) or u)(real_units(self, *args))
+    split = trace(*one, "cuda", candidates=4)
+    Tracer._units, kc.SEGMENT = real_units, 1024
+    assert rows[0] > len(fan) and (n["alpha"] > 0.5).sum() > 30 and (n["candidates"][:, 3] >= 0).sum() > 10, rows
+    for key, tol in (("alpha", 1e-5), ("median", 1e-4), ("range_sum", 1e-3), ("normal", 1e-5), ("features", 1e-5)):
+        assert np.abs(n[key] - split[key]).max() < tol, (key, np.abs(n[key] - split[key]).max())
+    assert np.array_equal(n["candidates"], split["candidates"])
     print("cuda kernel (simulator) matches numba")
 
 
