@@ -84,3 +84,28 @@ def test_cuda_sweep_with_its_head_matches_numba_on_the_gpu():
     both = hit_a & hit_b
     assert np.median(np.abs(a.range_image[both] - b.range_image[both])) <= 1e-3
     assert np.median(np.abs(a.drop_probability_image[both] - b.drop_probability_image[both])) <= 1e-4
+
+
+@pytest.mark.cuda
+def test_cuda_sweep_on_its_own_stream_beside_other_gpu_work():
+    """A sweep rendered in a thread while this one keeps torch's default stream busy (as the closed loop's cameras
+    do): it runs on the LiDAR's own stream and gives the bits it gives alone."""
+    from gsim.lidar import kernel_cuda
+    if kernel_cuda.simulated() or kernel_cuda.unavailable_reason() is not None:
+        pytest.skip(f"needs an NVIDIA GPU for numba-cuda: {kernel_cuda.unavailable_reason() or 'the simulator is on'}")
+    import threading
+
+    import torch
+    spec, surfels, T = LidarSpec.preset("velodyne-hdl64e"), street_surfels(200_000), np.eye(4)
+    T[2, 3] = 1.9
+    alone, beside = render_lidar(surfels, spec, T, backend="cuda"), {}
+    worker = threading.Thread(target=lambda: beside.update(f=render_lidar(surfels, spec, T, backend="cuda")))
+    x = torch.randn(4096, 4096, device="cuda")
+    worker.start()
+    for _ in range(40):
+        x = (x @ x).clamp(-1, 1)
+    worker.join()
+    torch.cuda.synchronize()
+    assert torch.cuda.current_device() in kernel_cuda._STREAMS
+    assert np.array_equal(alone.range_image, beside["f"].range_image)
+    assert np.array_equal(alone.alpha_image, beside["f"].alpha_image)
