@@ -31,7 +31,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gsim.io import to_uint8  # noqa: E402
 from gsim.lidar import LidarSpec  # noqa: E402
 from gsim.resident import Renderer  # noqa: E402
 from gsim.scene import load_scene  # noqa: E402
@@ -86,8 +85,7 @@ def main(argv=None) -> dict:
         r.update(scene)  # (the loop hands the renderer each step's scene: here the same one)
         beside.append(r.lidar_beside_cameras)  # (asked each step, as the loop asks it)
         job = worker.submit(sweep_at, t, T_prev, T) if beside[-1] else None
-        frames = r.cameras([(c, T @ T_vc, n) for c, T_vc, n in rig], int(t))
-        images = [to_uint8(f.rgb) for f in frames]  # (on a GPU: made there, 8 bits come back)
+        images = r.images([(c, T @ T_vc, n) for c, T_vc, n in rig], int(t))  # (on a GPU: rgb alone, 8 bits back)
         cam_s = time.perf_counter() - s0
         sweep, lidar_s = job.result() if job else sweep_at(t, T_prev, T)
         return time.perf_counter() - s0, cam_s, lidar_s, images, sweep

@@ -6,8 +6,8 @@ rasterization_2dgs composites their centres' depths) is from the torch reference
 nearer than the centres' depths elsewhere. gsplat's CUDA kernels cannot run here: both compositions run on
 stand-ins, gsplat's pure-torch projection, tile intersection and spherical harmonics and a dense rasterizer written
 from its 2DGS kernel's per-pixel maths (its own torch reference needs CUDA), so what this checks is the composition
-(arguments, shapes, the SH offset, the depth channels and their background, the normals' frame), not the kernels:
-the `cuda` tests compare those with the torch backend on a GPU.
+(arguments, shapes, the SH offset, the depth channels and their background, the normals' frame, the rgb alone
+without them), not the kernels: the `cuda` tests compare those with the torch backend on a GPU.
 
     pip install --no-deps --target /tmp/gsplat gsplat==1.5.3   (gsplat's Python code; nothing is compiled)
     PYTHONPATH=/tmp/gsplat python bench/gsplat_composition_check.py
@@ -157,8 +157,14 @@ def main() -> None:
               + " / ".join(f"{x:.1e}" for x in hit) + ", gsplat's (centre depths) "
               + " / ".join(f"{x:.1e}" for x in centre))
         assert all(h < c for h, c in zip(hit, centre)), (name, hit, centre)
+        # without the depth channels (the cameras' rgb alone: Renderer.images) the same rgb and alpha
+        rgb_only = gsplat_backend.rasterize(s, surfels.sh_degree, viewmats, Ks,
+                                            f32(np.stack([T[:3, 3] for T in poses])), (camera.width, camera.height),
+                                            f32(opt.background), opt, depth=False)
+        assert rgb_only[1] is None and torch.equal(rgb_only[0], ours[0]) and torch.equal(rgb_only[2], ours[2]), name
         assert name != "one tilted surfel" or hit[2] < 1e-5, hit
-    print("the composition computes what rasterization_2dgs computes, its depth nearer the torch backend's")
+    print("the composition computes what rasterization_2dgs computes, its depth nearer the torch backend's; "
+          "without the depth channels the same rgb and alpha")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ renders actors at full detail (no level of detail: the GPU has the room).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -131,8 +132,30 @@ class Renderer:
             frames = render_batch(s, [c for c, _, _ in views], [T for _, T, _ in views], options)
         else:
             frames = [BACKENDS[self.backend].render(s, c, T, options) for c, T, _ in views]
-        frames = [self._composed(f, c, T, n) for f, (c, T, n) in zip(frames, views)]
+        frames = [replace(f, rgb=self._composed(f.rgb, f.alpha, c, T, n)) for f, (c, T, n) in zip(frames, views)]
         return [frame_to_numpy(f) for f in frames] if numpy else frames
+
+    def images(self, views: Sequence[View], timestamp_us: Optional[int] = None,
+               options: Optional[RenderOptions] = None) -> List[np.ndarray]:
+        """The views' colour images as a camera gives them, (H,W,3) uint8 numpy (`cameras`' rgb, 8 bits): on the
+        GPU rendered without depth or normals (gsplat composites 3 channels a pixel instead of 8) and brought
+        back in one copy per image size."""
+        from .io import to_uint8
+        views = [(c, check_pose(T, f"views[{i}] T_world_camera"), n) for i, (c, T, n) in enumerate(views)]
+        if self.backend != "gsplat":
+            return [to_uint8(f.rgb) for f in self.cameras(views, timestamp_us, options)]
+        import torch
+
+        from .render.gsplat_backend import render_batch
+        pairs = render_batch(self.surfels_at(timestamp_us), [c for c, _, _ in views], [T for _, T, _ in views],
+                             resolve_options(options), rgb_only=True)
+        rgb = [self._composed(x, a, c, T, n) for (x, a), (c, T, n) in zip(pairs, views)]
+        out: List[Optional[np.ndarray]] = [None] * len(rgb)
+        for shape in dict.fromkeys(x.shape for x in rgb):
+            idx = [i for i, x in enumerate(rgb) if x.shape == shape]
+            for i, img in zip(idx, to_uint8(torch.stack([rgb[i] for i in idx]))):
+                out[i] = img
+        return out
 
     def camera(self, camera, T_world_camera, timestamp_us: Optional[int] = None, sensor: Optional[str] = None,
                options: Optional[RenderOptions] = None, numpy: bool = False) -> CameraFrame:
@@ -145,14 +168,12 @@ class Renderer:
         from gsim.lidar import render_lidar  # the LiDAR layer, loaded on first use (core sits below it)
         return render_lidar(self.scene, spec, T_world_lidar, self.lidar_backend, timestamp_us, hit_alpha, rolling)
 
-    def _composed(self, frame: CameraFrame, camera, T: np.ndarray, sensor: Optional[str]) -> CameraFrame:
-        """`render_camera`'s sky and appearance affine, on the device."""
-        from dataclasses import replace
-
+    def _composed(self, rgb, alpha, camera, T: np.ndarray, sensor: Optional[str]):
+        """`render_camera`'s sky and appearance affine over rgb (H,W,3) with alpha (H,W), on the device."""
         from .appearance import compose
         affine = self._affine.get(sensor) if sensor is not None else None
         if self._sky is None and affine is None:
-            return frame
+            return rgb
         dirs = None
         if self._sky is not None:
             import torch
@@ -160,4 +181,4 @@ class Renderer:
                 from .appearance import camera_ray_directions
                 self._rays[camera] = to_device(camera_ray_directions(camera, np.eye(4)), self.device)
             dirs = self._rays[camera] @ to_device(T[:3, :3].T, self.device, torch.float32)
-        return replace(frame, rgb=compose(frame.rgb, frame.alpha, self._sky, dirs, affine).clamp(0, 1))
+        return compose(rgb, alpha, self._sky, dirs, affine).clamp(0, 1)

@@ -47,6 +47,22 @@ def test_device_path_renders_what_render_camera_renders():
     assert np.array_equal(to_uint8(a.rgb), to_uint8(a.rgb.numpy())) and to_uint8(a.rgb).std() > 5
 
 
+@pytest.mark.parametrize("backend", ["torch", "numba", "gsplat"])
+def test_images_are_the_cameras_rgb_in_8_bits(backend):
+    """Renderer.images (a camera sensor's images: on a GPU rendered without depth or normals, brought back in one
+    copy per size): the 8-bit rgb of `cameras`, sky and affine included, in the views' order, sizes mixed."""
+    if backend == "gsplat" and "gsplat" not in gsim.available_backends():
+        pytest.skip("needs gsplat on an NVIDIA GPU")
+    from gsim.io import to_uint8
+    r = Renderer(scene_with_an_actor(), backend=backend)
+    views = VIEWS + [(PIN, pose(0.1, 0.0, 0.0, 0.2), "front")]
+    images, frames = r.images(views, 400_000), r.cameras(views, 400_000)
+    assert [x.shape for x in images] == [(c.height, c.width, 3) for c, _, _ in views]
+    for x, f in zip(images, frames):
+        assert isinstance(x, np.ndarray) and x.dtype == np.uint8 and np.array_equal(x, to_uint8(f.rgb))
+    assert images[0].std() > 5 and not np.array_equal(images[0], images[3])
+
+
 def test_actors_are_composed_once_per_time():
     scene = scene_with_an_actor()
     r = Renderer(scene, backend="torch")

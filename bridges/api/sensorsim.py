@@ -190,22 +190,21 @@ class SensorsimServicer:
         from gsim.render import render_camera
         P = _protocol()
         backend = self.core.checked_backend("")
-        frames = [None] * len(jobs)
+        rgb = [None] * len(jobs)
         with self.core.slot(context):
             batches = {}
             for k, j in enumerate(jobs):
                 if j.batch is None:  # a rolling shutter, top to bottom over the exposure
-                    frames[k] = render_camera(j.scene, j.camera, (np.array([j.t0, j.t1]), np.stack([j.T0, j.T1])),
-                                              backend=backend, timestamp_us=j.t0, sensor=j.sensor,
-                                              readout_us=int(j.t1 - j.t0))
+                    rgb[k] = to_uint8(render_camera(j.scene, j.camera, (np.array([j.t0, j.t1]), np.stack([j.T0, j.T1])),
+                                                    backend=backend, timestamp_us=j.t0, sensor=j.sensor,
+                                                    readout_us=int(j.t1 - j.t0)).rgb)
                 else:
                     batches.setdefault(j.batch, []).append(k)
             for (_, tm, _), ks in batches.items():
                 first = jobs[ks[0]]
                 views = [(jobs[k].camera, jobs[k].T, jobs[k].sensor) for k in ks]
-                for k, f in zip(ks, self.core.renderer(first.served, first.scene, backend).cameras(views, tm)):
-                    frames[k] = f
-            rgb = [to_uint8(f.rgb) for f in frames]
+                for k, x in zip(ks, self.core.renderer(first.served, first.scene, backend).images(views, tm)):
+                    rgb[k] = x
         return [P.sensorsim_pb2.RGBRenderReturn(image_bytes=image_bytes(x, j.fmt, j.quality))
                 for x, j in zip(rgb, jobs)]
 

@@ -394,7 +394,6 @@ class ClosedLoop:
         t = self.state.timestamp_us
         cams, lidars, ranges = {}, {}, {}
         if self.render_sensors:
-            from gsim.io import to_uint8
             from gsim.resident import Renderer
             if self._renderer is None:
                 self._renderer = Renderer(scene)
@@ -411,8 +410,7 @@ class ClosedLoop:
                 try:
                     with self.timer("cameras"):  # every camera of the step in one call (gsplat: one batch)
                         views = [(cam, T @ T_vc, n) for n, (cam, T_vc) in self.cameras.items()]
-                        frames = self._renderer.cameras(views, t)  # (on a GPU: 8 bits of rgb come back, no more)
-                        cams = {n: to_uint8(f.rgb) for n, f in zip(self.cameras, frames)}
+                        cams = dict(zip(self.cameras, self._renderer.images(views, t)))  # (GPU: rgb alone, 8 bits)
                 finally:  # a camera's error waits for the sweeps too: nothing renders on past the step
                     if sweeps is not None:
                         futures.wait([sweeps])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from gsim.errors import InputError, Unavailable
@@ -131,7 +131,8 @@ def hit_depth(channels, alpha, Ks, size):
     return torch.where(seen, channels[..., 3] * channels[..., 4] / den, 0.0)
 
 
-def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, options: RenderOptions):
+def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, options: RenderOptions,
+              depth: bool = True):
     """gsplat's 2DGS pipeline, its public building blocks composed as its `rasterization_2dgs` composes them
     (unpacked, 16-pixel tiles, eps2d 0.3, no radius clip), less what makes the host wait for the GPU and what gsim
     does not use: that function inverts the view matrices on the GPU three times (each `torch.linalg.inv` on CUDA
@@ -140,8 +141,9 @@ def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, optio
     stay in the camera frame, where gsim wants them). Its depth channel (the centres' depths) is replaced by the
     five of `depth_channels` (8 channels in all, a size gsplat's kernels take as they are). The one wait left is
     gsplat's tile intersection reading its intersection count. ``s``: float32 surfels on the GPU; viewmats
-    (C,4,4), Ks (C,3,3), centres (C,3), bg (3,) rgb. Returns rgb (C,H,W,3), depth (C,H,W) (`hit_depth`), alpha
-    (C,H,W,1), and the alpha-weighted camera-frame normals (C,H,W,3)."""
+    (C,4,4), Ks (C,3,3), centres (C,3), bg (3,) rgb. Returns rgb (C,H,W,3), depth (C,H,W) (`hit_depth`; None
+    without ``depth``: 3 channels composited instead of 8), alpha (C,H,W,1), and the alpha-weighted camera-frame
+    normals (C,H,W,3)."""
     import torch
     from gsplat import (fully_fused_projection_2dgs, isect_offset_encode, isect_tiles, rasterize_to_pixels_2dgs,
                         spherical_harmonics)
@@ -155,14 +157,16 @@ def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, optio
     offsets = isect_offset_encode(isect_ids, C, tiles_w, tiles_h).reshape(C, tiles_h, tiles_w)
     rgb = spherical_harmonics(sh_degree, s.means[None] - centres[:, None], s.colors[None].expand(C, -1, -1, -1),
                               masks=(radii > 0).all(dim=-1))
-    means_c = torch.einsum("cij,nj->cni", viewmats[:, :3, :3], s.means) + viewmats[:, None, :3, 3]
-    depth = depth_channels(means_c, normals, s.scales.max(1).values, Ks, options.near)
-    colors = torch.cat([torch.clamp_min(rgb + 0.5, 0.0), depth], -1)  # (gsplat's SH offset)
+    colors, bgs = torch.clamp_min(rgb + 0.5, 0.0), bg  # (gsplat's SH offset)
+    if depth:
+        means_c = torch.einsum("cij,nj->cni", viewmats[:, :3, :3], s.means) + viewmats[:, None, :3, 3]
+        colors = torch.cat([colors, depth_channels(means_c, normals, s.scales.max(1).values, Ks, options.near)], -1)
+        bgs = torch.cat([bg, bg.new_zeros(5)])
     densify = torch.zeros_like(means2d)  # (gsplat's screen-space gradient slot: unused, so no graph kept for it)
     out, alphas, normals, _, _ = rasterize_to_pixels_2dgs(
         means2d, ray_transforms, colors, s.opacities[None].expand(C, -1), normals, densify, width, height, tile,
-        offsets, flatten_ids, backgrounds=torch.cat([bg, bg.new_zeros(5)])[None].expand(C, -1))
-    return out[..., :3], hit_depth(out[..., 3:], alphas[..., 0], Ks, size), alphas, normals
+        offsets, flatten_ids, backgrounds=bgs[None].expand(C, -1))
+    return out[..., :3], hit_depth(out[..., 3:], alphas[..., 0], Ks, size) if depth else None, alphas, normals
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
@@ -170,9 +174,10 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
 
 
 def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np.ndarray],
-                 options: RenderOptions) -> List[CameraFrame]:
+                 options: RenderOptions, rgb_only: bool = False) -> list:
     """Several cameras of one surfel set: the cameras whose (pinhole, or pinhole cover) images share a size in one
-    rasterization call (gsplat takes a batch of view matrices). Outputs stay on the GPU."""
+    rasterization call (gsplat takes a batch of view matrices). Outputs stay on the GPU. ``rgb_only``: (rgb, alpha)
+    pairs instead of frames, no depth or normals made (what a camera sensor gives: 3 channels composited, not 8)."""
     if options.distortion:
         # gsplat's render_distort is another loss: L1 of centre depths in metres, not 2DGS's squared
         # form of the per-pixel hit depths that CameraFrame.distortion is (see common.CameraFrame)
@@ -190,19 +195,23 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
     pins = [c if isinstance(c, PinholeCamera) else _pinhole_cover(c) for c in cameras]
     T_world_camera = np.stack([np.asarray(T, np.float64) for T in poses])
     views = invert(T_world_camera)  # gsplat's view matrices: world to camera
-    frames: List[Optional[CameraFrame]] = [None] * len(cameras)
+    frames: list = [None] * len(cameras)
     for size in dict.fromkeys((p.width, p.height) for p in pins):
         idx = [i for i, p in enumerate(pins) if (p.width, p.height) == size]
         rgb, depth, alphas, normals = rasterize(s, surfels.sh_degree, to_device(views[idx], dev, dt),
                                                 to_device(np.stack([pins[i].K for i in idx]), dev, dt),
-                                                to_device(T_world_camera[idx, :3, 3], dev, dt), size, bg, options)
+                                                to_device(T_world_camera[idx, :3, 3], dev, dt), size, bg, options,
+                                                not rgb_only)
         for b, i in enumerate(idx):
             alpha = alphas[b, ..., 0]
-            normal = torch.where((alpha > 0)[..., None], normals[b] / alpha.clamp_min(1e-10)[..., None], 0.0)
-            img = torch.cat([rgb[b], alpha[..., None], depth[b, ..., None], normal], -1)
+            img = torch.cat([rgb[b], alpha[..., None]], -1)
+            if not rgb_only:
+                normal = torch.where((alpha > 0)[..., None], normals[b] / alpha.clamp_min(1e-10)[..., None], 0.0)
+                img = torch.cat([img, depth[b, ..., None], normal], -1)
             camera, pin = cameras[i], pins[i]
             if pin is not camera:  # resample the cover image at each pixel's ray
                 img = F.grid_sample(img.permute(2, 0, 1)[None], _cover_grid(camera, dev), align_corners=False)
                 img = img[0].permute(1, 2, 0)
-            frames[i] = CameraFrame(rgb=img[..., :3], alpha=img[..., 3], depth=img[..., 4], normal=img[..., 5:8])
+            frames[i] = (img[..., :3], img[..., 3]) if rgb_only else \
+                CameraFrame(rgb=img[..., :3], alpha=img[..., 3], depth=img[..., 4], normal=img[..., 5:8])
     return frames
