@@ -74,7 +74,7 @@ def profile_resident(surfels, camera, poses, backend: str, rows: int = 15) -> st
 def gsplat_variants(surfels, camera, poses) -> str:
     """gsim's gsplat rasterization of the resident surfels (`gsplat_backend.rasterize`), gsplat's own
     `rasterization_2dgs` as gsim called it before (with its host waits and normals from depth), and that call with
-    one option changed at a time (what an option would buy towards the 300 frames/s aim): median ms a frame (the GPU
+    one option changed at a time (what an option would buy towards the 150 frames/s aim): median ms a frame (the GPU
     synchronised around each), the surfels in view and tile intersections of the first frame (gsplat's calls), and
     the largest rgb change against gsim's."""
     import gsplat
@@ -100,6 +100,9 @@ def gsplat_variants(surfels, camera, poses) -> str:
                                                       backgrounds=bg[None], **kw)
     calls = {"gsim's composition": lambda V, c: rasterize(s, surfels.sh_degree, V, K, c,
                                                             (camera.width, camera.height), bg, options),
+             "  rgb alone (Renderer.images)": lambda V, c: rasterize(s, surfels.sh_degree, V, K, c,
+                                                                      (camera.width, camera.height), bg, options,
+                                                                      depth=False),
              # (no packed variant: gsplat 1.5.3's rasterization_2dgs does not index the colours by the packed ids,
              # its code for that is commented out, so SH colours fail its spherical_harmonics' shape assert, as on the
              # H200 on 2026-11-28, and plain colours would be the wrong length)
