@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import List, Optional, Union
 
 import numpy as np
-from numba import njit
 
 from gsim.errors import GsimWarning, InputError, Unavailable
 from gsim.lidar.groups import SurfelGroups, surfel_groups
@@ -321,27 +320,9 @@ def bundle_frame(groups: SurfelGroups, sensor: np.ndarray, world_from_group: np.
     mid = cols[len(cols) // 2]
     o_ref, R_ref = sensor[mid, :3, 3].copy(), np.ascontiguousarray(sensor[mid, :3, :3])
     margin = np.full(len(world_from_group), float(np.linalg.norm(sensor[cols, :3, 3] - o_ref, axis=1).max()))
-    _actor_margins(world_from_group, np.asarray(cols, np.int64), mid, np.asarray(groups.radius, np.float64), margin)
+    from .kernel import actor_margins
+    actor_margins(world_from_group, np.asarray(cols, np.int64), mid, np.asarray(groups.radius, np.float64), margin)
     return o_ref, R_ref, margin, np.ascontiguousarray(world_from_group[:, mid, :3, :])
-
-
-@njit(cache=True)
-def _actor_margins(world_from_group, cols, mid, radius, margin):
-    """`bundle_frame`'s actors' margins (groups 1..G-1): 1.05 x the most, over the columns, that the group's origin
-    moves from its pose at the middle column plus its turn (rad) x its radius, + 1 mm (numpy's array steps over
-    (actors, columns) took 0.7 ms a bundle for 24 actors)."""
-    for g in range(1, world_from_group.shape[0]):
-        M = world_from_group[g, mid]
-        most = 0.0
-        for c in cols:
-            P = world_from_group[g, c]
-            move = math.sqrt((P[0, 3] - M[0, 3]) ** 2 + (P[1, 3] - M[1, 3]) ** 2 + (P[2, 3] - M[2, 3]) ** 2)
-            trace = 0.0  # of P R_mid^T: sum_ij P_ij M_ij
-            for i in range(3):
-                for j in range(3):
-                    trace += P[i, j] * M[i, j]
-            most = max(most, move + math.acos(min(max((trace - 1) / 2, -1.0), 1.0)) * radius[g])
-        margin[g] += 1.05 * most + 1e-3
 
 
 def trace_sweep(groups: SurfelGroups, lay: "SweepLayout", sensor: np.ndarray, times_us: np.ndarray,
