@@ -5,7 +5,8 @@ Usage: python bench/bench_camera.py [--surfels 100000] [--width 640 --height 360
 Prints per-backend median frame time and frames/s, and the numba/torch speed-up. Through the numpy API
 (`gsim.render_camera`: surfels uploaded, outputs downloaded per frame) and, with --resident, through a
 `gsim.resident.Renderer` (the scene on the backend's device once; rgb, alpha and depth left there; the GPU
-synchronised before each frame's clock stops), also with the three cameras of a rig in one call. --profile (gsplat):
+synchronised before each frame's clock stops), also with the three cameras of a rig in one call, and its `images`
+(rgb alone, 8-bit images brought to the host). --profile (gsplat):
 where a resident frame's GPU time goes, and gsplat's own call with one option changed at a time.
 """
 from __future__ import annotations
@@ -32,9 +33,10 @@ def time_backend(surfels, camera, poses, backend: str) -> list:
     return times
 
 
-def time_resident(surfels, camera, poses, backend: str, cameras: int = 1) -> list:
+def time_resident(surfels, camera, poses, backend: str, cameras: int = 1, images: bool = False) -> list:
     """Frame times through a resident renderer: ``cameras`` views per call (a rig: the pose and two turned 50
-    degrees either side), outputs left on the device."""
+    degrees either side), outputs left on the device; with ``images`` `Renderer.images` (rgb alone, 8-bit numpy
+    images on the host: what a camera sensor gives)."""
     from gsim.resident import Renderer
     r = Renderer(gsim.Scene(background=surfels), backend)
     sync = (lambda: __import__("torch").cuda.synchronize()) if backend == "gsplat" else (lambda: None)
@@ -43,12 +45,13 @@ def time_resident(surfels, camera, poses, backend: str, cameras: int = 1) -> lis
 
     def rig(T):
         return [(camera, turned(T, yaw), None) for yaw in (0.0, -50.0, 50.0)[:cameras]]
-    r.cameras(rig(poses[0]))
+    call = r.images if images else r.cameras
+    call(rig(poses[0]))
     sync()
     times = []
     for T in poses:
         t0 = time.perf_counter()
-        r.cameras(rig(T))
+        call(rig(T))
         sync()
         times.append(time.perf_counter() - t0)
     return times
@@ -158,10 +161,11 @@ def main(argv=None) -> dict:
         result["backends"][b] = {"frames": n, "median_ms": round(med * 1e3, 2), "fps": round(1 / med, 2)}
         print(f"{b:7s} {len(surfels)} surfels {args.width}x{args.height}: median {med * 1e3:.1f} ms "
               f"({1 / med:.1f} frames/s) over {n} frames", flush=True)
-        for k in ((1, 3) if args.resident and b != "numba" else ()):  # (numba's resident path is this one)
-            med = statistics.median(time_resident(surfels, camera, poses[idx], b, k))
-            result["backends"][b][f"resident_{k}cam_median_ms"] = round(med * 1e3, 2)
-            print(f"{b:7s} resident, {k} camera(s) a call: median {med * 1e3:.2f} ms a call "
+        for k, images in (((1, False), (3, False), (1, True), (3, True)) if args.resident and b != "numba" else ()):
+            med = statistics.median(time_resident(surfels, camera, poses[idx], b, k, images))
+            what = "images (rgb alone, 8 bits to the host)" if images else "frames (rgb, alpha, depth left there)"
+            result["backends"][b][f"resident_{k}cam{'_images' if images else ''}_median_ms"] = round(med * 1e3, 2)
+            print(f"{b:7s} resident {what}, {k} camera(s) a call: median {med * 1e3:.2f} ms a call "
                   f"({k / med:.1f} images/s)", flush=True)
         if args.profile and args.resident and b == "gsplat":
             print(profile_resident(surfels, camera, poses[idx[:10]], b), flush=True)

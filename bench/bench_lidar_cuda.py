@@ -9,7 +9,8 @@ along the log's poses (the scene). Per scene and sensor: the median wall time of
 upload) for each backend, the CUDA kernel's rays/s, and its parity with numba over the same sweeps: the share of
 rays whose return decision (geometry, range window and ray drop) is equal, and the median and 99th percentile
 |range difference| over the rays both return; and the same for the first sweep's rays through `render_rays` with
-numba's ray kernel and the CUDA kernel (the kernels' own agreement: numba's spinning sweeps use its strip kernel).
+numba's ray kernel and the CUDA kernel (the kernels' own agreement: numba's spinning sweeps use its strip kernel);
+and the CUDA sweeps again with every cell list in one block (no `SEGMENT`s: the composite before 36a7557).
 Prints a table and a JSON line; --out writes the JSON. --profile: torch.profiler's table of three CUDA sweeps of
 the first scene and sensor (kernels by their own GPU time: numba's and torch's alike; the wall time beside it).
 Needs a CUDA GPU (or NUMBA_ENABLE_CUDASIM=1 with a tiny --surfels and a VLP-16: the simulator is very slow).
@@ -24,7 +25,7 @@ import time
 
 import numpy as np
 
-from gsim.lidar import LidarSpec, render_lidar
+from gsim.lidar import LidarSpec, kernel_cuda, render_lidar
 from gsim.lidar.heads import FEATURES, HIDDEN, INPUTS, LidarHead
 from gsim.scene import Scene
 from gsim.street import street_surfels
@@ -135,17 +136,25 @@ def main(argv=None) -> dict:
             sweeps = street_poses(spec, a.sweeps, a.speed) if log is None else log_poses(log, a.sweeps)
             ref, t_numba = run(scene, spec, sweeps, "numba")
             got, t_cuda = run(scene, spec, sweeps, "cuda")
+            segment, kernel_cuda.SEGMENT = kernel_cuda.SEGMENT, 1 << 62  # every list in one block (before 36a7557)
+            try:
+                whole, t_whole = run(scene, spec, sweeps, "cuda")
+            finally:
+                kernel_cuda.SEGMENT = segment
             rays = ref[0].range_image.size
             row = {"scene": name, "spec": spec_name, "rays": rays, "surfels": len(scene.background.means),
                    "numba_ms": 1e3 * statistics.median(t_numba), "cuda_ms": 1e3 * statistics.median(t_cuda),
                    "cuda_mrays_s": rays / statistics.median(t_cuda) / 1e6, **parity(ref, got),
-                   **ray_parity(scene, spec, sweeps[0])}
+                   **ray_parity(scene, spec, sweeps[0]), "cuda_whole_lists_ms": 1e3 * statistics.median(t_whole),
+                   "whole_lists_decisions_equal": parity(whole, got)["decisions_equal"]}
             rows.append(row)
             print(f"{name[-30:]:>30} {spec_name:>16} {rays:>7} rays  numba {row['numba_ms']:8.1f} ms  cuda "
                   f"{row['cuda_ms']:7.2f} ms ({row['cuda_mrays_s']:6.2f} M rays/s)  decisions equal "
                   f"{row['decisions_equal']:.5f}  |dr| median {row['median_abs_range_diff_mm']} mm, p99 "
                   f"{row['p99_abs_range_diff_mm']} mm; ray kernels: decisions equal {row['rays_decisions_equal']:.5f}, "
-                  f"|dr| median {row['rays_median_abs_range_diff_mm']} mm", flush=True)
+                  f"|dr| median {row['rays_median_abs_range_diff_mm']} mm; lists whole (no segments) "
+                  f"{row['cuda_whole_lists_ms']:7.2f} ms, decisions equal {row['whole_lists_decisions_equal']:.5f}",
+                  flush=True)
             if a.profile and len(rows) == 1:
                 print(profile_sweeps(scene, spec, sweeps), flush=True)
     result = {"rows": rows, "argv": sys.argv[1:] if argv is None else argv}

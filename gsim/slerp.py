@@ -17,7 +17,8 @@ def slerp_tracks(times_us, quats, trans, t, out):
     n_t = times_us.shape[0]
     for m in range(t.shape[0]):
         i = min(max(np.searchsorted(times_us, t[m], side="right"), 1), n_t - 1)
-        a = min(max((t[m] - times_us[i - 1]) / (times_us[i] - times_us[i - 1]), 0.0), 1.0)
+        span = times_us[i] - times_us[i - 1]
+        a = min(max((t[m] - times_us[i - 1]) / span, 0.0), 1.0) if span > 0 else 1.0  # (a repeated time: the later)
         for n in range(quats.shape[0]):
             q0, q1 = quats[n, i - 1], quats[n, i]
             d = q0[0] * q1[0] + q0[1] * q1[1] + q0[2] * q1[2] + q0[3] * q1[3]

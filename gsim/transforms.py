@@ -154,14 +154,15 @@ def transform_each(T: np.ndarray, points: np.ndarray) -> np.ndarray:
 
 def bracket(times_us: np.ndarray, t_us) -> Tuple[np.ndarray, np.ndarray]:
     """(i, a) per time of ``t_us`` (M,): it lies a of the way from times_us[i - 1] to times_us[i],
-    clamped to the ends (a single time gives i = 0, a = 1: times_us[-1] is that time too)."""
+    clamped to the ends (a single time gives i = 0, a = 1: times_us[-1] is that time too; so does a time
+    repeated in the track: its later entry)."""
     times_us = np.asarray(times_us, np.int64)
     t = np.atleast_1d(np.asarray(t_us, np.int64))
     if len(times_us) == 1:
         return np.zeros(len(t), np.int64), np.ones(len(t))
     i = np.clip(np.searchsorted(times_us, t, side="right"), 1, len(times_us) - 1)
-    t0, t1 = times_us[i - 1], times_us[i]
-    return i, np.clip((t - t0) / (t1 - t0), 0.0, 1.0)
+    t0, span = times_us[i - 1], times_us[i] - times_us[i - 1]
+    return i, np.where(span > 0, np.clip((t - t0) / np.maximum(span, 1), 0.0, 1.0), 1.0)
 
 
 def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us, quats: Optional[np.ndarray] = None) -> np.ndarray:
@@ -172,7 +173,7 @@ def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us, quats: Opti
     times_us = np.asarray(times_us, np.int64)
     poses = np.asarray(poses, np.float64)
     t = np.atleast_1d(np.asarray(t_us, np.int64))
-    if len(times_us) == 1:
+    if len(times_us) == 1 or len(t) == 0:
         return np.repeat(poses[..., :1, :, :], len(t), -3)
     if quats is None:  # the keyframes used, each once (a long track queried at a few times converts a few)
         i, _ = bracket(times_us, t)
@@ -182,7 +183,8 @@ def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us, quats: Opti
     from .slerp import slerp_tracks  # (numba: the command line loads this module without it)
     lead = poses.shape[:-3]
     out = np.empty(lead + (len(t), 4, 4))
-    slerp_tracks(times_us, np.ascontiguousarray(quats, np.float64).reshape(-1, len(times_us), 4),
+    quats = np.broadcast_to(np.asarray(quats, np.float64), poses.shape[:-2] + (4,))  # (one track's for a stack)
+    slerp_tracks(times_us, np.ascontiguousarray(quats).reshape(-1, len(times_us), 4),
                   np.ascontiguousarray(poses[..., :3, 3]).reshape(-1, len(times_us), 3), t,
                   out.reshape(-1, len(t), 4, 4))
     return out

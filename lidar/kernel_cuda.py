@@ -459,8 +459,8 @@ class Tracer:
         base = np.cumsum(rows) - rows
         ch = np.repeat(np.arange(len(cell)), nseg)  # a unit per segment
         seg = np.arange(len(ch)) - np.repeat(np.cumsum(nseg) - nseg, nseg)
-        k0 = start[cell[ch]] + seg * SEGMENT
-        units = np.stack([first[ch], count[ch], k0, np.minimum(k0 + SEGMENT, start[cell[ch] + 1]),
+        k0, end = start[cell[ch]] + seg * SEGMENT, start[cell[ch] + 1]
+        units = np.stack([first[ch], count[ch], k0, np.where(nseg[ch] > 1, np.minimum(k0 + SEGMENT, end), end),
                           np.where(nseg[ch] > 1, base[ch] + seg, -1), nseg[ch]], 1)
         split = np.nonzero(nseg > 1)[0]
         lane_of = np.repeat(split, count[split])
@@ -561,12 +561,13 @@ def device_surfels(groups, device) -> dict:
         return {"rec": groups.rec, "scales": groups.scales, "features": groups.features, "group": groups.group}
     key = f"device:{device}"
     if key not in groups.cache:
-        groups.cache[key] = {"rec": to_device(groups.rec, device, torch.float32),
-                             "scales": to_device(groups.scales, device, torch.float32),
-                             "features": to_device(groups.features, device, torch.float32),
-                             "group": to_device(groups.group, device, torch.int64)}
+        up = {"rec": to_device(groups.rec, device, torch.float32),
+              "scales": to_device(groups.scales, device, torch.float32),
+              "features": to_device(groups.features, device, torch.float32),
+              "group": to_device(groups.group, device, torch.int64)}
         if torch.device(device).type == "cuda":  # (once a scene: any stream may read the copies from now on)
             torch.cuda.current_stream().synchronize()
+        groups.cache[key] = up
     return groups.cache[key]
 
 

@@ -148,6 +148,13 @@ def main():
     for key, tol in (("alpha", 1e-5), ("median", 1e-4), ("range_sum", 1e-3), ("normal", 1e-5), ("features", 1e-5)):
         assert np.abs(n[key] - split[key]).max() < tol, (key, np.abs(n[key] - split[key]).max())
     assert np.array_equal(n["candidates"], split["candidates"])
+    # a thread per ray (cells of few rays: _composite_rays) walks its whole list, however long (no segments there)
+    kc.SEGMENT, kc.SHARED_FROM = 3, 1 << 20
+    single = trace(*one, "cuda", candidates=4)
+    kc.SEGMENT, kc.SHARED_FROM = 1024, 4
+    for key, tol in (("alpha", 1e-5), ("median", 1e-4), ("range_sum", 1e-3), ("normal", 1e-5), ("features", 1e-5)):
+        assert np.abs(n[key] - single[key]).max() < tol, (key, np.abs(n[key] - single[key]).max())
+    assert np.array_equal(n["candidates"], single["candidates"])
     print("cuda kernel (simulator) matches numba")
 
 

@@ -92,6 +92,19 @@ def test_interpolate_poses_vectorized_yaw_is_linear_in_time():
     assert np.allclose(interpolate_poses(ts[:1], poses[:1], t), np.eye(4))  # a single pose holds
 
 
+def test_interpolate_poses_edge_cases():
+    """No times asked: no poses; a repeated time in the track: the later pose (not NaN); quaternions that do not
+    fit the poses: an error, not memory written past the output."""
+    poses = np.tile(np.eye(4), (3, 1, 1))
+    poses[:, :3, 3] = [[0, 0, 0], [1, 0, 0], [2, 0, 0]]
+    assert interpolate_poses(np.array([0, 100, 200]), poses, np.array([], np.int64)).shape == (0, 4, 4)
+    assert interpolate_poses(np.array([0, 100, 200]), np.stack([poses] * 2), []).shape == (2, 0, 4, 4)
+    got = interpolate_poses(np.array([0, 100, 100]), poses, [100, 150])
+    assert np.array_equal(got, poses[[2, 2]])
+    with pytest.raises(ValueError):
+        interpolate_poses(np.array([0, 100, 200]), poses, [50], quats=np.tile([1.0, 0, 0, 0], (2, 3, 1)))
+
+
 def test_interpolate_pose_is_interpolate_poses_one_at_a_time():
     rng = np.random.default_rng(4)
     q = rng.normal(size=(6, 4))
