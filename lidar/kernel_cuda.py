@@ -130,16 +130,21 @@ def _pairs(rect, depth_bits, offset, bundle, n_az, cell_offset, keys, values):  
 
 
 @njit(inline="always")  # (inlined into the kernels: numba-cuda compiles no separate device function)
-def _take(state, ray, c0, c1, c2, c3, c4, c5, c6, geo, j, g, group_from_world, column, origins, dirs, rec, feats,
-          inv2, hit, fr, feat_sum, cand, scan):
-    """One list entry (its cap c0..c6, geometry, surfel j, group g) composited into a ray's state (T, acc, range
-    sum, median, normal, candidates taken); ray = (r, the origin relative to the bundle's reference, the direction).
-    The weighted features go to feat_sum[fr], the candidates to cand[r]; ``scan`` writes neither (a segment's
-    transmittance and count alone). Returns the new state."""
+def _reaches(ray, c3, c4, c5, c6):
+    """Whether the ray's direction lies in the entry's cap (c3..c6 of its 7): outside it the ray cannot reach the
+    alpha threshold. Tested before anything else of the entry is read (most entries fail it)."""
+    return not ray[4] * c3 + ray[5] * c4 + ray[6] * c5 < c6  # (as the CPU kernel tests it)
+
+
+@njit(inline="always")  # (inlined into the kernels: numba-cuda compiles no separate device function)
+def _take(state, ray, c0, c1, c2, geo, j, g, group_from_world, column, origins, dirs, rec, feats, inv2, hit, fr,
+          feat_sum, cand, scan):
+    """One list entry that the ray `_reaches` (its cap's centre c0..c2, geometry, surfel j, group g) composited into
+    a ray's state (T, acc, range sum, median, normal, candidates taken); ray = (r, the origin relative to the
+    bundle's reference, the direction). The weighted features go to feat_sum[fr], the candidates to cand[r];
+    ``scan`` writes neither (a segment's transmittance and count alone). Returns the new state."""
     T, acc, rs, med, nx, ny, nz, n_cand = state
     r, o0, o1, o2, d0, d1, d2 = ray
-    if d0 * c3 + d1 * c4 + d2 * c5 < c6:
-        return state  # outside its cap: the ray cannot reach the alpha threshold
     if g == 0:
         al, rng, nd = alpha_range(c0 - o0, c1 - o1, c2 - o2, d0, d1, d2, geo, inv2)
         s = -ONE if nd > ZERO else ONE
@@ -182,7 +187,7 @@ def _store(state, r, alpha, range_sum, median, normal):
 
 
 if simulated():  # (see _record above)
-    _take, _ray, _store = _take.py_func, _ray.py_func, _store.py_func
+    _reaches, _take, _ray, _store = _reaches.py_func, _take.py_func, _ray.py_func, _store.py_func
 
 
 @cuda.jit
@@ -198,10 +203,10 @@ def _composite_rays(units, lst, src, rays, ray_bundle, rec, cap, feats, group, g
         if state[0] == ZERO:
             break
         q = lst[k]  # the slot in the bundle tables (caps), src[q] the surfel
-        j = src[q]
-        state = _take(state, ray, cap[q, 0], cap[q, 1], cap[q, 2], cap[q, 3], cap[q, 4], cap[q, 5], cap[q, 6],
-                      _geometry(rec, j), j, group[j], group_from_world, column, origins, dirs, rec, feats, inv2, hit,
-                      ray[0], feat_sum, cand, False)
+        if _reaches(ray, cap[q, 3], cap[q, 4], cap[q, 5], cap[q, 6]):
+            j = src[q]
+            state = _take(state, ray, cap[q, 0], cap[q, 1], cap[q, 2], _geometry(rec, j), j, group[j],
+                          group_from_world, column, origins, dirs, rec, feats, inv2, hit, ray[0], feat_sum, cand, False)
     _store(state, ray[0], alpha, range_sum, median, normal)
 
 
@@ -248,11 +253,12 @@ def _composite_cells(units, lst, src, rays, ray_bundle, rec, cap, feats, group, 
             if done or state[0] == ZERO:
                 done = True
                 break
-            geo = (sh_geo[e, 0], sh_geo[e, 1], sh_geo[e, 2], sh_geo[e, 3], sh_geo[e, 4], sh_geo[e, 5], sh_geo[e, 6],
-                   sh_geo[e, 7], sh_geo[e, 8], sh_geo[e, 9])
-            state = _take(state, ray, sh_cap[e, 0], sh_cap[e, 1], sh_cap[e, 2], sh_cap[e, 3], sh_cap[e, 4],
-                          sh_cap[e, 5], sh_cap[e, 6], geo, sh_src[e], sh_grp[e], group_from_world, column, origins,
-                          dirs, rec, feats, inv2, hit_r, fr, feat_out, cand, scan)
+            if _reaches(ray, sh_cap[e, 3], sh_cap[e, 4], sh_cap[e, 5], sh_cap[e, 6]):
+                geo = (sh_geo[e, 0], sh_geo[e, 1], sh_geo[e, 2], sh_geo[e, 3], sh_geo[e, 4], sh_geo[e, 5],
+                       sh_geo[e, 6], sh_geo[e, 7], sh_geo[e, 8], sh_geo[e, 9])
+                state = _take(state, ray, sh_cap[e, 0], sh_cap[e, 1], sh_cap[e, 2], geo, sh_src[e], sh_grp[e],
+                              group_from_world, column, origins, dirs, rec, feats, inv2, hit_r, fr, feat_out, cand,
+                              scan)
         k0 += width
     if lane < n:
         if row < 0:
