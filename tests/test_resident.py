@@ -47,7 +47,7 @@ def test_device_path_renders_what_render_camera_renders():
     assert np.array_equal(to_uint8(a.rgb), to_uint8(a.rgb.numpy())) and to_uint8(a.rgb).std() > 5
 
 
-@pytest.mark.parametrize("backend", ["torch", "numba", "gsplat"])
+@pytest.mark.parametrize("backend", ["torch", "numba", pytest.param("gsplat", marks=pytest.mark.cuda)])
 def test_images_are_the_cameras_rgb_in_8_bits(backend):
     """Renderer.images (a camera sensor's images: on a GPU rendered without depth or normals, brought back in one
     copy per size): the 8-bit rgb of `cameras`, sky and affine included, in the views' order, sizes mixed."""
