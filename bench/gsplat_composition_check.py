@@ -7,7 +7,9 @@ nearer than the centres' depths elsewhere. gsplat's CUDA kernels cannot run here
 stand-ins, gsplat's pure-torch projection, tile intersection and spherical harmonics and a dense rasterizer written
 from its 2DGS kernel's per-pixel maths (its own torch reference needs CUDA), so what this checks is the composition
 (arguments, shapes, the SH offset, the depth channels and their background, the normals' frame, the rgb alone
-without them), not the kernels: the `cuda` tests compare those with the torch backend on a GPU.
+without them), not the kernels: the `cuda` tests compare those with the torch backend on a GPU. First, gsim's own
+Function around gsplat's rasterization kernels (`rasterize_pixels`) against gsplat's `rasterize_to_pixels_2dgs`,
+both on fake kernels: the same kernel arguments, outputs and gradients.
 
     pip install --no-deps --target /tmp/gsplat gsplat==1.5.3   (gsplat's Python code; nothing is compiled)
     PYTHONPATH=/tmp/gsplat python bench/gsplat_composition_check.py
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import gsplat  # noqa: E402
 import gsplat.rendering  # noqa: E402
+from gsplat.cuda._wrapper import _make_lazy_cuda_func as kernel_maker  # noqa: E402
 from gsplat.cuda._torch_impl import _isect_offset_encode, _isect_tiles, _spherical_harmonics  # noqa: E402
 from gsplat.cuda._torch_impl_2dgs import _fully_fused_projection_2dgs  # noqa: E402
 
@@ -93,15 +96,73 @@ def depth_errors(depth, ref, same):
 
 
 def install() -> None:
-    """Put the stand-ins in gsplat's place (gsim imports from gsplat, rasterization_2dgs from its module)."""
+    """Put the stand-ins in gsplat's place (gsim imports from gsplat, rasterization_2dgs from its module; gsim's
+    rasterize_pixels, its own Function around gsplat's kernels, gets the dense rasterizer too)."""
     for mod in (gsplat, gsplat.rendering):
         mod.fully_fused_projection_2dgs, mod.isect_tiles, mod.spherical_harmonics = projection, intersections, harmonics
         mod.isect_offset_encode, mod.rasterize_to_pixels_2dgs = _isect_offset_encode, rasterizer
+    gsplat_backend.rasterize_pixels = lambda *a: rasterizer(*a[:-1], backgrounds=a[-1])[:3]
     zeros_like = torch.zeros_like  # (rasterization_2dgs makes its densification slot on "cuda" by name)
     torch.zeros_like = lambda *a, **k: zeros_like(*a, **({**k, "device": None} if k.get("device") == "cuda" else k))
 
 
+def function_plumbing() -> None:
+    """gsim's `rasterize_pixels` (its own autograd Function, without the `torch.cuda.synchronize()` that ends
+    gsplat's backward) hands gsplat's forward and backward kernels what gsplat's `rasterize_to_pixels_2dgs` hands
+    them, and gives its callers the same outputs and gradients: both run on fake kernels that record their
+    arguments and return seeded tensors (gsplat's kernels cannot run here; the `cuda` test compares the two there)."""
+    import gsplat.cuda._wrapper as wrapper
+    calls = []
+
+    def fake(name):
+        def call(*args):
+            calls.append((name, args))
+            g = torch.Generator().manual_seed(1 if name.endswith("fwd") else 2)  # (the same in both runs)
+            f = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+            if name.endswith("fwd"):
+                C, N, ch, width, height = *args[0].shape[:2], args[2].shape[-1], args[7], args[8]
+                ids = lambda: torch.randint(0, N, (C, height, width), generator=g, dtype=torch.int32)  # noqa: E731
+                return (f(C, height, width, ch), torch.rand(C, height, width, 1, generator=g), f(C, height, width, 3),
+                        f(C, height, width, 1), f(C, height, width, 1), ids(), ids())
+            return tuple(f(*x.shape) for x in (args[0],) + args[:6])
+        return call
+
+    sync, wrapper._make_lazy_cuda_func, torch.cuda.synchronize = torch.cuda.synchronize, fake, lambda: None
+    try:
+        g = torch.Generator().manual_seed(0)
+        C, N = 2, 5
+        leaves = [torch.randn(*shape, generator=g).requires_grad_(True)
+                  for shape in ((C, N, 2), (C, N, 3, 3), (C, N, 8), (C, N), (C, N, 3), (C, N, 2))]
+        rest = (6, 4, 16, torch.zeros((C, 1, 1), dtype=torch.int32), torch.arange(7, dtype=torch.int32))
+        bg = torch.rand(C, 8, generator=g)
+        runs = []
+        for call in (lambda: wrapper.rasterize_to_pixels_2dgs(*leaves, *rest, backgrounds=bg)[:3],
+                     lambda: gsplat_backend.rasterize_pixels(*leaves, *rest, bg)):
+            n = len(calls)
+            outs = call()
+            weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(9)) for o in outs]
+            grads = torch.autograd.grad(sum((w * o).sum() for w, o in zip(weights, outs)), leaves)
+            runs.append((outs, grads, calls[n:]))
+    finally:
+        wrapper._make_lazy_cuda_func, torch.cuda.synchronize = kernel_maker, sync
+    (theirs, their_grads, their_calls), (ours, our_grads, our_calls) = runs
+    def same(a, b):
+        if torch.is_tensor(a) or torch.is_tensor(b):
+            return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
+        return a == b
+    assert [n for n, _ in their_calls] == [n for n, _ in our_calls] == ["rasterize_to_pixels_2dgs_fwd",
+                                                                         "rasterize_to_pixels_2dgs_bwd"], our_calls
+    for (name, a), (_, b) in zip(their_calls, our_calls):
+        assert len(a) == len(b) and all(same(x, y) for x, y in zip(a, b)), (name, [i for i, (x, y) in
+                                                                               enumerate(zip(a, b)) if not same(x, y)])
+    assert all(torch.equal(a, b) for a, b in zip(theirs, ours)) and all(torch.equal(a, b)
+                                                                       for a, b in zip(their_grads, our_grads))
+    print("gsim's rasterize_pixels hands gsplat's kernels what rasterize_to_pixels_2dgs hands them, and routes their "
+          "outputs and gradients as it does (fake kernels)")
+
+
 def main() -> None:
+    function_plumbing()
     install()
     camera, opt = gsim.PinholeCamera(48, 32, 40.0, 42.0, 24.5, 15.5), RenderOptions(background=(0.1, 0.2, 0.3))
     moved = np.eye(4)

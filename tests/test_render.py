@@ -339,6 +339,43 @@ def test_gsplat_matches_torch_forward_and_backward():
 
 @pytest.mark.cuda
 @needs_cuda
+def test_gsim_rasterize_pixels_is_gsplats_without_its_backward_wait(monkeypatch):
+    """gsplat_backend.rasterize_pixels (gsim's Function around gsplat's 2DGS rasterization kernels) gives gsplat's
+    rasterize_to_pixels_2dgs' outputs and gradients bit for bit, and its backward does not synchronise the GPU
+    (gsplat 1.5.3's does: torch.cuda.synchronize() once a training step)."""
+    from gsplat import fully_fused_projection_2dgs, isect_offset_encode, isect_tiles, rasterize_to_pixels_2dgs
+
+    from gsim.render.gsplat_backend import rasterize_pixels
+    s = random_scene(500, seed=12, sh_degree=0).torch(device="cuda", dtype=torch.float32)
+    cam = gsim.PinholeCamera(96, 64, 80.0, 80.0, 48.0, 32.0)
+    on = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32, device="cuda")  # noqa: E731
+    V = on(gsim.transforms.invert(gsim.transforms.look_at([0.2, 0.1, -0.5], [0, 0, 6], up=(0, -1, 0))))[None]
+    radii, means2d, depths, M, normals = fully_fused_projection_2dgs(
+        s.means, s.quats, torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1), V, on(cam.K)[None], 96, 64)
+    _, ids, flat = isect_tiles(means2d, radii, depths, 16, 6, 4)
+    offsets = isect_offset_encode(ids, 1, 6, 4).reshape(1, 4, 6)
+    colors = torch.cat([s.colors[None, :, 0].clamp_min(0), torch.rand(1, len(s.means), 5, device="cuda")], -1)
+    bg = torch.rand(1, 8, device="cuda")
+    syncs = []
+    sync = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1) or sync(*a))
+    runs = []
+    for call in (lambda *x: rasterize_to_pixels_2dgs(*x, 96, 64, 16, offsets, flat, backgrounds=bg)[:3],
+                 lambda *x: rasterize_pixels(*x, 96, 64, 16, offsets, flat, bg)):
+        leaves = [x.detach().clone().requires_grad_(True) for x in
+                  (means2d, M, colors, s.opacities[None].detach(), normals, torch.zeros_like(means2d))]
+        outs = call(*leaves)
+        n = len(syncs)
+        loss = sum((o * torch.linspace(0, 1, o.numel(), device="cuda").view(o.shape)).sum() for o in outs)
+        runs.append((outs, torch.autograd.grad(loss, leaves), len(syncs) - n))
+    (theirs, their_grads, their_syncs), (ours, our_grads, our_syncs) = runs
+    assert float(theirs[1].max()) > 0.5 and their_syncs == 1 and our_syncs == 0
+    assert all(torch.equal(a, b) for a, b in zip(theirs, ours))
+    assert all(torch.equal(a, b) for a, b in zip(their_grads, our_grads))
+
+
+@pytest.mark.cuda
+@needs_cuda
 @pytest.mark.parametrize("camera", CAMERAS[1:], ids=["opencv", "fisheye"])
 def test_gsplat_resamples_distorted_cameras_like_the_exact_backends(camera):
     # gsplat has no distortion model: a pinhole cover image resampled at each pixel's ray (approximate)

@@ -139,14 +139,14 @@ def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, optio
     synchronises: the host then waited for the rasterization itself), for the cameras' centres (here from the
     host's poses), for normals from the depth (unused) and to turn the rendered normals to the world (here they
     stay in the camera frame, where gsim wants them). Its depth channel (the centres' depths) is replaced by the
-    five of `depth_channels` (8 channels in all, a size gsplat's kernels take as they are). The one wait left is
-    gsplat's tile intersection reading its intersection count. ``s``: float32 surfels on the GPU; viewmats
+    five of `depth_channels` (8 channels in all, a size gsplat's kernels take as they are), and the pixels are
+    rasterized through `rasterize_pixels` (no wait in its backward). The one wait left is gsplat's tile
+    intersection reading its intersection count. ``s``: float32 surfels on the GPU; viewmats
     (C,4,4), Ks (C,3,3), centres (C,3), bg (3,) rgb. Returns rgb (C,H,W,3), depth (C,H,W) (`hit_depth`; None
     without ``depth``: 3 channels composited instead of 8), alpha (C,H,W,1), and the alpha-weighted camera-frame
     normals (C,H,W,3)."""
     import torch
-    from gsplat import (fully_fused_projection_2dgs, isect_offset_encode, isect_tiles, rasterize_to_pixels_2dgs,
-                        spherical_harmonics)
+    from gsplat import fully_fused_projection_2dgs, isect_offset_encode, isect_tiles, spherical_harmonics
     (width, height), C, tile = size, len(viewmats), 16
     scales3 = torch.cat([s.scales, torch.ones_like(s.scales[:, :1])], 1)  # gsplat ignores the 3rd
     radii, means2d, depths, ray_transforms, normals = fully_fused_projection_2dgs(
@@ -163,10 +163,56 @@ def rasterize(s: Surfels, sh_degree: int, viewmats, Ks, centres, size, bg, optio
         colors = torch.cat([colors, depth_channels(means_c, normals, s.scales.max(1).values, Ks, options.near)], -1)
         bgs = torch.cat([bg, bg.new_zeros(5)])
     densify = torch.zeros_like(means2d)  # (gsplat's screen-space gradient slot: unused, so no graph kept for it)
-    out, alphas, normals, _, _ = rasterize_to_pixels_2dgs(
-        means2d, ray_transforms, colors, s.opacities[None].expand(C, -1), normals, densify, width, height, tile,
-        offsets, flatten_ids, backgrounds=bgs[None].expand(C, -1))
+    out, alphas, normals = rasterize_pixels(means2d, ray_transforms, colors, s.opacities[None].expand(C, -1), normals,
+                                            densify, width, height, tile, offsets, flatten_ids, bgs[None].expand(C, -1))
     return out[..., :3], hit_depth(out[..., 3:], alphas[..., 0], Ks, size) if depth else None, alphas, normals
+
+
+def rasterize_pixels(means2d, ray_transforms, colors, opacities, normals, densify, width: int, height: int, tile: int,
+                     offsets, flatten_ids, backgrounds):
+    """gsplat's `rasterize_to_pixels_2dgs` as gsim calls it (unpacked, no tile masks, no absgrad, distortion or
+    median outputs; 3 or 8 channels, which its kernels take as they are): its forward and backward kernels through
+    an autograd Function of gsim's own, because gsplat 1.5.3's ends its backward with `torch.cuda.synchronize()`:
+    the host waited there for the GPU once a training step (10 ms of a 39 ms step on an H200). Returns the colours
+    (C,H,W,ch), alphas (C,H,W,1) and alpha-weighted normals (C,H,W,3)."""
+    contiguous = [x.contiguous() for x in (means2d, ray_transforms, colors, opacities, normals, densify, backgrounds)]
+    return _pixels_function().apply(*contiguous, int(width), int(height), int(tile), offsets.contiguous(),
+                                    flatten_ids.contiguous())
+
+
+@functools.lru_cache(maxsize=1)
+def _pixels_function():
+    """The Function behind `rasterize_pixels` (made on first use: torch and gsplat load lazily here)."""
+    import torch
+    from gsplat.cuda._wrapper import _make_lazy_cuda_func as kernel  # gsplat 1.5.3's kernels, its argument order
+
+    class Pixels2DGS(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, means2d, ray_transforms, colors, opacities, normals, densify, backgrounds, width, height,
+                    tile, offsets, flatten_ids):
+            out, alphas, out_normals, _, _, last_ids, median_ids = kernel("rasterize_to_pixels_2dgs_fwd")(
+                means2d, ray_transforms, colors, opacities, normals, backgrounds, None, width, height, tile, offsets,
+                flatten_ids)
+            ctx.save_for_backward(means2d, ray_transforms, colors, opacities, normals, densify, backgrounds, offsets,
+                                  flatten_ids, out, alphas, last_ids, median_ids)
+            ctx.size = (width, height, tile)
+            return out, alphas.float(), out_normals
+
+        @staticmethod
+        def backward(ctx, v_out, v_alphas, v_normals):
+            (means2d, ray_transforms, colors, opacities, normals, densify, backgrounds, offsets, flatten_ids, out,
+             alphas, last_ids, median_ids) = ctx.saved_tensors
+            unused = torch.zeros_like(alphas, dtype=v_alphas.dtype)  # (the distortion's and median's: not outputs)
+            _, v_means2d, v_ray_transforms, v_colors, v_opacities, v_normals_in, v_densify = kernel(
+                "rasterize_to_pixels_2dgs_bwd")(
+                means2d, ray_transforms, colors, opacities, normals, densify, backgrounds, None, *ctx.size, offsets,
+                flatten_ids, out, alphas, last_ids, median_ids, v_out.contiguous(), v_alphas.contiguous(),
+                v_normals.contiguous(), unused, unused, False)
+            v_backgrounds = (v_out * (1.0 - alphas).float()).sum(dim=(-3, -2)) if ctx.needs_input_grad[6] else None
+            return (v_means2d, v_ray_transforms, v_colors, v_opacities, v_normals_in, v_densify, v_backgrounds,
+                    None, None, None, None, None)
+
+    return Pixels2DGS
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
