@@ -24,7 +24,7 @@ on average in a sweep) share a block, whose threads load the list's next entries
 (`_composite_cells`): a sweep's time is its slowest warps', and along a street they walk tens of thousands of
 entries (36766 at most on the 1M-surfel street, HDL-64E: counted on the CPU), one dependent load after another when
 each thread read its own. A list longer than SEGMENT entries is cut into segments of a block each (the street's
-longest list took its block 1149 rounds of 32 entries where the median block took 3, counted on the CPU: the sweep
+longest list took its block 1314 rounds of 28 entries where the median block took 3, counted on the CPU: the sweep
 waited on a few blocks), so the segments first scan their own transmittance and candidate count (`_segment_starts`
 turns them into each segment's start), then composite from the ray's state before them, and `_segment_sums` adds
 their sums in list order (the result numba's but for float32 rounding, the same bits every run). Cells of one ray (a
@@ -72,7 +72,7 @@ SHARED_FROM = 4
 N_GEO = N_REC - 3  # surfel_geometry's numbers (a literal for the shared arrays' shapes)
 # a cell's list longer than this is composited in segments, a block each, their sums then added in list order: a
 # few cells' lists along a street run to tens of thousands of entries, and a sweep lasted as long as the block that
-# walked the longest (bench_lidar_cells: 1149 rounds of 32 entries where the median block took 3)
+# walked the longest (bench_lidar_cells: 1314 rounds of 28 entries where the median block took 3)
 SEGMENT = 1024
 
 
