@@ -172,11 +172,10 @@ def test_lidar_sweeps_of_both_devices_in_the_end_of_spin_frame(call, loop_street
     req.sensor_pose.start_pose.CopyFrom(pose_matrix_to_proto(T0))
     req.sensor_pose.end_pose.CopyFrom(pose_matrix_to_proto(T1))
     r = call("render_lidar", req)
-    xyz = np.asarray(r.point_xyzs, np.float32).reshape(-1, 3)
-    assert r.num_points == len(xyz) > 1000 and len(r.point_intensities) == r.num_points
-    assert np.array_equal(np.frombuffer(r.point_xyzs_buffer, "<f4").reshape(-1, 3), xyz)
-    assert np.array_equal(np.frombuffer(r.point_intensities_buffer, "<f4"), np.asarray(r.point_intensities, "f4"))
-    assert min(r.point_intensities) >= 0 and max(r.point_intensities) <= 1
+    xyz = np.frombuffer(r.point_xyzs_buffer, "<f4").reshape(-1, 3)
+    intensity = np.frombuffer(r.point_intensities_buffer, "<f4")
+    assert r.num_points == len(xyz) == len(intensity) > 1000 and not r.point_xyzs and not r.point_intensities
+    assert intensity.min() >= 0 and intensity.max() <= 1
     # the same sweep rendered by gsim and taken to the end-of-spin frame by each point's own column pose
     f = gsim.render_lidar(scene, lidar_preset(preset), (np.array([t0, t1]), np.stack([T0, T1])), timestamp_us=t0)
     from gsim.transforms import interpolate_poses
