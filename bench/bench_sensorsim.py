@@ -1,6 +1,7 @@
 """`gsim serve` as AlpaSim's renderer: a sensorsim render_rgb call (AlpaSim's messages, the pose from the served
 trajectory and camera mount, as AlpaSim's runtime builds it) against gsim's own RenderCamera of the same camera,
-pose and size, on one `gsim serve` process; 640x360 and 1920x1080, PNG and JPEG. Prints each call's median and
+pose and size, on one `gsim serve` process; 640x360 and 1920x1080, PNG and JPEG; then a runtime's step in one
+render_aggregated call (every log camera at 640x360 JPEG and a PANDAR128 sweep). Prints each call's median and
 90th percentile round trip (render, encoding, transfer and decoding included) over --calls calls after one
 warm-up call.
 
@@ -76,6 +77,26 @@ def main(argv=None) -> dict:
                 results[f"{w}x{h} {enc}"] = {"sensorsim_ms": ss, "render_camera_ms": gs}
                 print(f"{w}x{h} {enc:4s}  sensorsim render_rgb {ss[0]:7.1f} ms (p90 {ss[1]:7.1f})   gsim RenderCamera "
                       f"{gs[0]:7.1f} ms (p90 {gs[1]:7.1f})")
+        # a runtime's step: every log camera at 640x360 JPEG and a PANDAR128 sweep over the step, in one call
+        rgb = []
+        for c in cams.available_cameras:
+            req = S.RGBRenderRequest(scene_id=sid, resolution_w=640, resolution_h=360, camera_intrinsics=c.intrinsics,
+                                     frame_start_us=at.timestamp_us, frame_end_us=at.timestamp_us,
+                                     image_format=S.ImageFormat.JPEG, image_quality=95)
+            req.sensor_pose.start_pose.CopyFrom(
+                Pose.from_proto(pose_message(pose_matrix(at.pose) @ pose_matrix(c.rig_to_camera))).to_proto())
+            req.sensor_pose.end_pose.CopyFrom(req.sensor_pose.start_pose)
+            rgb.append(req)
+        before = traj.poses[len(traj.poses) // 2 - 1]
+        lidar = S.LidarRenderRequest(scene_id=sid, frame_start_us=before.timestamp_us, frame_end_us=at.timestamp_us,
+                                     lidar_config=S.LidarSpec(lidar_type=S.LidarDeviceType.PANDAR128))
+        lidar.sensor_pose.start_pose.CopyFrom(before.pose)
+        lidar.sensor_pose.end_pose.CopyFrom(at.pose)
+        agg = timed(lambda: sensorsim("render_aggregated", S.AggregatedRenderReturn)(
+            S.AggregatedRenderRequest(rgb_requests=rgb, lidar_requests=[lidar]), timeout=300), a.calls)
+        results["aggregated"] = {"cameras": len(rgb), "sensorsim_ms": agg}
+        print(f"render_aggregated, {len(rgb)} cameras 640x360 jpeg + a PANDAR128 sweep: {agg[0]:7.1f} ms "
+              f"(p90 {agg[1]:7.1f})")
     return results
 
 

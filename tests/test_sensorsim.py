@@ -207,6 +207,15 @@ def test_batch_and_aggregated_renders(call, loop_street):
     lidar.sensor_pose.CopyFrom(good.sensor_pose)
     agg = call("render_aggregated", S.AggregatedRenderRequest(rgb_requests=[good, good], lidar_requests=[lidar]))
     assert [r.image_bytes for r in agg.rgb_returns] == [single, single] and agg.lidar_returns[0].num_points > 100
+    # (the sweep rendered in a thread beside the cameras where numba's layer allows it: what render_lidar gives)
+    assert agg.lidar_returns[0].point_xyzs_buffer == call("render_lidar", lidar).point_xyzs_buffer
+    # a bad LiDAR request fails the call before anything renders
+    bad_lidar = S.LidarRenderRequest()
+    bad_lidar.CopyFrom(lidar)
+    bad_lidar.frame_end_us = t - 1
+    assert code_of(call, "render_aggregated", S.AggregatedRenderRequest(rgb_requests=[good],
+                                                                        lidar_requests=[bad_lidar]))[0] == \
+        grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_bad_requests_get_their_status(call, server):

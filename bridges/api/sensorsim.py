@@ -64,6 +64,19 @@ class _Job:
     batch: Optional[tuple]
 
 
+@dataclass
+class _Sweep:
+    """One LiDAR sweep of a sensorsim request: the preset, the scene with the request's actors placed, and the
+    spin's start and end times and poses."""
+
+    spec: object
+    scene: object
+    t0: int
+    t1: int
+    T0: np.ndarray
+    T1: np.ndarray
+
+
 def _name(enum, value: int) -> str:
     """An enum value's name, or the number an unknown value is."""
     return enum.Name(value) if value in enum.values() else f"unknown value {value}"
@@ -80,6 +93,7 @@ class SensorsimServicer:
 
     def __init__(self, core):
         self.core = core
+        self._lidar_threads = None  # render_aggregated's sweeps beside its cameras (made on first use)
 
     # ---------------------------------------------------------------------------------------- catalogue
     @rpc
@@ -145,14 +159,38 @@ class SensorsimServicer:
 
     @rpc
     def render_aggregated(self, request, context):
+        """The cameras and the LiDARs of one call in one render slot, every request checked before any renders; the
+        sweeps in a thread beside the cameras where the renderer allows it (`Renderer.lidar_beside_cameras`: on a
+        GPU, or numba's omp/tbb layer), as the closed loop renders them."""
         P = _protocol()
-        rgb = self._render([self._prepare(r) for r in request.rgb_requests], context)
-        return P.sensorsim_pb2.AggregatedRenderReturn(
-            rgb_returns=rgb, lidar_returns=[self._render_lidar(r, context) for r in request.lidar_requests])
+        jobs, sweeps = [self._prepare(r) for r in request.rgb_requests], [self._prepare_lidar(r)
+                                                                           for r in request.lidar_requests]
+        with self.core.slot(context):
+            beside = None
+            if sweeps and any(j.batch is not None for j in jobs):
+                first = next(j for j in jobs if j.batch is not None)
+                if self.core.renderer(first.served, first.scene, self.core.checked_backend("")).lidar_beside_cameras:
+                    if self._lidar_threads is None:
+                        from concurrent.futures import ThreadPoolExecutor
+                        self._lidar_threads = ThreadPoolExecutor(thread_name_prefix="gsim-sensorsim-lidar")
+                    beside = self._lidar_threads.submit(lambda: [self._sweep(w) for w in sweeps])
+            try:
+                rgb = self._images(jobs)
+            finally:  # a camera's error waits for the sweeps too: nothing renders on past the call's slot
+                if beside is not None:
+                    from concurrent.futures import wait
+                    wait([beside])
+            frames = beside.result() if beside is not None else [self._sweep(w) for w in sweeps]
+        return P.sensorsim_pb2.AggregatedRenderReturn(rgb_returns=self._encoded(rgb, jobs),
+                                                      lidar_returns=[self._lidar_return(w, f)
+                                                                     for w, f in zip(sweeps, frames)])
 
     @rpc
     def render_lidar(self, request, context):
-        return self._render_lidar(request, context)
+        sweep = self._prepare_lidar(request)
+        with self.core.slot(context):
+            frame = self._sweep(sweep)
+        return self._lidar_return(sweep, frame)
 
     def _prepare(self, request) -> "_Job":
         """A render_rgb request checked and turned into gsim's terms (nothing rendered yet)."""
@@ -185,31 +223,40 @@ class SensorsimServicer:
                     None if rolling else (s.id, tm, placement))
 
     def _render(self, jobs, context) -> list:
-        """``RGBRenderReturn`` of each job: a rolling shutter alone, the still ones of one scene, placement and time
-        in one resident call (on a GPU one gsplat batch)."""
+        """``RGBRenderReturn`` of each job, rendered in one render slot (`_images`)."""
+        with self.core.slot(context):
+            rgb = self._images(jobs)
+        return self._encoded(rgb, jobs)
+
+    def _images(self, jobs) -> list:
+        """Each job's 8-bit image: a rolling shutter alone, the still ones of one scene, placement and time in one
+        resident call (on a GPU one gsplat batch)."""
         from gsim.render import render_camera
-        P = _protocol()
         backend = self.core.checked_backend("")
         rgb = [None] * len(jobs)
-        with self.core.slot(context):
-            batches = {}
-            for k, j in enumerate(jobs):
-                if j.batch is None:  # a rolling shutter, top to bottom over the exposure
-                    rgb[k] = to_uint8(render_camera(j.scene, j.camera, (np.array([j.t0, j.t1]), np.stack([j.T0, j.T1])),
-                                                    backend=backend, timestamp_us=j.t0, sensor=j.sensor,
-                                                    readout_us=int(j.t1 - j.t0)).rgb)
-                else:
-                    batches.setdefault(j.batch, []).append(k)
-            for (_, tm, _), ks in batches.items():
-                first = jobs[ks[0]]
-                views = [(jobs[k].camera, jobs[k].T, jobs[k].sensor) for k in ks]
-                for k, x in zip(ks, self.core.renderer(first.served, first.scene, backend).images(views, tm)):
-                    rgb[k] = x
+        batches = {}
+        for k, j in enumerate(jobs):
+            if j.batch is None:  # a rolling shutter, top to bottom over the exposure
+                rgb[k] = to_uint8(render_camera(j.scene, j.camera, (np.array([j.t0, j.t1]), np.stack([j.T0, j.T1])),
+                                                backend=backend, timestamp_us=j.t0, sensor=j.sensor,
+                                                readout_us=int(j.t1 - j.t0)).rgb)
+            else:
+                batches.setdefault(j.batch, []).append(k)
+        for (_, tm, _), ks in batches.items():
+            first = jobs[ks[0]]
+            views = [(jobs[k].camera, jobs[k].T, jobs[k].sensor) for k in ks]
+            for k, x in zip(ks, self.core.renderer(first.served, first.scene, backend).images(views, tm)):
+                rgb[k] = x
+        return rgb
+
+    @staticmethod
+    def _encoded(rgb, jobs) -> list:
+        P = _protocol()
         return [P.sensorsim_pb2.RGBRenderReturn(image_bytes=image_bytes(x, j.fmt, j.quality))
                 for x, j in zip(rgb, jobs)]
 
-    def _render_lidar(self, request, context):
-        from gsim.lidar import render_lidar
+    def _prepare_lidar(self, request) -> _Sweep:
+        """A render_lidar request checked and turned into gsim's terms (nothing rendered yet)."""
         from gsim.lidar.spec import lidar_preset
         P = _protocol()
         s = self.core.served_scene(request.scene_id)
@@ -217,30 +264,36 @@ class SensorsimServicer:
         if request.lidar_config.lidar_type not in kinds.values():
             raise InputError(f"lidar_config.lidar_type: unknown value {request.lidar_config.lidar_type}; "
                              f"{', '.join(kinds.keys())}")
-        spec = lidar_preset(LIDARS[kinds.Name(request.lidar_config.lidar_type)])
         t0, t1 = self._times(request)
         T0, T1 = (self._pose(request.sensor_pose, f) for f in ("start_pose", "end_pose"))
-        scene = self._placed(s.scene, request.dynamic_objects, t0, t1)
-        with self.core.slot(context):
-            pose = (np.array([t0, t1]), np.stack([T0, T1])) if t1 > t0 else T0
-            f = render_lidar(scene, spec, pose, timestamp_us=t0, rolling=t1 > t0)
-        # each point from its own column's frame (its firing time) into the end-of-spin frame
+        return _Sweep(lidar_preset(LIDARS[kinds.Name(request.lidar_config.lidar_type)]),
+                      self._placed(s.scene, request.dynamic_objects, t0, t1), t0, t1, T0, T1)
+
+    @staticmethod
+    def _sweep(w: _Sweep):
+        from gsim.lidar import render_lidar
+        pose = (np.array([w.t0, w.t1]), np.stack([w.T0, w.T1])) if w.t1 > w.t0 else w.T0
+        return render_lidar(w.scene, w.spec, pose, timestamp_us=w.t0, rolling=w.t1 > w.t0)
+
+    @staticmethod
+    def _lidar_return(w: _Sweep, f):
+        """The sweep's points in the end-of-spin frame, each from its own column's frame (its firing time)."""
         pts = np.asarray(f.points, np.float64)
-        if t1 > t0:
-            times = t0 + np.asarray(f.time_offset_us, np.int64)
+        if w.t1 > w.t0:
             from gsim.transforms import interpolate_poses
-            Ts = interpolate_poses(np.array([t0, t1]), np.stack([T0, T1]), times)
+            Ts = interpolate_poses(np.array([w.t0, w.t1]), np.stack([w.T0, w.T1]),
+                                   w.t0 + np.asarray(f.time_offset_us, np.int64))
             world = np.einsum("nij,nj->ni", Ts[:, :3, :3], pts) + Ts[:, :3, 3]
         else:
-            world = pts @ T0[:3, :3].T + T0[:3, 3]
-        T_end_world = np.linalg.inv(T1)
+            world = pts @ w.T0[:3, :3].T + w.T0[:3, 3]
+        T_end_world = np.linalg.inv(w.T1)
         xyz = (world @ T_end_world[:3, :3].T + T_end_world[:3, 3]).astype("<f4")
         inten = (np.zeros(len(xyz), "<f4") if f.intensity is None
                  else np.clip(np.asarray(f.intensity, np.float64), 0, 1).astype("<f4"))
         # the packed fields alone, as NVIDIA's NRE server and AlpaSim's own renderer answer (AlpaSim's runtime reads
         # them first): the repeated float fields too took 15-20 ms a 120k-point sweep and doubled the message
-        return P.sensorsim_pb2.LidarRenderReturn(num_points=len(xyz), point_xyzs_buffer=xyz.tobytes(),
-                                                 point_intensities_buffer=inten.tobytes())
+        return _protocol().sensorsim_pb2.LidarRenderReturn(num_points=len(xyz), point_xyzs_buffer=xyz.tobytes(),
+                                                           point_intensities_buffer=inten.tobytes())
 
     # ---------------------------------------------------------------------------------------- request fields
     @staticmethod
