@@ -122,7 +122,7 @@ class Renderer:
         """The views (camera, T_world_camera, log camera name or None for its appearance affine) at one time, as
         `render_camera` renders them: torch tensors on the device (numpy arrays on the host path, or with
         ``numpy``)."""
-        views = [(c, check_pose(T, f"views[{i}] T_world_camera"), n) for i, (c, T, n) in enumerate(views)]
+        views = _checked(views)
         if self.backend == "numba":
             return [render_camera(self.scene, c, T, "numba", timestamp_us, options, n) for c, T, n in views]
         options = resolve_options(options)
@@ -141,12 +141,12 @@ class Renderer:
         GPU rendered without depth or normals (gsplat composites 3 channels a pixel instead of 8) and brought
         back in one copy per image size."""
         from .io import to_uint8
-        views = [(c, check_pose(T, f"views[{i}] T_world_camera"), n) for i, (c, T, n) in enumerate(views)]
         if self.backend != "gsplat":
             return [to_uint8(f.rgb) for f in self.cameras(views, timestamp_us, options)]
         import torch
 
         from .render.gsplat_backend import render_batch
+        views = _checked(views)
         pairs = render_batch(self.surfels_at(timestamp_us), [c for c, _, _ in views], [T for _, T, _ in views],
                              resolve_options(options), rgb_only=True)
         rgb = [self._composed(x, a, c, T, n) for (x, a), (c, T, n) in zip(pairs, views)]
@@ -182,3 +182,8 @@ class Renderer:
                 self._rays[camera] = to_device(camera_ray_directions(camera, np.eye(4)), self.device)
             dirs = self._rays[camera] @ to_device(T[:3, :3].T, self.device, torch.float32)
         return compose(rgb, alpha, self._sky, dirs, affine).clamp(0, 1)
+
+
+def _checked(views: Sequence[View]) -> list:
+    """The views with their poses checked (`check_pose`), each named by its place in the list."""
+    return [(c, check_pose(T, f"views[{i}] T_world_camera"), n) for i, (c, T, n) in enumerate(views)]

@@ -427,8 +427,8 @@ class Tracer:
         cap = torch.empty((B, n, 7), dtype=torch.float32, device=self.device)
         t = self.tensor
         _on(_caps, (_blocks(n), B), THREADS)(a(s["rec"]), a(s["scales"]), a(s["group"]), a(t(np.stack(wfg))),
-                                       a(t(np.stack(o_ref))), a(t(np.stack(R_ref))), a(t(np.stack(margin))),
-                                       self.tan_div, a(t(grid)), a(rect), a(depth), a(cap))
+                                             a(t(np.stack(o_ref))), a(t(np.stack(R_ref))), a(t(np.stack(margin))),
+                                             self.tan_div, a(t(grid)), a(rect), a(depth), a(cap))
         rect, depth, cap = rect.view(B * n, 4), depth.view(-1), cap.view(B * n, 7)
         area = (rect[:, 1] - rect[:, 0]) * (rect[:, 3] - rect[:, 2])
         slot = torch.nonzero(area > 0)[:, 0]  # (a host sync: the slot count)
@@ -439,7 +439,8 @@ class Tracer:
         values = torch.empty(total, dtype=torch.int64, device=self.device)
         bundle = torch.div(slot, n, rounding_mode="floor")
         _on(_pairs, _blocks(len(slot)), THREADS)(a(rect), a(depth.view(torch.int32)), a(end - area), a(bundle),
-                                            a(t(grid[:, 2], torch.int64)), a(t(cell_off[:-1])), a(keys), a(values))
+                                                 a(t(grid[:, 2], torch.int64)), a(t(cell_off[:-1])), a(keys),
+                                                 a(values))
         keys, perm = torch.sort(keys, stable=True)
         cell_start = torch.searchsorted(keys >> 32, torch.arange(int(cell_off[-1]) + 1, device=self.device))
         return cell_start, values[perm], slot % n, cap[slot]
@@ -495,26 +496,25 @@ class Tracer:
                              + [self.tensor([sum(len(x) for x in lsts)], torch.int64)])
             s, a = self.surfels, _array
             width, units, scan, splits, rows = self._units(ray_cell, cell_start)
-            args = (cat([x + q for x, q in zip(lsts, slot_off)]), cat(srcs), rays, ray_bundle, s["rec"], cat(caps),
-                    s["features"], s["group"], self.gfw, self.tensor(np.stack([b[2] for b in self.bundles])),
-                    self.origins, self.dirs, self.column)
-            outs = (o["alpha"], o["range_sum"], o["median"], o["normal"], o["features"], o["candidates"])
+            # (each tensor as the kernels take it once: the segments' launches share them)
+            args = [a(x) for x in (cat([x + q for x, q in zip(lsts, slot_off)]), cat(srcs), rays, ray_bundle,
+                                   s["rec"], cat(caps), s["features"], s["group"], self.gfw,
+                                   self.tensor(np.stack([b[2] for b in self.bundles])), self.origins, self.dirs,
+                                   self.column)]
+            outs = [a(o[k]) for k in ("alpha", "range_sum", "median", "normal", "features", "candidates")]
             if width == 1:
-                _on(_composite_rays, _blocks(len(units)), THREADS)(a(units), *map(a, args), self.inv2, self.hit,
-                                                              *map(a, outs))
+                _on(_composite_rays, _blocks(len(units)), THREADS)(a(units), *args, self.inv2, self.hit, *outs)
             else:
                 z = lambda *shape: torch.zeros(shape, dtype=torch.float32, device=self.device)  # noqa: E731
-                parts = (z(rows) + 1, torch.zeros(rows, dtype=torch.int64, device=self.device), z(rows, 6),
-                         z(rows, o["features"].shape[1]))  # start_T, start_n, part, part_feat
+                parts = [a(x) for x in (z(rows) + 1, torch.zeros(rows, dtype=torch.int64, device=self.device),
+                                        z(rows, 6), z(rows, o["features"].shape[1]))]  # start_T, start_n, sums
                 if rows:
-                    _on(_composite_cells, len(scan), width)(a(scan), *map(a, args), self.inv2, self.hit, *map(a, parts),
-                                                       *map(a, outs), True)
-                    _on(_segment_starts, _blocks(len(splits)), THREADS)(a(splits), a(parts[0]), a(parts[1]))
-                _on(_composite_cells, len(units), width)(a(units), *map(a, args), self.inv2, self.hit, *map(a, parts),
-                                                    *map(a, outs), False)
+                    _on(_composite_cells, len(scan), width)(a(scan), *args, self.inv2, self.hit, *parts, *outs, True)
+                    _on(_segment_starts, _blocks(len(splits)), THREADS)(a(splits), parts[0], parts[1])
+                _on(_composite_cells, len(units), width)(a(units), *args, self.inv2, self.hit, *parts, *outs, False)
                 if rows:
-                    _on(_segment_sums, _blocks(len(splits)), THREADS)(a(splits), a(rays), a(parts[2]), a(parts[3]),
-                                                                 *map(a, outs[:5]))
+                    _on(_segment_sums, _blocks(len(splits)), THREADS)(a(splits), args[2], parts[2], parts[3],
+                                                                      *outs[:5])  # (args[2]: the rays)
             self.bundles = []
         if device:
             return dict(o)
@@ -589,7 +589,7 @@ def device_groups(means, quats, scales, opacities, features, group, tracks):
     f64 = lambda x: x.detach().to(torch.float64).contiguous()  # noqa: E731  (as build: float64 maths)
     rec = torch.empty((n, N_REC), dtype=torch.float32, device=dev)
     _on(_records, _blocks(n), THREADS)(_array(f64(means)), _array(f64(quats)), _array(f64(scales)),
-                                  _array(f64(opacities)), _array(rec))
+                                       _array(f64(opacities)), _array(rec))
     group = group.to(torch.int64)
     act = group > 0
     reach = (f64(means).norm(dim=1) + 3.5 * f64(scales).max(1).values)[act]

@@ -18,6 +18,7 @@ Intensity and ray drop come from the scene's LiDAR head (lidar.heads) when it ha
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -149,22 +150,25 @@ def render_lidar(scene_or_surfels, spec: Union[LidarSpec, RayTableSpec], T_world
     sensor = sensor_poses(T_world_lidar, timestamp_us, times, rolling)
     L, C = lay.directions.shape[:2]
     head = _head(scene_or_surfels, head, groups)
-    if name == "cuda":  # the rays, the trace and the head on the GPU, one download for the frame
-        from .kernel_cuda import download, own_stream, sweep_directions
-        with own_stream(not isinstance(groups.rec, np.ndarray)):
-            dirs = sweep_directions(lay, sensor)
-            out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name, device=True)
-            out, hit, intensity, drop = download(out, *_returns(out, dirs, hit_alpha, spec.min_range_m,
-                                                                spec.max_range_m, head))
-        return _frame(lay, out, sensor, hit, intensity, drop)
     sweep = name == "numba" and lay.rows is not None  # the strip kernel turns the directions itself
-    dirs = None if sweep and head is None else \
-        np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
-    if sweep:
-        out = trace_sweep(groups, lay, sensor, times, hit_alpha)
+    if name == "cuda":  # the rays, the trace and the head on the GPU, on the LiDAR's stream; one download
+        from . import kernel_cuda
+        stream = kernel_cuda.own_stream(not isinstance(groups.rec, np.ndarray))
     else:
-        out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name)
-    hit, intensity, drop = _returns(out, dirs, hit_alpha, spec.min_range_m, spec.max_range_m, head)
+        stream = contextlib.nullcontext()
+    with stream:
+        if name == "cuda":
+            dirs = kernel_cuda.sweep_directions(lay, sensor)
+        else:
+            dirs = None if sweep and head is None else \
+                np.einsum("cij,lcj->lci", sensor[:, :3, :3], lay.directions).reshape(-1, 3)
+        if sweep:
+            out = trace_sweep(groups, lay, sensor, times, hit_alpha)
+        else:
+            out = trace(groups, sensor, times, dirs, np.tile(np.arange(C), L), hit_alpha, name, device=name == "cuda")
+        hit, intensity, drop = _returns(out, dirs, hit_alpha, spec.min_range_m, spec.max_range_m, head)
+        if name == "cuda":
+            out, hit, intensity, drop = kernel_cuda.download(out, hit, intensity, drop)
     return _frame(lay, out, sensor, hit, intensity, drop)
 
 
