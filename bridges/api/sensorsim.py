@@ -26,6 +26,7 @@ image format other than PNG and JPEG, or an f-theta camera, UNIMPLEMENTED.
 """
 from __future__ import annotations
 
+from concurrent import futures
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -93,7 +94,8 @@ class SensorsimServicer:
 
     def __init__(self, core):
         self.core = core
-        self._lidar_threads = None  # render_aggregated's sweeps beside its cameras (made on first use)
+        # render_aggregated's sweeps beside its cameras (the pool starts its threads on first use)
+        self._lidar_threads = futures.ThreadPoolExecutor(thread_name_prefix="gsim-sensorsim-lidar")
 
     # ---------------------------------------------------------------------------------------- catalogue
     @rpc
@@ -166,20 +168,15 @@ class SensorsimServicer:
         jobs, sweeps = [self._prepare(r) for r in request.rgb_requests], [self._prepare_lidar(r)
                                                                            for r in request.lidar_requests]
         with self.core.slot(context):
-            beside = None
-            if sweeps and any(j.batch is not None for j in jobs):
-                first = next(j for j in jobs if j.batch is not None)
-                if self.core.renderer(first.served, first.scene, self.core.checked_backend("")).lidar_beside_cameras:
-                    if self._lidar_threads is None:
-                        from concurrent.futures import ThreadPoolExecutor
-                        self._lidar_threads = ThreadPoolExecutor(thread_name_prefix="gsim-sensorsim-lidar")
-                    beside = self._lidar_threads.submit(lambda: [self._sweep(w) for w in sweeps])
+            beside, first = None, next((j for j in jobs if j.batch is not None), None)  # (a resident call's)
+            if sweeps and first is not None and \
+                    self.core.renderer(first.served, first.scene, self.core.checked_backend("")).lidar_beside_cameras:
+                beside = self._lidar_threads.submit(lambda: [self._sweep(w) for w in sweeps])
             try:
                 rgb = self._images(jobs)
             finally:  # a camera's error waits for the sweeps too: nothing renders on past the call's slot
                 if beside is not None:
-                    from concurrent.futures import wait
-                    wait([beside])
+                    futures.wait([beside])
             frames = beside.result() if beside is not None else [self._sweep(w) for w in sweeps]
         return P.sensorsim_pb2.AggregatedRenderReturn(rgb_returns=self._encoded(rgb, jobs),
                                                       lidar_returns=[self._lidar_return(w, f)
