@@ -183,7 +183,12 @@ def interpolate_poses(times_us: np.ndarray, poses: np.ndarray, t_us, quats: Opti
     from .slerp import slerp_tracks  # (numba: the command line loads this module without it)
     lead = poses.shape[:-3]
     out = np.empty(lead + (len(t), 4, 4))
-    quats = np.broadcast_to(np.asarray(quats, np.float64), poses.shape[:-2] + (4,))  # (one track's for a stack)
+    want = poses.shape[:-2] + (4,)
+    quats = np.asarray(quats, np.float64)
+    if quats.shape not in (want, want[-2:]):  # (one track's quaternions serve a stack)
+        raise InputError(f"interpolate_poses: quats shaped {quats.shape}, expected {want} or {want[-2:]} for poses "
+                         f"shaped {poses.shape}")
+    quats = np.broadcast_to(quats, want)
     slerp_tracks(times_us, np.ascontiguousarray(quats).reshape(-1, len(times_us), 4),
                   np.ascontiguousarray(poses[..., :3, 3]).reshape(-1, len(times_us), 3), t,
                   out.reshape(-1, len(t), 4, 4))

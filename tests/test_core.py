@@ -101,7 +101,7 @@ def test_interpolate_poses_edge_cases():
     assert interpolate_poses(np.array([0, 100, 200]), np.stack([poses] * 2), []).shape == (2, 0, 4, 4)
     got = interpolate_poses(np.array([0, 100, 100]), poses, [100, 150])
     assert np.array_equal(got, poses[[2, 2]])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"quats shaped \(2, 3, 4\), expected \(3, 4\)"):
         interpolate_poses(np.array([0, 100, 200]), poses, [50], quats=np.tile([1.0, 0, 0, 0], (2, 3, 1)))
 
 
