@@ -81,6 +81,7 @@ def cmd_reconstruct(a) -> int:
 
 def cmd_eval(a) -> int:
     from .evaluation.evaluate import evaluate
+    from .evaluation.lane_shift import offpath_table
     repair = a.open_repairer(a) if a.open_repairer else None  # set with --repair by gsim.diffusion.cli
     m = evaluate(a.scene, a.log, a.out, holdout_every=a.holdout_every, downscale=a.downscale, backend=a.backend,
                  shifts=a.shifts, ahead=a.ahead, repair=repair, frames=a.frames)
@@ -94,8 +95,11 @@ def cmd_eval(a) -> int:
         + [(f"{r['ahead_m']:g} m ahead", r) for r in m.get("ahead", [])]
     for where, r in rows[1:] if repair is None else rows:
         fixed = f"; repaired: PSNR {r['repaired_psnr']:.2f} dB, SSIM {r['repaired_ssim']:.4f}" if repair else ""
-        alpha = f", alpha < 0.5 on {r['low_alpha_fraction']:.1%} ({r['views']} views)" if "low_alpha_fraction" in r else ""
+        alpha = (f", alpha < 0.5 on {r['low_alpha_fraction']:.1%} ({r['views']} views, {r['views_left_out']} left "
+                 f"out: no vehicle fits there)" if "low_alpha_fraction" in r else "")
         print(f"{where}: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}{alpha}{fixed}")
+    if a.shifts or a.ahead:
+        print(f"off the driven path (also in {a.out}/metrics.md):\n{offpath_table(m)}", end="")
     return 0
 
 

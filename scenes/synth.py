@@ -226,6 +226,28 @@ class Street:
         d = np.asarray(directions, np.float64).reshape(-1, 3)
         return self._cast(T[None], d, np.zeros(len(d), np.int64), self.car_poses([timestamp_us]))
 
+    def occupied(self, points, timestamp_us: int) -> np.ndarray:
+        """(N,) bool: which world points (N,3) lie inside a solid (a building, sidewalk, pole, trunk, crown or
+        car at that time; the ground plane is not a solid)."""
+        p = np.asarray(points, np.float64).reshape(-1, 3)
+        inside = np.zeros(len(p), bool)
+        for kind in (BOX, CYLINDER, SPHERE):
+            q = self.params[self.kinds == kind][None]  # (1,S,6)
+            x, y, z = p[:, 0:1], p[:, 1:2], p[:, 2:3]
+            if kind == BOX:
+                hit = ((x >= q[..., 0]) & (x <= q[..., 3]) & (y >= q[..., 1]) & (y <= q[..., 4])
+                       & (z >= q[..., 2]) & (z <= q[..., 5]))
+            elif kind == CYLINDER:
+                hit = ((x - q[..., 0]) ** 2 + (y - q[..., 1]) ** 2 <= q[..., 2] ** 2) & (z >= q[..., 3]) & (z <= q[..., 4])
+            else:
+                hit = (x - q[..., 0]) ** 2 + (y - q[..., 1]) ** 2 + (z - q[..., 2]) ** 2 <= q[..., 3] ** 2
+            inside |= hit.any(1)
+        T_world_car = self.car_poses([timestamp_us])[0]  # (A,4,4)
+        local = np.einsum("aji,anj->ani", T_world_car[:, :3, :3], p[None] - T_world_car[:, None, :3, 3])
+        parts = self.car_parts.reshape(-1, 2, 6)  # (A, body|cabin, 6)
+        within = ((local[:, :, None] >= parts[:, None, :, :3]) & (local[:, :, None] <= parts[:, None, :, 3:])).all(-1)
+        return inside | within.any((0, 2))
+
     def _cast(self, sensor_poses, rays, slots, car_poses) -> Hits:
         """Ray r starts at sensor pose T = sensor_poses[slots[r]] (S,4,4, T_world_sensor), runs along
         T's rotation of rays[r] (sensor frame) and meets the cars at car_poses[slots[r]] (S,A,4,4):
@@ -731,6 +753,14 @@ def render_camera(st: Street, camera: Camera, T_world_camera: np.ndarray, timest
     depth = np.where(hits.prim >= 0, hits.t, 0.0)[s2 // 2::s2]  # the centre sample is the pixel centre
     return (np.round(np.clip(rgb, 0, 1) * 255).astype(np.uint8).reshape(camera.height, camera.width, 3),
             depth.astype(np.float32).reshape(camera.height, camera.width))
+
+
+def camera_hits(st: Street, camera: Camera, T_world_camera: np.ndarray, timestamp_us: int) -> Hits:
+    """The street's nearest hits along the camera's pixel-centre rays, row-major (H*W): depth (camera z) in ``t``,
+    what each pixel sees in ``material`` (-1: the sky), the hit in the world or its car's box frame in ``local``."""
+    rays = _subpixel_rays(camera, 1)
+    return st._cast(np.asarray(T_world_camera, np.float64)[None], rays, np.zeros(len(rays), np.int64),
+                    st.car_poses([timestamp_us]))
 
 
 def lidar_beams(options: SynthOptions) -> LidarBeams:

@@ -43,7 +43,8 @@ def test_evaluate_reports_both_sides_of_each_shift_and_the_path_ahead(log_dir, t
     m = evaluate(tmp_path / "scene", log_dir, tmp_path / "eval", progress=False, shifts=(1.0, 2.0), ahead=(5.0,))
     views = len(m["views"])  # held-out frames 0 and 8, three cameras
     assert [r["shift_m"] for r in m["lane_shift"]] == [1.0, 2.0]
-    assert all(r["views"] == 2 * views for r in m["lane_shift"])
+    assert all(r["views"] + r["views_left_out"] == 2 * views for r in m["lane_shift"])
+    assert m["unshifted"]["views"] + m["unshifted"]["views_left_out"] == views
     assert m["ahead"][0]["ahead_m"] == 5.0 and m["ahead"][0]["views"] == 3  # the last held-out frame's cameras
     for r in m["lane_shift"] + m["ahead"]:
         assert np.isfinite(r["psnr"]) and 0 <= r["low_alpha_fraction"] <= 1 and -1 <= r["ssim"] <= 1

@@ -29,7 +29,7 @@ from gsim.io import to_uint8, write_bytes, write_json, write_png
 from gsim.resident import Renderer
 from gsim.scene import Scene, load_scene
 
-from .lane_shift import evaluate_offsets, street_of
+from .lane_shift import evaluate_offsets, offpath_table, street_of
 from ..reconstruction.lidar_rays import sweep_rays
 from ..log import load_log
 from ..reconstruction.views import make_views, split_frames
@@ -159,5 +159,7 @@ def evaluate(scene_path, log_path, out, holdout_every: int = 8, downscale: Optio
                                         progress, repair, holdout_every))
     metrics["views"] = per_view
     write_json(out / "metrics.json", metrics)
-    write_bytes(out / "metrics.md", _table(metrics).encode())
+    table = _table(metrics) + (f"\nOff the driven path, against the exact street:\n\n{offpath_table(metrics)}"
+                               if shifts or ahead else "")
+    write_bytes(out / "metrics.md", table.encode())
     return metrics

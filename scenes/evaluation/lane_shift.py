@@ -60,6 +60,25 @@ def render_truth(log, trajectory, out: Path, progress: bool = True) -> int:
     return len(trajectory.poses)
 
 
+# A car's box in the vehicle frame (x forward, y left, z up; the synthetic ego's origin is on the ground under its
+# rear axle, its cameras 1.8 m ahead of it): a shifted view is one a vehicle could have only where this box, raised
+# off the ground by a curb's height, is free, and no surface is nearer its camera than NEAR_M.
+EGO_BOX_M = np.array([[-1.0, -0.95, 0.2], [3.6, 0.95, 1.6]])
+NEAR_M = 0.3
+
+
+def drivable(street, T_world_vehicle: np.ndarray, timestamp_us: int, hits) -> bool:
+    """Whether the ego could stand at ``T_world_vehicle``: its box (`EGO_BOX_M`, sampled every ~0.3 m) is inside no
+    solid of the street at that time, and the camera's view (``hits``, `synth.camera_hits`) meets no surface nearer
+    than `NEAR_M` (a camera against a parked car's flank sees nothing a vehicle's camera could)."""
+    lo, hi = EGO_BOX_M
+    axes = [np.linspace(a, b, max(2, int(np.ceil((b - a) / 0.3)) + 1)) for a, b in zip(lo, hi)]
+    box = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    world = box @ T_world_vehicle[:3, :3].T + T_world_vehicle[:3, 3]
+    near = bool(((hits.prim >= 0) & (hits.t < NEAR_M)).any())
+    return not near and not bool(street.occupied(world, timestamp_us).any())
+
+
 def offsets(shifts: Sequence[float], ahead: Sequence[float]) -> List[Tuple[str, float, float, float]]:
     """(kind, distance, ahead_m, left_m) of each evaluated offset: both sides of every shift, then ``ahead``."""
     out = []
@@ -71,31 +90,46 @@ def offsets(shifts: Sequence[float], ahead: Sequence[float]) -> List[Tuple[str, 
 def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence[float], downscale: int, out: Path,
                      backend: str = "auto", write_images: bool = True, progress: bool = True, repair=None,
                      holdout_every: int = 8) -> dict:
-    """Renders ``scene`` at each held-out view moved sideways by every shift (both sides) and, from the last
-    held-out frame, ahead by every distance; returns {"lane_shift": [{shift_m, psnr, ssim,
-    low_alpha_fraction, views}], "ahead": [{ahead_m, ...}]} (both sides averaged) and writes side-by-side
-    images (render | truth | error) to out/offsets/. ``repair``: a repairer (`gsim.diffusion.open_repairer`); the
-    repaired renders are measured too (``repaired_psnr``, ``repaired_ssim``) and drawn after the render; one with
-    ``repair_view`` (a repair model) is given the view, for references from the log's training views
-    (``holdout_every``: which frames those are)."""
+    """Renders ``scene`` at each held-out view, moved sideways by every shift (both sides) and, from the last
+    held-out frame, ahead by every distance, against the synthetic street's exact images. Returns
+    {"unshifted": {...}, "lane_shift": [{shift_m, ...}], "ahead": [{ahead_m, ...}]} (both sides together; unshifted:
+    the held-out views themselves, measured the same way), each with:
+
+    - ``views``: the views a vehicle could have (`drivable`) and ``views_left_out``: the others (a camera inside or
+      against a parked car or a tree); ``psnr``, ``ssim`` and ``low_alpha_fraction`` over the drivable views,
+      ``psnr_all`` and ``ssim_all`` over every view;
+    - ``depth_absrel`` and ``depth_within_5pct``: the rendered depth against the exact depth on surface pixels;
+    - ``regions`` and ``geometry``: each pixel class's share of the pixels and of the squared error, and its PSNR
+      (`error_split`: far field / road / near; depth right / wrong / never seen by a training camera).
+
+    Side-by-side images (render | truth | error) go to out/offsets/ (a left-out view's name ends in _blocked).
+    ``repair``: a repairer (`gsim.diffusion.open_repairer`); the repaired renders are measured too
+    (``repaired_psnr``, ``repaired_ssim``) and drawn after the render; one with ``repair_view`` (a repair model) is
+    given the view, for references from the log's training views (``holdout_every``: which frames those are)."""
     from gsim.io import to_uint8, write_png
     from gsim.images import error_map, image_metrics, render_image, repaired
     from gsim.resident import Renderer
+    from .error_split import Coverage, Split
+    from ..reconstruction.views import split_frames
     street, options = street_of(log)
+    coverage = Coverage.of(log, street, split_frames(log, holdout_every)[0])
     last = max(v.frame for v in views)
-    jobs = [(k, d, dx, dy, v) for k, d, dx, dy in offsets(shifts, ahead) for v in views
-            if k == "lane_shift" or v.frame == last]
+    moves = [("unshifted", 0.0, 0.0, 0.0)] + offsets(shifts, ahead)
+    jobs = [(k, d, dx, dy, v) for k, d, dx, dy in moves for v in views if k != "ahead" or v.frame == last]
     if progress:
         from tqdm import tqdm
         jobs = tqdm(jobs, desc="off the path", unit="view")
-    rows = {}
+    rows, splits = {}, {}
     renderer = Renderer(scene, backend)
     for kind, dist, dx, dy, v in jobs:
         T = offset_pose(log, v.sensor, v.timestamp_us, dx, dy)
+        T_vehicle = T @ np.linalg.inv(log.cameras[v.sensor].T_vehicle_camera)
         rgb, alpha, depth = render_image(renderer, v.camera, scene.log_pose(T, v.timestamp_us), v.timestamp_us,
                                          v.sensor)
         gt = truth(street, options, log, v.sensor, T, v.timestamp_us, downscale)
-        m = {**image_metrics(rgb, gt), "low_alpha_fraction": float(np.mean(alpha < 0.5))}
+        hits = synth.camera_hits(street, v.camera, T, v.timestamp_us)
+        ok = drivable(street, T_vehicle, v.timestamp_us, hits)
+        m = {**image_metrics(rgb, gt), "low_alpha_fraction": float(np.mean(alpha < 0.5)), "drivable": ok}
         shown = [rgb]
         if repair is not None:
             fixed = repaired(repair, renderer, log, v.camera, T, v.timestamp_us, rgb, alpha, depth, sensor=v.sensor,
@@ -103,12 +137,40 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
             m.update({f"repaired_{k}": x for k, x in image_metrics(fixed, gt).items()})
             shown.append(fixed)
         rows.setdefault((kind, dist), []).append(m)
+        if ok:
+            splits.setdefault((kind, dist), Split()).add(rgb, alpha, depth, gt, hits, coverage.seen(hits))
         if write_images:
-            write_png(out / "offsets" / f"{kind}_{dx:+.1f}_{dy:+.1f}_{v.frame:06d}_{v.sensor}.png",
+            name = f"{kind}_{dx:+.1f}_{dy:+.1f}_{v.frame:06d}_{v.sensor}{'' if ok else '_blocked'}.png"
+            write_png(out / "offsets" / name,
                       np.concatenate([to_uint8(x) for x in shown] + [to_uint8(gt), error_map(shown[-1], gt)], 1))
-    result = {"lane_shift": [], "ahead": []}
+    result = {"unshifted": [], "lane_shift": [], "ahead": []}
     for (kind, dist), ms in rows.items():
-        key = "shift_m" if kind == "lane_shift" else "ahead_m"
-        result[kind].append({key: dist, "views": len(ms),
-                             **{k: float(np.mean([m[k] for m in ms])) for k in ms[0]}})
+        valid = [m for m in ms if m["drivable"]]
+        keys = [k for k in ms[0] if k != "drivable"]
+        mean = lambda group, k: float(np.mean([m[k] for m in group])) if group else float("nan")  # noqa: E731
+        result[kind].append({"ahead_m" if kind == "ahead" else "shift_m": dist, "views": len(valid),
+                             "views_left_out": len(ms) - len(valid), **{k: mean(valid, k) for k in keys},
+                             "psnr_all": mean(ms, "psnr"), "ssim_all": mean(ms, "ssim"),
+                             **(splits[(kind, dist)].summary() if (kind, dist) in splits else {})})
+    result["unshifted"] = result["unshifted"][0]
     return result
+
+
+def offpath_table(metrics: dict) -> str:
+    """Markdown: a row per offset of `evaluate_offsets`' result (the unshifted held-out views first): PSNR over the
+    drivable views and over all, SSIM, the depth against the exact depth, and each pixel class as
+    "pixel share / error share / PSNR"."""
+    from .error_split import GEOMETRY, REGIONS
+    rows = [("held out", metrics["unshifted"])] + [(f"{r['shift_m']:g} m aside", r) for r in metrics["lane_shift"]] \
+        + [(f"{r['ahead_m']:g} m ahead", r) for r in metrics["ahead"]]
+    classes = [("regions", k) for k in REGIONS] + [("geometry", k) for k in GEOMETRY]
+    head = ("| view | views (left out) | PSNR dB | all views | SSIM | depth AbsRel | within 5% | "
+            + " | ".join(f"{k}: px / err / dB" for _, k in classes) + " |")
+    out = [head, "|" + "---|" * (7 + len(classes))]
+    for name, r in rows:
+        cells = [f"{r[g][k]['pixel_share']:.0%} / {r[g][k]['error_share']:.0%} / {r[g][k]['psnr']:.1f}"
+                 if g in r else "-" for g, k in classes]
+        depth = (f"{r['depth_absrel']:.3f} | {r['depth_within_5pct']:.0%}" if "depth_absrel" in r else "- | -")
+        out.append(f"| {name} | {r['views']} ({r['views_left_out']}) | {r['psnr']:.2f} | {r['psnr_all']:.2f} | "
+                   f"{r['ssim']:.4f} | {depth} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"

@@ -20,6 +20,7 @@ from gsim.surfels import Surfels, rgb_to_sh
 from gsim.transforms import interpolate_poses, rotmat_to_quat, transform_each
 
 from ..log import DrivingLog, Frame
+from .sky_mask import SkyPixels
 from .views import CLIP_M, Ignored, above_top_beam, ignored_points, sweep_world, top_beam_tan, visible_points
 
 UNSEEN_GRAY = 0.5
@@ -58,14 +59,16 @@ class _Seen:
     idx: np.ndarray
     pix: np.ndarray
     z: np.ndarray
+    sky: Optional[np.ndarray] = None  # (H,W) bool: the pixels that see the sky (`sky_mask`), None: not known
 
 
-def _cameras_seeing(log: DrivingLog, frame: Frame, world: np.ndarray) -> List[_Seen]:
-    """Each camera of ``frame`` with what it sees of ``world`` (each image decoded once)."""
+def _cameras_seeing(log: DrivingLog, frame: Frame, world: np.ndarray, sky: Optional[SkyPixels] = None) -> List[_Seen]:
+    """Each camera of ``frame`` with what it sees of ``world`` (each image decoded once) and its sky pixels."""
     out = []
     for obs in frame.cameras.values():
         cam, T = log.cameras[obs.sensor].camera, log.T_world_camera(obs)
-        out.append(_Seen(cam, T, log.image(obs), *visible_points(cam, T, world)))
+        mask = None if sky is None else sky.full_size(frame.index, obs.sensor, cam.height, cam.width)
+        out.append(_Seen(cam, T, log.image(obs), *visible_points(cam, T, world), sky=mask))
     return out
 
 
@@ -108,6 +111,9 @@ def _above_lidar(seen: Sequence[_Seen], world: np.ndarray, background: np.ndarra
         sel = vv < top[bb]
         bb, vv = bb[sel], vv[sel]
         uu = np.minimum(bb * s + s // 2, W - 1)
+        if c.sky is not None:  # no seeds in the sky: at the wall depth they are a shell that slides over what is far
+            clear = ~c.sky[vv, uu]
+            bb, vv, uu = bb[clear], vv[clear], uu[clear]
         rays = cam.ray_table()[vv, uu]
         ok = np.isfinite(rays).all(1)
         uu, vv, rays = uu[ok], vv[ok], rays[ok]
@@ -133,9 +139,9 @@ def _colour(seen: Sequence[_Seen], n: int) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, progress: bool = False,
-                   ignored: Ignored = {}):
+                   ignored: Ignored = {}, sky: Optional[SkyPixels] = None):
     """LiDAR points of ``frames``: background (world) and per actor (box frame), with colours; points in
-    ``ignored`` (transients) go nowhere."""
+    ``ignored`` (transients) go nowhere, nor image points seeded above the LiDAR where ``sky`` says sky."""
     bg = _Points([], [], [], [])
     actors: Dict[str, _Points] = {a.id: _Points([], [], [], []) for a in log.actors}
     it = frames
@@ -145,7 +151,7 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
     for f in it:
         for obs in f.lidars.values():
             world, origin, _, t = sweep_world(log, obs)
-            cams = _cameras_seeing(log, f, world)
+            cams = _cameras_seeing(log, f, world, sky)
             rgb, seen = _colour(cams, len(world))
             owner = np.where(ignored_points(ignored, obs, len(world)), -2, -1)  # -1 background, -2 nobody's
             for k, a in enumerate(log.actors):
@@ -259,13 +265,14 @@ def surfels_from_points(p: _Points, voxel: float, opt: InitOptions) -> Surfels:
 
 
 def initial_surfels(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions = InitOptions(),
-                    progress: bool = False, ignored: Ignored = {}) -> Tuple[Surfels, Dict[str, Surfels]]:
+                    progress: bool = False, ignored: Ignored = {},
+                    sky: Optional[SkyPixels] = None) -> Tuple[Surfels, Dict[str, Surfels]]:
     """(background surfels in the world, {actor id: surfels in its box frame}) from the frames' LiDAR,
-    leaving out the points in ``ignored``."""
+    leaving out the points in ``ignored`` and seeding none on the views' ``sky`` pixels."""
     if not any(f.lidars for f in frames):
         raise InputError(f"{log.root}: reconstruction needs LiDAR sweeps to initialise surfels; "
                          f"the training frames have none")
-    bg, actors = collect_points(log, frames, opt, progress, ignored)
+    bg, actors = collect_points(log, frames, opt, progress, ignored, sky)
     return (_within(bg, opt.voxel_m, opt.max_surfels, opt, opt.unseen_voxel),
             {aid: _within(p, opt.voxel_m / 2, opt.max_actor_surfels, opt) for aid, p in actors.items()})
 

@@ -46,6 +46,12 @@ def lidar_depth(depth: torch.Tensor, alpha: torch.Tensor, pix: torch.Tensor, z: 
     return (d - z).abs().mean() + (1 - a).mean()
 
 
+def sky_opacity(alpha: torch.Tensor, sky: torch.Tensor) -> torch.Tensor:
+    """Mean rendered alpha over the pixels a (H,W) ``sky`` mask marks (0 without any): surfels there are a shell
+    that parallax slides over what lies behind it, and the sky model behind them learns nothing."""
+    return (alpha * sky).sum() / sky.sum().clamp_min(1.0)
+
+
 def lidar_rays(out: dict, target_range: torch.Tensor, target_intensity: torch.Tensor):
     """(range, intensity, ray-drop) losses of rendered LiDAR rays (scenes.reconstruction.lidar_fit.render_rays) against a
     sweep's rays (range 0 = dropped): range L1 (m) + (1 - alpha) on returns; MSE of the head's intensity on

@@ -36,6 +36,7 @@ from .lidar_rays import SweepRays, sweep_rays
 from ..log import load_log
 from .model import SKY_SHAPE, SceneModel
 from .movers import detect_movers, write_pictures
+from .sky_mask import SkyPixels, empty_directions, sky_masks
 from .optim import Adam, DensifyOptions, Densifier
 from .views import Ignored, View, make_views, split_frames
 
@@ -85,6 +86,7 @@ class TrainConfig:
     robust_k: float = 5.0  # with found movers: pixels whose local residual exceeds k x the median ... (0: off)
     robust_floor: float = 0.1  # ... and this (mean absolute RGB) are turned down in the photometric loss (transients)
     robust_from: int = 500  # iteration where the robust mask starts (the residuals mean something by then)
+    sky_weight: float = 0.0  # the rendered alpha on the views' sky pixels (`sky_mask`; 0: no masks, sky seeded too)
     init: InitOptions = field(default_factory=InitOptions)
     densify: DensifyOptions = field(default_factory=DensifyOptions)
 
@@ -124,6 +126,7 @@ class TrainConfig:
         d.setdefault("lr_actor_pose", 0.0)  # nor refined their poses
         d.setdefault("lr_view_rot", 0.0)  # nor the views'
         d.setdefault("lr_view_trans", 0.0)
+        d.setdefault("sky_weight", 0.0)  # nor kept surfels out of the sky
         return TrainConfig(**{**d, "init": InitOptions(**d["init"]), "densify": DensifyOptions(**d["densify"])})
 
 
@@ -190,7 +193,8 @@ class _Run:
             got = self._tensors[id(view)] = (view, {
                 "image": on(view.image), "mask": on(view.mask), "dirs": on(view.dirs_world),
                 "lidar_pix": on(view.lidar_pix), "lidar_depth": on(view.lidar_depth),
-                "covered": on(view.lidar_covered()), "rays": on(view.camera.ray_table().astype(np.float32))})
+                "covered": on(view.lidar_covered()), "rays": on(view.camera.ray_table().astype(np.float32)),
+                "sky": on(view.sky)})
         return got[1]
 
     def state(self) -> dict:
@@ -249,6 +253,7 @@ def load_state(path) -> dict:
     f32 = torch.float32
     if isinstance(ck.meta.get("config"), dict):  # a checkpoint from before the time budget had none
         ck.meta["config"].setdefault("max_train_s", None)
+        ck.meta["config"].setdefault("sky_weight", 0.0)  # nor the sky masks
     config = ck.field("config", _CONFIG_SPEC)
     try:
         TrainConfig.from_dict(config)
@@ -362,6 +367,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     if cfg.lidar_weight:
         loss = loss + cfg.lidar_weight * losses.lidar_depth(frame.depth, frame.alpha, vt["lidar_pix"],
                                                             vt["lidar_depth"])
+    if cfg.sky_weight and vt["sky"] is not None:
+        loss = loss + cfg.sky_weight * losses.sky_opacity(frame.alpha, vt["sky"])
     if cfg.normal_weight and geometry:
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, vt["rays"])
     if frame.distortion is not None:
@@ -483,9 +490,14 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
             write_pictures(log, train_frames, movers, out / "movers")
         log, ignored = dataclasses.replace(log, actors=movers.tracks), movers.ignored
     views = make_views(log, train_frames, cfg.downscale, progress=progress, ignored=ignored)
+    if cfg.sky_weight:
+        views = [dataclasses.replace(v, sky=m) for v, m in
+                 zip(views, sky_masks(views, empty_directions(log, train_frames)))]
     sweeps = lidar_sweeps(log, train_frames, cfg, ignored)
     if state is None:
-        bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress, ignored=ignored)
+        sky = {(v.frame, v.sensor): v.sky for v in views if v.sky is not None}
+        bg, actors = initial_surfels(log, train_frames, cfg.init, progress=progress, ignored=ignored,
+                                     sky=SkyPixels(sky, cfg.downscale))
         centres = np.stack([v.T_world_camera[:3, 3] for v in views]) if cfg.refines_views else None
         run = _Run(cfg, SceneModel.from_surfels(bg, actors, log.actors, sorted(log.cameras),
                                                 [v.timestamp_us for v in views], view_centres=centres),

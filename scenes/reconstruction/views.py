@@ -33,6 +33,7 @@ class View:
     lidar_pix: np.ndarray  # (M,) int64 flat pixel indices
     lidar_depth: np.ndarray  # (M,) float32 camera z, metres
     mask: Optional[np.ndarray] = None  # (H,W) float32, 0 where transients (Ignored points) were seen; None: all 1
+    sky: Optional[np.ndarray] = None  # (H,W) float32, 1 where the view sees the sky (`sky_mask`); None: not known
     # True for a pseudo view (`gsim.diffusion.expand`): T_world_camera is already where the scene puts the camera,
     # so no view pose correction applies, and none is learnt from an image that was not taken there
     pose_corrected: bool = False

@@ -1,0 +1,124 @@
+"""Where a view's error comes from, against a synthetic street's exact geometry: which pixels are far field
+or sky, road or near structure; which ones the reconstruction put at the wrong depth, and which ones no training
+camera ever saw.
+
+Pixels by what the street puts there (`REGIONS`): ``far`` (the sky, or a surface beyond `FAR_M`), ``road`` (the
+ground and the sidewalks nearer than that), ``near`` (everything else). By the rendered geometry (`GEOMETRY`):
+``unseen`` (a surface that no training view saw: outside every training image, or hidden there behind a nearer
+surface), ``wrong`` (a seen surface rendered transparent or more than `DEPTH_TOL` off its depth; the sky covered
+by an opaque render), ``right`` (the rest). A `Split` sums pixel counts and squared errors per class over views,
+so that a table gives each class's share of the pixels, its share of the error and its own PSNR.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Sequence
+
+import numpy as np
+
+from .. import synth
+
+FAR_M = 40.0  # beyond this (or the sky) a pixel is far field: what parallax moves least, and a shell moves most
+DEPTH_TOL = 0.05  # relative depth error beyond which a surface is "at the wrong depth"
+SEEN_TOL = 0.05  # a point hidden by more than this (relative) behind a training view's depth is unseen there
+OPAQUE = 0.5  # rendered alpha from which a pixel counts as covered by surfels
+REGIONS = ("far", "road", "near")
+GEOMETRY = ("right", "wrong", "unseen")
+
+
+@dataclass(frozen=True, eq=False)
+class Coverage:
+    """The training views of a synthetic log: for each, its camera, pose, time and exact depth map (grown to
+    the largest depth of its 3x3 neighbourhood, so that a surface seen at a grazing angle is not lost between
+    two pixel centres)."""
+
+    street: object
+    views: list  # [(camera, T_camera_world (4,4), timestamp_us, depth (H,W) max-pooled, 0 -> inf)]
+
+    @staticmethod
+    def of(log, street, frames) -> "Coverage":
+        from scipy.ndimage import maximum_filter
+        views = []
+        for f in frames:
+            for obs in f.cameras.values():
+                d = log.depth(obs)
+                if d is None:
+                    continue
+                d = np.where(d > 0, d, np.inf)
+                views.append((log.cameras[obs.sensor].camera, np.linalg.inv(log.T_world_camera(obs)),
+                              obs.timestamp_us, maximum_filter(d, 3, mode="nearest")))
+        return Coverage(street, views)
+
+    def seen(self, hits: "synth.Hits") -> np.ndarray:
+        """(N,) bool: whether any training view saw the surface point of each hit (sky hits: False). A car's
+        point moves with the car: it is placed by the car's pose at each view's time."""
+        st = self.street
+        surface = hits.prim >= 0
+        car = np.where(hits.prim >= len(st.kinds), (hits.prim - len(st.kinds)) // 2, -1)
+        out = np.zeros(len(hits.prim), bool)
+        static = np.nonzero(surface & (car < 0))[0]
+        moving = np.nonzero(car >= 0)[0]
+        for cam, Tcw, t, depth in self.views:
+            pts = [hits.local[static]]
+            if len(moving):
+                Twc = st.car_poses([t])[0][car[moving]]  # (M,4,4) each point's car at the view's time
+                pts.append(np.einsum("mij,mj->mi", Twc[:, :3, :3], hits.local[moving]) + Twc[:, :3, 3])
+            idx = np.concatenate([static, moving])
+            todo = ~out[idx]
+            idx, pw = idx[todo], np.concatenate(pts)[todo]
+            pc = pw @ Tcw[:3, :3].T + Tcw[:3, 3]
+            uv, ok = cam.project(pc)
+            ok &= (uv[:, 0] >= 0) & (uv[:, 0] < cam.width) & (uv[:, 1] >= 0) & (uv[:, 1] < cam.height)
+            u, v = uv[ok, 0].astype(np.int64), uv[ok, 1].astype(np.int64)
+            out[idx[ok]] = pc[ok, 2] <= depth[v, u] * (1 + SEEN_TOL)
+        return out
+
+
+@dataclass
+class Split:
+    """Pixel counts and squared errors (mean over RGB, images in [0,1]) per region and geometry class, summed
+    over the views `add` was given; depth errors over the views' surface pixels."""
+
+    pixels: Dict[str, int] = field(default_factory=lambda: {k: 0 for k in REGIONS + GEOMETRY})
+    sse: Dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in REGIONS + GEOMETRY})
+    absrel: list = field(default_factory=list)
+    within: list = field(default_factory=list)
+
+    def add(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, truth: np.ndarray, hits: "synth.Hits",
+            seen: np.ndarray) -> None:
+        """One view: the render (rgb (H,W,3), alpha, depth (H,W) camera z), the exact image and the street's
+        pixel-centre hits there (`synth.camera_hits`), and which of them a training view saw."""
+        err = ((rgb.astype(np.float64) - truth) ** 2).mean(-1).reshape(-1)
+        a, d = alpha.reshape(-1), depth.reshape(-1).astype(np.float64)
+        sky = hits.prim < 0
+        z = np.where(sky, np.inf, hits.t)
+        road = (hits.material == synth.GROUND) | (hits.material == synth.SIDEWALK)
+        far = z > FAR_M
+        region = {"far": far, "road": road & ~far, "near": ~road & ~far}
+        rel = np.where(sky, 0.0, np.abs(d - np.where(sky, 1.0, z)) / np.where(sky, 1.0, z))
+        off = np.where(sky, a >= OPAQUE, (a < OPAQUE) | (rel > DEPTH_TOL))
+        unseen = ~sky & ~seen
+        geometry = {"right": ~off & ~unseen, "wrong": off & ~unseen, "unseen": unseen}
+        for k, m in {**region, **geometry}.items():
+            self.pixels[k] += int(m.sum())
+            self.sse[k] += float(err[m].sum())
+        if (~sky).any():
+            self.absrel.append(float(rel[~sky].mean()))
+            self.within.append(float((rel[~sky] <= DEPTH_TOL).mean()))
+
+    def summary(self) -> dict:
+        """{class: {pixel_share, error_share, psnr}} and the depth's mean AbsRel and share within `DEPTH_TOL`."""
+        n, e = sum(self.pixels[k] for k in REGIONS), sum(self.sse[k] for k in REGIONS)
+        out = {"depth_absrel": _mean(self.absrel), "depth_within_5pct": _mean(self.within)}
+        for group, keys in (("regions", REGIONS), ("geometry", GEOMETRY)):
+            out[group] = {k: {"pixel_share": self.pixels[k] / max(n, 1), "error_share": self.sse[k] / max(e, 1e-30),
+                              "psnr": _psnr(self.sse[k], self.pixels[k])} for k in keys}
+        return out
+
+
+def _mean(x: Sequence[float]) -> float:
+    return float(np.mean(x)) if len(x) else float("nan")
+
+
+def _psnr(sse: float, n: int) -> float:
+    return float(10 * np.log10(n / sse)) if n and sse > 0 else float("nan")

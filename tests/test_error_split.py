@@ -1,0 +1,101 @@
+"""Off-path error split against the synthetic street's exact geometry: which points are inside solids, which
+shifted views a vehicle could have, which surfaces a training camera saw, and the per-class error table."""
+import numpy as np
+import pytest
+
+from gsim.scenes import synth
+from gsim.scenes.evaluation.error_split import Coverage, Split
+from gsim.scenes.evaluation.lane_shift import drivable
+from gsim.scenes.evaluation.render_path import offset_pose
+from gsim.scenes.log import load_log
+from gsim.scenes.reconstruction.views import split_frames
+from gsim.scenes.synth import SynthOptions, synthesize
+
+SMALL = SynthOptions(n_frames=9, width=48, height=32, supersample=1, lidar_beams=8, lidar_azimuth_resolution_deg=2.0)
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory):
+    return synthesize(tmp_path_factory.mktemp("split") / "log", seed=3, options=SMALL, progress=False)
+
+
+def test_occupied_knows_buildings_cars_and_free_road():
+    st = synth.build_street(3)
+    b = st.buildings[0]
+    inside_building = [(b["x0"] + b["x1"]) / 2, (b["y0"] + b["y1"]) / 2, 1.0]
+    car = st.car_poses([0])[0, 5, :3, 3]  # a parked car's box centre
+    lane = [10.0, -synth.LANE_WIDTH / 2, 1.0]
+    above = [10.0, -synth.LANE_WIDTH / 2, 200.0]
+    got = st.occupied(np.array([inside_building, car, lane, above]), 0)
+    assert got.tolist() == [True, True, False, False]
+    moving = st.car_poses([0, 1_000_000])[:, 0, :3, 3]  # the lead car moves: free where it was a second later
+    assert st.occupied(moving[:1], 0)[0] and not st.occupied(moving[:1], 1_000_000)[0]
+
+
+def test_drivable_refuses_an_ego_inside_a_parked_car(log_dir):
+    log = load_log(log_dir)
+    st = synth.build_street(3, SMALL)
+    cam = log.cameras["front"].camera
+    t = log.frames[0].timestamp_us
+    T_v = log.T_world_vehicle(t)
+    hits = synth.camera_hits(st, cam, offset_pose(log, "front", t), t)
+    assert drivable(st, T_v, t, hits)
+    # put the ego onto the nearest parked car on its right: its box overlaps the car's
+    right = [i for i, c in enumerate(st.cars) if c["speed"] == 0 and c["y"] < 0]
+    a = min(right, key=lambda i: abs(st.cars[i]["x"] - T_v[0, 3] - 1.3))
+    moved = T_v.copy()
+    moved[:2, 3] = st.cars[a]["x"] - 1.3, st.cars[a]["y"]
+    assert not drivable(st, moved, t, hits)
+
+
+def test_coverage_sees_training_views_and_not_what_lies_behind_the_start(log_dir):
+    log = load_log(log_dir)
+    st = synth.build_street(3, SMALL)
+    train, held = split_frames(log, 8)
+    cov = Coverage.of(log, st, train)
+    cam = log.cameras["front"].camera
+    obs = train[2].cameras["front"]
+    own = synth.camera_hits(st, cam, log.T_world_camera(obs), obs.timestamp_us)
+    surface = own.prim >= 0
+    assert cov.seen(own)[surface].mean() > 0.99 and not cov.seen(own)[~surface].any()
+    back = log.T_world_camera(log.frames[0].cameras["front"]).copy()
+    back[:3, :3] = back[:3, :3] @ np.diag([-1.0, 1.0, -1.0])  # turned around at the start: the street behind
+    behind = synth.camera_hits(st, cam, back, log.frames[0].timestamp_us)
+    assert cov.seen(behind)[behind.prim >= 0].mean() < 0.2
+
+
+def test_split_puts_each_error_in_its_class(log_dir):
+    log = load_log(log_dir)
+    st = synth.build_street(3, SMALL)
+    cam = log.cameras["front"].camera
+    obs = log.frames[1].cameras["front"]
+    hits = synth.camera_hits(st, cam, log.T_world_camera(obs), obs.timestamp_us)
+    truth = log.image(obs).astype(np.float64)
+    sky = (hits.prim < 0).reshape(cam.height, cam.width)
+    depth = np.where(sky, 0.0, hits.t.reshape(sky.shape))
+    alpha = (~sky).astype(np.float32)
+    seen = np.ones(len(hits.prim), bool)
+    exact = Split()
+    exact.add(truth, alpha, depth, truth, hits, seen)
+    s = exact.summary()
+    assert s["depth_absrel"] < 1e-6 and s["depth_within_5pct"] == 1.0
+    assert s["geometry"]["right"]["pixel_share"] == 1.0
+    shares = [s["regions"][k]["pixel_share"] for k in ("far", "road", "near")]
+    assert abs(sum(shares) - 1) < 1e-9 and min(shares) > 0  # the street has all three
+    # the road rendered 10% too deep and grey: its error is "wrong depth" and "road", nothing else's
+    road = ((hits.material == synth.GROUND) & (hits.t < 40)).reshape(sky.shape)
+    bad = Split()
+    rgb = np.where(road[..., None], 0.5, truth)
+    bad.add(rgb, alpha, np.where(road, depth * 1.1, depth), truth, hits, seen)
+    b = bad.summary()
+    assert b["regions"]["road"]["error_share"] == pytest.approx(1.0)
+    assert b["geometry"]["wrong"]["error_share"] == pytest.approx(1.0)
+    assert b["geometry"]["wrong"]["pixel_share"] == pytest.approx(road.mean())
+    assert b["depth_within_5pct"] == pytest.approx(1 - road.sum() / (~sky).sum())
+    # the sky covered by an opaque surfel is wrong geometry; the same pixels unseen are "unseen"
+    cover = Split()
+    cover.add(truth, np.ones_like(alpha), depth, truth, hits, seen)
+    assert cover.summary()["geometry"]["wrong"]["pixel_share"] == pytest.approx(sky.mean())
+    blind = Split()
+    blind.add(truth, alpha, depth, truth, hits, np.zeros_like(seen))
+    assert blind.summary()["geometry"]["unseen"]["pixel_share"] == pytest.approx(1 - sky.mean())
