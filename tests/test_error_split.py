@@ -80,8 +80,9 @@ def test_split_puts_each_error_in_its_class(log_dir):
     s = exact.summary()
     assert s["depth_absrel"] < 1e-6 and s["depth_within_5pct"] == 1.0
     assert s["geometry"]["right"]["pixel_share"] == 1.0
-    shares = [s["regions"][k]["pixel_share"] for k in ("far", "road", "near")]
-    assert abs(sum(shares) - 1) < 1e-9 and min(shares) > 0  # the street has all three
+    shares = [s["regions"][k]["pixel_share"] for k in ("sky", "far", "road", "near")]
+    assert abs(sum(shares) - 1) < 1e-9 and min(shares) > 0  # the street has all four
+    assert s["regions"]["sky"]["pixel_share"] == pytest.approx(sky.mean())
     # the road rendered 10% too deep and grey: its error is "wrong depth" and "road", nothing else's
     road = ((hits.material == synth.GROUND) & (hits.t < 40)).reshape(sky.shape)
     bad = Split()

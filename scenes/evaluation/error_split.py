@@ -2,8 +2,8 @@
 or sky, road or near structure; which ones the reconstruction put at the wrong depth, and which ones no training
 camera ever saw.
 
-Pixels by what the street puts there (`REGIONS`): ``far`` (the sky, or a surface beyond `FAR_M`), ``road`` (the
-ground and the sidewalks nearer than that), ``near`` (everything else). By the rendered geometry (`GEOMETRY`):
+Pixels by what the street puts there (`REGIONS`): ``sky``, ``far`` (a surface beyond `FAR_M`), ``road`` (the
+ground and the sidewalks nearer than that), ``near`` (everything else); the far field is the sky and ``far``. By the rendered geometry (`GEOMETRY`):
 ``unseen`` (a surface that no training view saw: outside every training image, or hidden there behind a nearer
 surface), ``wrong`` (a seen surface rendered transparent or more than `DEPTH_TOL` off its depth; the sky covered
 by an opaque render), ``right`` (the rest). A `Split` sums pixel counts and squared errors per class over views,
@@ -22,7 +22,7 @@ FAR_M = 40.0  # beyond this (or the sky) a pixel is far field: what parallax mov
 DEPTH_TOL = 0.05  # relative depth error beyond which a surface is "at the wrong depth"
 SEEN_TOL = 0.05  # a point hidden by more than this (relative) behind a training view's depth is unseen there
 OPAQUE = 0.5  # rendered alpha from which a pixel counts as covered by surfels
-REGIONS = ("far", "road", "near")
+REGIONS = ("sky", "far", "road", "near")
 GEOMETRY = ("right", "wrong", "unseen")
 
 
@@ -94,7 +94,7 @@ class Split:
         z = np.where(sky, np.inf, hits.t)
         road = (hits.material == synth.GROUND) | (hits.material == synth.SIDEWALK)
         far = z > FAR_M
-        region = {"far": far, "road": road & ~far, "near": ~road & ~far}
+        region = {"sky": sky, "far": far & ~sky, "road": road & ~far, "near": ~road & ~far}
         rel = np.where(sky, 0.0, np.abs(d - np.where(sky, 1.0, z)) / np.where(sky, 1.0, z))
         off = np.where(sky, a >= OPAQUE, (a < OPAQUE) | (rel > DEPTH_TOL))
         unseen = ~sky & ~seen

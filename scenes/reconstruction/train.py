@@ -36,6 +36,7 @@ from .lidar_rays import SweepRays, sweep_rays
 from ..log import load_log
 from .model import SKY_SHAPE, SceneModel
 from .movers import detect_movers, write_pictures
+from .ground import GroundField, GroundOptions, road_loss
 from .sky_mask import SkyPixels, empty_directions, sky_masks
 from .optim import Adam, DensifyOptions, Densifier
 from .views import Ignored, View, make_views, split_frames
@@ -87,6 +88,7 @@ class TrainConfig:
     robust_floor: float = 0.1  # ... and this (mean absolute RGB) are turned down in the photometric loss (transients)
     robust_from: int = 500  # iteration where the robust mask starts (the residuals mean something by then)
     sky_weight: float = 0.0  # the rendered alpha on the views' sky pixels (`sky_mask`; 0: no masks, sky seeded too)
+    road_weight: float = 0.0  # the surfels near the LiDAR's ground held on it, flat (`ground`; 0: off)
     init: InitOptions = field(default_factory=InitOptions)
     densify: DensifyOptions = field(default_factory=DensifyOptions)
 
@@ -127,6 +129,7 @@ class TrainConfig:
         d.setdefault("lr_view_rot", 0.0)  # nor the views'
         d.setdefault("lr_view_trans", 0.0)
         d.setdefault("sky_weight", 0.0)  # nor kept surfels out of the sky
+        d.setdefault("road_weight", 0.0)  # nor held the road's surfels on its surface
         return TrainConfig(**{**d, "init": InitOptions(**d["init"]), "densify": DensifyOptions(**d["densify"])})
 
 
@@ -180,6 +183,7 @@ class _Run:
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.step = 0
         self.time_share = 0.0  # of cfg.max_train_s spent (the training loop sets it)
+        self.ground: Optional[GroundField] = None  # the road's height field (`start` fits it when cfg.road_weight)
         self._tensors: Dict[int, tuple] = {}  # id(view) -> (view, its arrays on the model's device)
 
     def tensors(self, view: View) -> Dict[str, torch.Tensor]:
@@ -254,6 +258,7 @@ def load_state(path) -> dict:
     if isinstance(ck.meta.get("config"), dict):  # a checkpoint from before the time budget had none
         ck.meta["config"].setdefault("max_train_s", None)
         ck.meta["config"].setdefault("sky_weight", 0.0)  # nor the sky masks
+        ck.meta["config"].setdefault("road_weight", 0.0)  # nor the road's surface
     config = ck.field("config", _CONFIG_SPEC)
     try:
         TrainConfig.from_dict(config)
@@ -369,6 +374,10 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
                                                             vt["lidar_depth"])
     if cfg.sky_weight and vt["sky"] is not None:
         loss = loss + cfg.sky_weight * losses.sky_opacity(frame.alpha, vt["sky"])
+    if cfg.road_weight and run.ground is not None:
+        p = model.params
+        loss = loss + cfg.road_weight * road_loss(run.ground, p["means"], p["quats"], model.owner < 0,
+                                                  GroundOptions.band_m)
     if cfg.normal_weight and geometry:
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, vt["rays"])
     if frame.distortion is not None:
@@ -504,6 +513,8 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
                    scene_scale(views, bg.means))
     else:
         run = resumed(cfg, state, log)
+    if cfg.road_weight:
+        run.ground = GroundField.fit(log, train_frames, ignored=ignored)
     return Training(log, train_frames, views, sweeps, run, bool(found))
 
 
