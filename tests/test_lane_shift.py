@@ -75,3 +75,26 @@ def test_gsim_truth_renders_a_shifted_trajectory(log_dir, tmp_path):
     got = np.asarray(Image.open(tmp_path / "gt" / "rgb" / "000004.png"), np.float32) / 255
     assert np.array_equal(got, want) and len(list((tmp_path / "gt" / "depth").glob("*.png"))) == SMALL.n_frames
     assert main(["truth", str(log_dir), "--trajectory", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_the_lidar_off_the_path_is_measured_against_the_exact_sweep(log_dir, tmp_path):
+    from gsim.street import street_surfels
+    from gsim.scenes.evaluation.lane_shift import shifted_sweeps
+    log = load_log(log_dir)
+    street, _ = street_of(log)
+    gsim.Scene(background=street_surfels(3000)).save(tmp_path / "scene")
+    scene = gsim.load_scene(tmp_path / "scene")
+    held = [log.frames[0], log.frames[8]]
+    at = shifted_sweeps(scene, log, street, held, 0.0)
+    assert at["sweeps"] + at["sweeps_left_out"] == 2 and 0 <= at["ray_drop_accuracy"] <= 1
+    # unshifted, the street's exact sweep is the log's own: the scene's errors against it are evaluate's
+    from gsim.scenes.reconstruction.lidar_rays import sweep_rays, points_rays
+    from gsim.scenes import synth
+    obs = log.frames[0].lidars["top"]
+    exact = synth.lidar_sweep(street, log.lidars["top"].T_vehicle_lidar, log.lidars["top"].beams, obs.timestamp_us)
+    a, b = sweep_rays(log, obs), points_rays(exact, "top", obs.timestamp_us, log.lidars["top"])
+    assert np.allclose(a.range, b.range, atol=1e-4) and np.array_equal(a.times_us, b.times_us)
+    m = evaluate(tmp_path / "scene", log_dir, tmp_path / "eval", progress=False, shifts=(2.0,))
+    lid = m["lane_shift"][0]["lidar"]
+    assert lid["sweeps"] + lid["sweeps_left_out"] == 4 and np.isfinite(lid["chamfer_m"])
+    assert "LiDAR range median" in (tmp_path / "eval" / "metrics.md").read_text()

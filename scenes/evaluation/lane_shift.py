@@ -67,16 +67,50 @@ EGO_BOX_M = np.array([[-1.0, -0.95, 0.2], [3.6, 0.95, 1.6]])
 NEAR_M = 0.3
 
 
-def drivable(street, T_world_vehicle: np.ndarray, timestamp_us: int, hits) -> bool:
+def drivable(street, T_world_vehicle: np.ndarray, timestamp_us: int, hits=None) -> bool:
     """Whether the ego could stand at ``T_world_vehicle``: its box (`EGO_BOX_M`, sampled every ~0.3 m) is inside no
-    solid of the street at that time, and the camera's view (``hits``, `synth.camera_hits`) meets no surface nearer
-    than `NEAR_M` (a camera against a parked car's flank sees nothing a vehicle's camera could)."""
+    solid of the street at that time, and the camera's view (``hits``, `synth.camera_hits`; None: no camera) meets
+    no surface nearer than `NEAR_M` (a camera against a parked car's flank sees nothing a vehicle's camera could)."""
     lo, hi = EGO_BOX_M
     axes = [np.linspace(a, b, max(2, int(np.ceil((b - a) / 0.3)) + 1)) for a, b in zip(lo, hi)]
     box = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
     world = box @ T_world_vehicle[:3, :3].T + T_world_vehicle[:3, 3]
-    near = bool(((hits.prim >= 0) & (hits.t < NEAR_M)).any())
+    near = hits is not None and bool(((hits.prim >= 0) & (hits.t < NEAR_M)).any())
     return not near and not bool(street.occupied(world, timestamp_us).any())
+
+
+LIDAR_KEYS = ("range_median_abs_m", "range_mean_abs_m", "chamfer_m", "ray_drop_accuracy")
+
+
+def shifted_sweeps(scene, log, street, frames, left_m: float) -> dict:
+    """The scene's LiDAR sweeps from the log's LiDAR moved ``left_m`` sideways at each of ``frames``, against the
+    street's exact sweeps there, ray by ray (the exact sweep's rays and its beam grid's empty cells):
+    {sweeps, sweeps_left_out (the ego could not stand there), and the means of `LIDAR_KEYS`}; {} without LiDAR."""
+    import dataclasses
+    from gsim.lidar.metrics import ray_metrics
+    from gsim.lidar.render import render_rays
+    from ..reconstruction.lidar_rays import points_rays
+    offset = np.eye(4)
+    offset[1, 3] = left_m
+    got, left_out = [], 0
+    for f in frames:
+        for obs in f.lidars.values():
+            spec = log.lidars[obs.sensor]
+            if spec.beams is None:
+                continue
+            if not drivable(street, log.T_world_vehicle(obs.timestamp_us) @ offset, obs.timestamp_us):
+                left_out += 1
+                continue
+            moved = dataclasses.replace(spec, T_vehicle_lidar=offset @ spec.T_vehicle_lidar)
+            rays = points_rays(synth.lidar_sweep(street, moved.T_vehicle_lidar, spec.beams, obs.timestamp_us),
+                               obs.sensor, obs.timestamp_us, moved)
+            r = render_rays(scene, scene.log_pose(rays.poses(log), rays.times_us), rays.times_us, rays.dirs,
+                            spec.beams.min_range_m, spec.beams.max_range_m)
+            got.append(ray_metrics(r["range"], rays.range, rays.dirs))
+    if not got and not left_out:
+        return {}
+    return {"sweeps": len(got), "sweeps_left_out": left_out,
+            **{k: float(np.nanmean([m[k] for m in got])) if got else float("nan") for k in LIDAR_KEYS}}
 
 
 def offsets(shifts: Sequence[float], ahead: Sequence[float]) -> List[Tuple[str, float, float, float]]:
@@ -100,7 +134,9 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
       ``psnr_all`` and ``ssim_all`` over every view;
     - ``depth_absrel`` and ``depth_within_5pct``: the rendered depth against the exact depth on surface pixels;
     - ``regions`` and ``geometry``: each pixel class's share of the pixels and of the squared error, and its PSNR
-      (`error_split`: far field / road / near; depth right / wrong / never seen by a training camera).
+      (`error_split`: sky / far / road / near; depth right / wrong / never seen by a training camera);
+    - ``lidar`` (not ahead): the scene's sweeps from the moved LiDAR against the street's exact ones
+      (`shifted_sweeps`).
 
     Side-by-side images (render | truth | error) go to out/offsets/ (a left-out view's name ends in _blocked).
     ``repair``: a repairer (`gsim.diffusion.open_repairer`); the repaired renders are measured too
@@ -152,6 +188,18 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
                              "views_left_out": len(ms) - len(valid), **{k: mean(valid, k) for k in keys},
                              "psnr_all": mean(ms, "psnr"), "ssim_all": mean(ms, "ssim"),
                              **(splits[(kind, dist)].summary() if (kind, dist) in splits else {})})
+    held, lidar = [f for f in log.frames if f.index in {v.frame for v in views}], {}
+    for kind, dist, dx, dy in moves:
+        if kind != "ahead":
+            lidar.setdefault((kind, dist), []).append(shifted_sweeps(scene, log, street, held, dy))
+    for (kind, dist), sides in lidar.items():
+        sides = [s for s in sides if s]
+        n = sum(s["sweeps"] for s in sides)
+        if sides:
+            row = next(r for r in result[kind] if r["shift_m"] == dist)
+            row["lidar"] = {"sweeps": n, "sweeps_left_out": sum(s["sweeps_left_out"] for s in sides),
+                            **{k: float(sum(s[k] * s["sweeps"] for s in sides if s["sweeps"]) / n) if n
+                               else float("nan") for k in LIDAR_KEYS}}
     result["unshifted"] = result["unshifted"][0]
     return result
 
@@ -165,12 +213,15 @@ def offpath_table(metrics: dict) -> str:
         + [(f"{r['ahead_m']:g} m ahead", r) for r in metrics["ahead"]]
     classes = [("regions", k) for k in REGIONS] + [("geometry", k) for k in GEOMETRY]
     head = ("| view | views (left out) | PSNR dB | all views | SSIM | depth AbsRel | within 5% | "
-            + " | ".join(f"{k}: px / err / dB" for _, k in classes) + " |")
-    out = [head, "|" + "---|" * (7 + len(classes))]
+            + " | ".join(f"{k}: px / err / dB" for _, k in classes) + " | LiDAR range median / Chamfer m, drop acc. |")
+    out = [head, "|" + "---|" * (8 + len(classes))]
     for name, r in rows:
         cells = [f"{r[g][k]['pixel_share']:.0%} / {r[g][k]['error_share']:.0%} / {r[g][k]['psnr']:.1f}"
                  if g in r else "-" for g, k in classes]
         depth = (f"{r['depth_absrel']:.3f} | {r['depth_within_5pct']:.0%}" if "depth_absrel" in r else "- | -")
+        li = r.get("lidar")
+        sweep = (f"{li['range_median_abs_m']:.3f} / {li['chamfer_m']:.3f}, {li['ray_drop_accuracy']:.3f} "
+                 f"({li['sweeps']} sweeps)" if li and li["sweeps"] else "-")
         out.append(f"| {name} | {r['views']} ({r['views_left_out']}) | {r['psnr']:.2f} | {r['psnr_all']:.2f} | "
-                   f"{r['ssim']:.4f} | {depth} | " + " | ".join(cells) + " |")
+                   f"{r['ssim']:.4f} | {depth} | " + " | ".join(cells) + f" | {sweep} |")
     return "\n".join(out) + "\n"

@@ -49,22 +49,27 @@ def sweep_rays(log: DrivingLog, obs: LidarObs, ignore: Optional[np.ndarray] = No
     """The sweep's rays; points where ``ignore`` (N,) is True (transients) give no ray, and their grid cells
     no drop label either (something was there)."""
     pts = log.sweep(obs)
-    sensor = log.lidars[obs.sensor]
+    if ignore is not None and len(ignore) != len(pts):
+        raise InputError(f"{obs.points}: the ignore mask has {len(ignore)} entries for {len(pts)} points")
+    return points_rays(pts, obs.sensor, obs.timestamp_us, log.lidars[obs.sensor], ignore)
+
+
+def points_rays(pts: np.ndarray, name: str, timestamp_us: int, sensor, ignore: Optional[np.ndarray] = None) -> SweepRays:
+    """`sweep_rays` of a sweep's points ((N,4|5) as `DrivingLog.sweep` gives them) from the LiDAR ``sensor`` (its
+    beams and T_vehicle_lidar) named ``name``, started at ``timestamp_us``."""
     xyz = pts[:, :3].astype(np.float64)
     rng = np.linalg.norm(xyz, axis=1)
     ok = rng > 1e-6
-    if ignore is not None and len(ignore) != len(pts):
-        raise InputError(f"{obs.points}: the ignore mask has {len(ignore)} entries for {len(pts)} points")
     skip = np.zeros(len(pts), bool) if ignore is None else np.asarray(ignore, bool)[ok]
     xyz, rng, pts = xyz[ok], rng[ok], pts[ok]
     dirs = xyz / rng[:, None]
-    times = obs.timestamp_us + (pts[:, 4].astype(np.int64) if pts.shape[1] == 5 else np.zeros(len(pts), np.int64))
+    times = timestamp_us + (pts[:, 4].astype(np.int64) if pts.shape[1] == 5 else np.zeros(len(pts), np.int64))
     inten = pts[:, 3].astype(np.float32)
     beams = sensor.beams
     if beams is None:
         keep = ~skip
         minus = -np.ones(int(keep.sum()), np.int64)
-        return SweepRays(obs.sensor, obs.timestamp_us, dirs[keep], times[keep], rng[keep].astype(np.float32),
+        return SweepRays(name, timestamp_us, dirs[keep], times[keep], rng[keep].astype(np.float32),
                          inten[keep], minus, minus, None, sensor.T_vehicle_lidar)
     el_table = np.asarray(beams.elevations_deg)
     order = np.argsort(el_table)
@@ -89,13 +94,13 @@ def sweep_rays(log: DrivingLog, obs: LidarObs, ignore: Optional[np.ndarray] = No
         x = np.nonzero(has)[0]
         col_time = np.interp(np.arange(C), np.concatenate([x - C, x, x + C]), np.tile(col_time[has], 3))
     else:
-        col_time[:] = obs.timestamp_us
+        col_time[:] = timestamp_us
     e_ring, e_col = empty // C, empty % C
     az = np.radians(-180.0 + (e_col + 0.5) * 360.0 / C)
     e_el = np.radians(el_table[e_ring])
     e_dirs = np.stack([np.cos(e_el) * np.cos(az), np.cos(e_el) * np.sin(az), np.sin(e_el)], 1)
     n = len(empty)
-    return SweepRays(obs.sensor, obs.timestamp_us, np.concatenate([dirs[keep], e_dirs]),
+    return SweepRays(name, timestamp_us, np.concatenate([dirs[keep], e_dirs]),
                      np.concatenate([times[keep], np.round(col_time[e_col]).astype(np.int64)]),
                      np.concatenate([rng[keep], np.zeros(n)]).astype(np.float32),
                      np.concatenate([inten[keep], np.zeros(n, np.float32)]),
