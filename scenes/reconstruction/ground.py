@@ -13,7 +13,7 @@ height above it (in units of the band) and 1 - |n_z| of their normal.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -40,6 +40,7 @@ class GroundField:
     y0: float
     cell_m: float
     heights: np.ndarray
+    _on: dict = field(default_factory=dict, repr=False)  # the heights as a tensor per device and dtype (uploaded once)
 
     @staticmethod
     def fit(log, frames: Sequence, opt: GroundOptions = GroundOptions(), ignored: Ignored = {}) -> "GroundField":
@@ -74,7 +75,9 @@ class GroundField:
 
     def height(self, xy: torch.Tensor) -> torch.Tensor:
         """(N,) ground height under (N,2) world points; NaN outside the field or where no ground is known."""
-        h = torch.as_tensor(self.heights, dtype=xy.dtype, device=xy.device)
+        h = self._on.get((xy.device, xy.dtype))
+        if h is None:
+            h = self._on[(xy.device, xy.dtype)] = torch.as_tensor(self.heights, dtype=xy.dtype, device=xy.device)
         if h.numel() == 0:
             return torch.full(xy.shape[:1], float("nan"), dtype=xy.dtype, device=xy.device)
         i = torch.floor((xy[:, 0] - self.x0) / self.cell_m).long()
