@@ -43,6 +43,10 @@ def test_no_masks_without_a_baseline_or_empty_rays(street):
     assert sky_masks(views, np.zeros((0, 3))) == [None] * len(views)  # no beam model: nothing to start from
     no_beams = dataclasses.replace(log, lidars={k: dataclasses.replace(s, beams=None) for k, s in log.lidars.items()})
     assert len(empty_directions(no_beams, train)) == 0
+    # near the horizon an empty ray may pass structure beyond the sensor's range: only rays well above it seed
+    low = empty_directions(log, train, min_elevation_deg=0.0)
+    high = empty_directions(log, train)
+    assert len(high) > 0 and len(low) > len(high) and np.all(high[:, 2] > np.sin(np.radians(4.99)))
 
 
 def test_the_initialisation_seeds_nothing_on_sky_pixels(street):

@@ -32,6 +32,8 @@ class SkyOptions:
     margin_px: int = 2  # columns either side whose highest LiDAR return also bounds a column's candidates
     step: float = 0.04  # mean absolute RGB difference between neighbouring pixels that ends a smooth region
     rounds: int = 3  # passes of sky directions from view to view
+    seed_elevation_deg: float = 5.0  # empty LiDAR rays at least this far above the horizon seed the sky (nearer the
+    # horizon an empty ray often meets structure beyond the sensor's range: KITTI's trees and bridge past 120 m)
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,9 @@ def _bins(dirs: np.ndarray, bin_deg: float) -> np.ndarray:
     return el.astype(np.int64) * n_az + az
 
 
-def empty_directions(log, frames) -> np.ndarray:
-    """(N,3) world directions of the frames' LiDAR rays above the horizon that returned nothing (cells of the
-    beam grid without a point; none without a beam model)."""
+def empty_directions(log, frames, min_elevation_deg: float = SkyOptions.seed_elevation_deg) -> np.ndarray:
+    """(N,3) world directions of the frames' LiDAR rays at least ``min_elevation_deg`` above the horizon that
+    returned nothing (cells of the beam grid without a point; none without a beam model)."""
     from .lidar_rays import sweep_rays
     out = [np.zeros((0, 3))]
     for f in frames:
@@ -85,7 +87,7 @@ def empty_directions(log, frames) -> np.ndarray:
             empty = r.range == 0
             if empty.any():
                 d = np.einsum("nij,nj->ni", r.poses(log)[empty][:, :3, :3], r.dirs[empty])
-                out.append(d[d[:, 2] > 0])
+                out.append(d[d[:, 2] > np.sin(np.radians(min_elevation_deg))])
     return np.concatenate(out)
 
 
