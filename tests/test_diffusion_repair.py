@@ -453,7 +453,7 @@ def reference_setup(tmp_path, monkeypatch):
     change its repairs) and a spy on `references.references`; returns (log path, the spied calls' results)."""
     from gsim.diffusion import references as refs_mod
     from gsim.street import street_surfels
-    log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=9, width=48, height=32, supersample=1,
+    log = synthesize(tmp_path / "log", seed=1, options=SynthOptions(n_frames=17, width=48, height=32, supersample=1,
                                                                       lidar_beams=8, lidar_azimuth_resolution_deg=2.0),
                      progress=False)
     gsim.Scene(background=street_surfels(2000)).save(tmp_path / "scene")
@@ -476,7 +476,7 @@ def test_gsim_eval_repairs_held_out_and_shifted_views_with_their_references(tmp_
                  "--repair", str(tmp_path / "model")]) == 0
     metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
     assert "repaired_psnr" in metrics and "repaired_psnr" in metrics["lane_shift"][0]
-    assert len(calls) == 2 * 3 + 2 * 3 * 2  # held-out frames 0 and 8, 3 cameras; shifted to both sides
+    assert len(calls) == 3 * 3 + 2 * 3  # held-out frames 0, 8 and 16, 3 cameras; frame 8 shifted to both sides
     assert all(len(r) == 2 for r in calls)
 
 

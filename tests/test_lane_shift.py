@@ -14,7 +14,7 @@ from gsim.scenes.evaluation.render_path import offset_pose
 from gsim.scenes.log import load_log
 from gsim.scenes.synth import SynthOptions, synthesize
 
-SMALL = SynthOptions(n_frames=9, width=48, height=32, supersample=1, lidar_beams=8, lidar_azimuth_resolution_deg=2.0)
+SMALL = SynthOptions(n_frames=17, width=48, height=32, supersample=1, lidar_beams=8, lidar_azimuth_resolution_deg=2.0)
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +41,13 @@ def test_evaluate_reports_both_sides_of_each_shift_and_the_path_ahead(log_dir, t
     from gsim.street import street_surfels
     gsim.Scene(background=street_surfels(3000)).save(tmp_path / "scene")
     m = evaluate(tmp_path / "scene", log_dir, tmp_path / "eval", progress=False, shifts=(1.0, 2.0), ahead=(5.0,))
-    views = len(m["views"])  # held-out frames 0 and 8, three cameras
+    assert len(m["views"]) == 9  # held-out frames 0, 8 and 16, three cameras
+    views = 3  # frame 8's: 0 and 16 lie outside the training frames' span (the scene's edges)
+    assert m["edge_frames"] == [0, 16]
     assert [r["shift_m"] for r in m["lane_shift"]] == [1.0, 2.0]
     assert all(r["views"] + r["views_left_out"] == 2 * views for r in m["lane_shift"])
     assert m["unshifted"]["views"] + m["unshifted"]["views_left_out"] == views
-    assert m["ahead"][0]["ahead_m"] == 5.0 and m["ahead"][0]["views"] == 3  # the last held-out frame's cameras
+    assert m["ahead"][0]["ahead_m"] == 5.0 and m["ahead"][0]["views"] + m["ahead"][0]["views_left_out"] == 3
     for r in m["lane_shift"] + m["ahead"]:
         assert np.isfinite(r["psnr"]) and 0 <= r["low_alpha_fraction"] <= 1 and -1 <= r["ssim"] <= 1
     saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
@@ -96,5 +98,5 @@ def test_the_lidar_off_the_path_is_measured_against_the_exact_sweep(log_dir, tmp
     assert np.allclose(a.range, b.range, atol=1e-4) and np.array_equal(a.times_us, b.times_us)
     m = evaluate(tmp_path / "scene", log_dir, tmp_path / "eval", progress=False, shifts=(2.0,))
     lid = m["lane_shift"][0]["lidar"]
-    assert lid["sweeps"] + lid["sweeps_left_out"] == 4 and np.isfinite(lid["chamfer_m"])
+    assert lid["sweeps"] + lid["sweeps_left_out"] == 2 and np.isfinite(lid["chamfer_m"])  # frame 8, both sides
     assert "LiDAR range median" in (tmp_path / "eval" / "metrics.md").read_text()

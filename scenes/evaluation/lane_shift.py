@@ -126,8 +126,10 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
                      holdout_every: int = 8) -> dict:
     """Renders ``scene`` at each held-out view, moved sideways by every shift (both sides) and, from the last
     held-out frame, ahead by every distance, against the synthetic street's exact images. Returns
-    {"unshifted": {...}, "lane_shift": [{shift_m, ...}], "ahead": [{ahead_m, ...}]} (both sides together; unshifted:
-    the held-out views themselves, measured the same way), each with:
+    {"unshifted": {...}, "lane_shift": [{shift_m, ...}], "ahead": [{ahead_m, ...}], "edge_frames": [...]} (both
+    sides together; unshifted: the held-out views themselves, measured the same way; edge_frames: the held-out
+    frames outside the training frames' time span, the scene's edges, left out of unshifted and lane_shift), each
+    with:
 
     - ``views``: the views a vehicle could have (`drivable`) and ``views_left_out``: the others (a camera inside or
       against a parked car or a tree); ``psnr``, ``ssim`` and ``low_alpha_fraction`` over the drivable views,
@@ -148,10 +150,17 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
     from .error_split import Coverage, Split
     from ..reconstruction.views import split_frames
     street, options = street_of(log)
-    coverage = Coverage.of(log, street, split_frames(log, holdout_every)[0])
+    train = split_frames(log, holdout_every)[0]
+    coverage = Coverage.of(log, street, train)
     last = max(v.frame for v in views)
+    # a held-out frame before the first training frame or after the last is the scene's edge: what it sees beside
+    # the path no training camera saw (frame 0 of the demo street: 7-18% of its pixels), an extrapolation, not a
+    # view off the path
+    span = (min(f.timestamp_us for f in train), max(f.timestamp_us for f in train)) if train else (0, -1)
+    inside = {v.frame for v in views if span[0] < v.timestamp_us < span[1]}
     moves = [("unshifted", 0.0, 0.0, 0.0)] + offsets(shifts, ahead)
-    jobs = [(k, d, dx, dy, v) for k, d, dx, dy in moves for v in views if k != "ahead" or v.frame == last]
+    jobs = [(k, d, dx, dy, v) for k, d, dx, dy in moves for v in views
+            if (v.frame == last if k == "ahead" else v.frame in inside)]
     if progress:
         from tqdm import tqdm
         jobs = tqdm(jobs, desc="off the path", unit="view")
@@ -167,7 +176,7 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
         ok = drivable(street, T_vehicle, v.timestamp_us, hits)
         m = {**image_metrics(rgb, gt), "low_alpha_fraction": float(np.mean(alpha < 0.5)), "drivable": ok}
         shown = [rgb]
-        if repair is not None:
+        if repair is not None and kind != "unshifted":  # (evaluate repairs the held-out views themselves)
             fixed = repaired(repair, renderer, log, v.camera, T, v.timestamp_us, rgb, alpha, depth, sensor=v.sensor,
                              holdout_every=holdout_every, downscale=downscale)
             m.update({f"repaired_{k}": x for k, x in image_metrics(fixed, gt).items()})
@@ -188,7 +197,7 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
                              "views_left_out": len(ms) - len(valid), **{k: mean(valid, k) for k in keys},
                              "psnr_all": mean(ms, "psnr"), "ssim_all": mean(ms, "ssim"),
                              **(splits[(kind, dist)].summary() if (kind, dist) in splits else {})})
-    held, lidar = [f for f in log.frames if f.index in {v.frame for v in views}], {}
+    held, lidar = [f for f in log.frames if f.index in inside], {}
     for kind, dist, dx, dy in moves:
         if kind != "ahead":
             lidar.setdefault((kind, dist), []).append(shifted_sweeps(scene, log, street, held, dy))
@@ -200,7 +209,8 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
             row["lidar"] = {"sweeps": n, "sweeps_left_out": sum(s["sweeps_left_out"] for s in sides),
                             **{k: float(sum(s[k] * s["sweeps"] for s in sides if s["sweeps"]) / n) if n
                                else float("nan") for k in LIDAR_KEYS}}
-    result["unshifted"] = result["unshifted"][0]
+    result["unshifted"] = result["unshifted"][0] if result["unshifted"] else {}
+    result["edge_frames"] = sorted({v.frame for v in views} - inside)
     return result
 
 
@@ -209,7 +219,8 @@ def offpath_table(metrics: dict) -> str:
     drivable views and over all, SSIM, the depth against the exact depth, and each pixel class as
     "pixel share / error share / PSNR"."""
     from .error_split import GEOMETRY, REGIONS
-    rows = [("held out", metrics["unshifted"])] + [(f"{r['shift_m']:g} m aside", r) for r in metrics["lane_shift"]] \
+    rows = [("held out", metrics["unshifted"])] * bool(metrics["unshifted"]) \
+        + [(f"{r['shift_m']:g} m aside", r) for r in metrics["lane_shift"]] \
         + [(f"{r['ahead_m']:g} m ahead", r) for r in metrics["ahead"]]
     classes = [("regions", k) for k in REGIONS] + [("geometry", k) for k in GEOMETRY]
     head = ("| view | views (left out) | PSNR dB | all views | SSIM | depth AbsRel | within 5% | "
@@ -224,4 +235,6 @@ def offpath_table(metrics: dict) -> str:
                  f"({li['sweeps']} sweeps)" if li and li["sweeps"] else "-")
         out.append(f"| {name} | {r['views']} ({r['views_left_out']}) | {r['psnr']:.2f} | {r['psnr_all']:.2f} | "
                    f"{r['ssim']:.4f} | {depth} | " + " | ".join(cells) + f" | {sweep} |")
-    return "\n".join(out) + "\n"
+    edges = metrics.get("edge_frames")
+    note = f"\nHeld-out frames {edges} lie outside the training frames' span (the scene's edges): not shifted.\n"
+    return "\n".join(out) + "\n" + (note if edges else "")
