@@ -60,8 +60,8 @@ def render_truth(log, trajectory, out: Path, progress: bool = True) -> int:
     return len(trajectory.poses)
 
 
-# A car's box in the vehicle frame (x forward, y left, z up; the synthetic ego's origin is on the ground under its
-# rear axle, its cameras 1.8 m ahead of it): a shifted view is one a vehicle could have only where this box, raised
+# A car's box in the vehicle frame (x forward, y left, z up; the synthetic ego's origin is on the ground, its
+# cameras 1.8 m ahead of it and 1.6 m up): a shifted view is one a vehicle could have only where this box, raised
 # off the ground by a curb's height, is free, and no surface is nearer its camera than NEAR_M.
 EGO_BOX_M = np.array([[-1.0, -0.95, 0.2], [3.6, 0.95, 1.6]])
 NEAR_M = 0.3

@@ -87,7 +87,7 @@ class TrainConfig:
     robust_k: float = 5.0  # with found movers: pixels whose local residual exceeds k x the median ... (0: off)
     robust_floor: float = 0.1  # ... and this (mean absolute RGB) are turned down in the photometric loss (transients)
     robust_from: int = 500  # iteration where the robust mask starts (the residuals mean something by then)
-    sky_weight: float = 0.0  # the rendered alpha on the views' sky pixels (`sky_mask`; 0: no masks, sky seeded too)
+    sky_weight: float = 0.1  # the rendered alpha on the views' sky pixels (`sky_mask`; 0: no masks, sky seeded too)
     road_weight: float = 0.0  # the surfels near the LiDAR's ground held on it, flat (`ground`; 0: off)
     init: InitOptions = field(default_factory=InitOptions)
     densify: DensifyOptions = field(default_factory=DensifyOptions)
