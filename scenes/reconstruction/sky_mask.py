@@ -2,15 +2,16 @@
 
 Three facts of a log tell the sky: (1) the sky's colour depends on the viewing direction alone, so from every
 camera position along the drive the same world direction shows it the same, where a surface at a finite
-distance drifts across directions as the camera moves; (2) a LiDAR ray above the horizon that returns nothing
-met no surface within the sensor's range; (3) the sky is smooth, and bounded by edges where structure begins.
+distance drifts across directions as the camera moves; (2) a LiDAR ray well above the horizon
+(`SkyOptions.seed_elevation_deg`) that returns nothing met no surface within the sensor's range; (3) the sky is smooth, and bounded by edges where structure begins.
 A pixel is sky when it lies above the highest LiDAR return of its column (the LiDAR saw nothing there), its
 colour agrees with its direction's median over the training views and the agreeing views stand at least
 `SkyOptions.baseline_m` apart (1), and it belongs to a smooth region (no colour step above
 `SkyOptions.step`) that holds a direction an empty LiDAR ray looked along (2, 3) or, in later rounds, one that
 another view's sky region holds: so the sky found below the LiDAR's top beam reaches the sky above it. A uniform
 facade band passes (1) (seen along a parallel drive it looks the same from everywhere) but not (2, 3). A log
-whose cameras never move `baseline_m`, or whose LiDAR has no beam model (no empty rays), gets no masks.
+whose cameras never move `baseline_m`, or whose LiDAR has no beam model (no empty rays) or no beam that high
+(KITTI's HDL-64E: +2 degrees), gets no masks and trains as without them.
 
 The trainer uses the masks twice: the initialisation seeds no surfels on sky pixels (its above-LiDAR seeds put
 them at the wall depth: a shell of sky-coloured surfels at 27-57 m that slides over far buildings from a
