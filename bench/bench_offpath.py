@@ -15,7 +15,6 @@ already in OUT.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -25,19 +24,8 @@ import numpy as np
 from gsim.io import write_bytes, write_json
 from gsim.scenes.demo import DEMO_ITERATIONS
 from gsim.scenes.evaluation.evaluate import evaluate
-from gsim.scenes.log import LogFormatError, load_log
 from gsim.scenes.reconstruction.train import preset, reconstruct
-from gsim.scenes.synth import SynthOptions, made_by, synthesize
-
-
-def _log(logs: Path, seed: int) -> Path:
-    path = logs / f"seed{seed}"
-    try:
-        if made_by(load_log(path), seed, SynthOptions()):
-            return path
-    except LogFormatError:
-        pass
-    return synthesize(path, seed=seed)
+from gsim.scenes.synth import reuse_or_synthesize
 
 
 def _row(seed, m: dict, train_s) -> dict:
@@ -65,12 +53,10 @@ def main(argv=None) -> dict:
     logs = Path(args.logs) if args.logs else out / "logs"
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
-        log, here = _log(logs, seed), out / f"seed{seed}"
+        log, here = reuse_or_synthesize(logs / f"seed{seed}", seed)[0], out / f"seed{seed}"
         train_s = None
         if not args.evaluate_only:
-            cfg = preset("cpu", seed=seed, iterations=args.iterations)
-            cfg = dataclasses.replace(cfg, **{k: dataclasses.replace(getattr(cfg, k), **v) if isinstance(v, dict)
-                                              else v for k, v in args.set.items()})
+            cfg = preset("cpu", seed=seed, iterations=args.iterations).with_overrides(args.set)
             t0 = time.perf_counter()
             reconstruct(log, here / "recon", cfg)
             train_s = round(time.perf_counter() - t0, 1)

@@ -13,7 +13,6 @@ baseline that the LiDAR losses are compared against (the LiDAR still initialises
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -45,9 +44,8 @@ def main(argv=None) -> dict:
     if args.no_movers:
         overrides["movers"] = False
     cfg = preset(args.preset, **overrides)
-    try:  # nested options (init, densify) take a dict of their own fields
-        cfg = dataclasses.replace(cfg, **{k: dataclasses.replace(getattr(cfg, k), **v) if isinstance(v, dict) else v
-                                          for k, v in args.set.items()})
+    try:
+        cfg = cfg.with_overrides(args.set)
     except (TypeError, AttributeError) as e:
         ap.error(f"--set {json.dumps(args.set)}: {e}")
     t0 = time.perf_counter()

@@ -16,9 +16,9 @@ from gsim.io import to_uint8, write_png, write_video
 from gsim.scene import load_scene
 
 from .evaluation.evaluate import evaluate
-from .log import LogFormatError, load_log
+from .log import load_log
 from .evaluation.render_path import camera_path, path_camera
-from .synth import SynthOptions, made_by, synthesize
+from .synth import SynthOptions, reuse_or_synthesize
 from .reconstruction.train import preset, reconstruct
 
 
@@ -47,14 +47,8 @@ def run_demo(out: Path, seed: int = 0, iterations: int = DEMO_ITERATIONS, shift_
     this seed's and options'."""
     out = Path(out)
     t0 = time.perf_counter()
-    try:
-        reuse = made_by(load_log(out / "log"), seed, synth_options)
-    except LogFormatError:
-        reuse = False
-    if reuse:
+    if reuse_or_synthesize(out / "log", seed, synth_options)[1]:
         print(f"using the existing log {out / 'log'}")
-    else:
-        synthesize(out / "log", seed=seed, options=synth_options)
     t1 = time.perf_counter()
     cfg = preset("cpu", seed=seed, iterations=iterations)
     scene = reconstruct(out / "log", out / "recon", cfg)

@@ -35,7 +35,7 @@ from gsim.config import Config
 from gsim.errors import InputError
 from gsim.street import R_VEHICLE_CAMERA
 
-from .log import ActorTrack, LidarBeams, LogWriter
+from .log import ActorTrack, LidarBeams, LogFormatError, LogWriter, load_log
 
 FRAME_PERIOD_US = 100_000  # 10 Hz frames; the LiDAR spins once per frame
 EGO_POSE_PERIOD_US = 10_000  # linear interpolation between these samples is off the true route by < 0.1 mm
@@ -819,6 +819,18 @@ def _options_note(options: SynthOptions) -> str:
 def made_by(log, seed: int, options: SynthOptions) -> bool:
     """Whether a loaded log is the synthetic street of this seed and these options."""
     return log.source == "gsim.scenes.synth" and log.name == _log_name(seed) and _options_note(options) in log.notes
+
+
+def reuse_or_synthesize(out_dir, seed: int = 0, options: SynthOptions = SynthOptions(),
+                        progress: bool = True) -> Tuple[Path, bool]:
+    """(the log at ``out_dir``, whether it was already there): a log of this seed and these options is kept, anything
+    else there is replaced by a fresh `synthesize`."""
+    try:
+        if made_by(load_log(out_dir), seed, options):
+            return Path(out_dir), True
+    except LogFormatError:
+        pass
+    return synthesize(out_dir, seed, options, progress), False
 
 
 def synthesize(out_dir, seed: int = 0, options: SynthOptions = SynthOptions(), progress: bool = True) -> Path:

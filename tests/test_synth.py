@@ -424,3 +424,18 @@ def test_omitted_car_leaves_the_rest_of_the_street_unchanged():
     assert "omit" not in TINY.to_dict()  # logs written before the option still match their options
     with pytest.raises(ValueError, match=r"SynthOptions.omit: no cars \['nobody'\]"):
         build_street(SEED, dataclasses.replace(TINY, omit=("nobody",)))
+
+
+def test_reuse_or_synthesize_keeps_the_seeds_log_and_replaces_another(tmp_path):
+    from gsim.scenes.synth import SynthOptions, made_by, reuse_or_synthesize
+    tiny = SynthOptions(n_frames=2, width=32, height=20, supersample=1, lidar_beams=4, lidar_azimuth_resolution_deg=4.0)
+    path, reused = reuse_or_synthesize(tmp_path / "log", 1, tiny, progress=False)
+    assert not reused and made_by(load_log(path), 1, tiny)
+    assert reuse_or_synthesize(tmp_path / "log", 1, tiny, progress=False) == (path, True)
+    path, reused = reuse_or_synthesize(tmp_path / "log", 2, tiny, progress=False)
+    assert not reused and made_by(load_log(path), 2, tiny)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "mine.txt").write_text("a user's file")
+    with pytest.raises(FileExistsError, match="no log.json"):  # a folder that is not a log is never replaced
+        reuse_or_synthesize(tmp_path / "junk", 1, tiny, progress=False)
+    assert (tmp_path / "junk" / "mine.txt").read_text() == "a user's file"

@@ -17,6 +17,7 @@ from typing import Dict, Sequence
 import numpy as np
 
 from .. import synth
+from ..reconstruction.views import in_image
 
 FAR_M = 40.0  # beyond this (or the sky) a pixel is far field: what parallax moves least, and a shell moves most
 DEPTH_TOL = 0.05  # relative depth error beyond which a surface is "at the wrong depth"
@@ -33,7 +34,7 @@ class Coverage:
     two pixel centres)."""
 
     street: object
-    views: list  # [(camera, T_camera_world (4,4), timestamp_us, depth (H,W) max-pooled, 0 -> inf)]
+    views: list  # [(camera, T_world_camera (4,4), timestamp_us, depth (H,W) max-pooled, 0 -> inf)]
 
     @staticmethod
     def of(log, street, frames) -> "Coverage":
@@ -45,8 +46,8 @@ class Coverage:
                 if d is None:
                     continue
                 d = np.where(d > 0, d, np.inf)
-                views.append((log.cameras[obs.sensor].camera, np.linalg.inv(log.T_world_camera(obs)),
-                              obs.timestamp_us, maximum_filter(d, 3, mode="nearest")))
+                views.append((log.cameras[obs.sensor].camera, log.T_world_camera(obs), obs.timestamp_us,
+                              maximum_filter(d, 3, mode="nearest")))
         return Coverage(street, views)
 
     def seen(self, hits: "synth.Hits") -> np.ndarray:
@@ -58,7 +59,7 @@ class Coverage:
         out = np.zeros(len(hits.prim), bool)
         static = np.nonzero(surface & (car < 0))[0]
         moving = np.nonzero(car >= 0)[0]
-        for cam, Tcw, t, depth in self.views:
+        for cam, T, t, depth in self.views:
             pts = [hits.local[static]]
             if len(moving):
                 Twc = st.car_poses([t])[0][car[moving]]  # (M,4,4) each point's car at the view's time
@@ -66,9 +67,7 @@ class Coverage:
             idx = np.concatenate([static, moving])
             todo = ~out[idx]
             idx, pw = idx[todo], np.concatenate(pts)[todo]
-            pc = pw @ Tcw[:3, :3].T + Tcw[:3, 3]
-            uv, ok = cam.project(pc)
-            ok &= (uv[:, 0] >= 0) & (uv[:, 0] < cam.width) & (uv[:, 1] >= 0) & (uv[:, 1] < cam.height)
+            uv, ok, pc = in_image(cam, T, pw)
             u, v = uv[ok, 0].astype(np.int64), uv[ok, 1].astype(np.int64)
             out[idx[ok]] = pc[ok, 2] <= depth[v, u] * (1 + SEEN_TOL)
         return out
@@ -91,11 +90,11 @@ class Split:
         err = ((rgb.astype(np.float64) - truth) ** 2).mean(-1).reshape(-1)
         a, d = alpha.reshape(-1), depth.reshape(-1).astype(np.float64)
         sky = hits.prim < 0
-        z = np.where(sky, np.inf, hits.t)
+        z = np.where(sky, 1.0, hits.t)  # (the sky's depth is never read)
         road = (hits.material == synth.GROUND) | (hits.material == synth.SIDEWALK)
-        far = z > FAR_M
+        far = sky | (z > FAR_M)
         region = {"sky": sky, "far": far & ~sky, "road": road & ~far, "near": ~road & ~far}
-        rel = np.where(sky, 0.0, np.abs(d - np.where(sky, 1.0, z)) / np.where(sky, 1.0, z))
+        rel = np.where(sky, 0.0, np.abs(d - z) / z)
         off = np.where(sky, a >= OPAQUE, (a < OPAQUE) | (rel > DEPTH_TOL))
         unseen = ~sky & ~seen
         geometry = {"right": ~off & ~unseen, "wrong": off & ~unseen, "unseen": unseen}

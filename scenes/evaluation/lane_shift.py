@@ -16,7 +16,7 @@ from gsim.cameras import downscale_image
 from gsim.errors import InputError
 
 from .. import synth
-from .render_path import offset_pose
+from .render_path import vehicle_offset
 
 OPTIONS_NOTE = "options: "
 
@@ -90,8 +90,7 @@ def shifted_sweeps(scene, log, street, frames, left_m: float) -> dict:
     from gsim.lidar.metrics import ray_metrics
     from gsim.lidar.render import render_rays
     from ..reconstruction.lidar_rays import points_rays
-    offset = np.eye(4)
-    offset[1, 3] = left_m
+    offset = vehicle_offset(left_m=left_m)
     got, left_out = [], 0
     for f in frames:
         for obs in f.lidars.values():
@@ -167,8 +166,8 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
     rows, splits = {}, {}
     renderer = Renderer(scene, backend)
     for kind, dist, dx, dy, v in jobs:
-        T = offset_pose(log, v.sensor, v.timestamp_us, dx, dy)
-        T_vehicle = T @ np.linalg.inv(log.cameras[v.sensor].T_vehicle_camera)
+        T_vehicle = log.T_world_vehicle(v.timestamp_us) @ vehicle_offset(dx, dy)
+        T = T_vehicle @ log.cameras[v.sensor].T_vehicle_camera
         rgb, alpha, depth = render_image(renderer, v.camera, scene.log_pose(T, v.timestamp_us), v.timestamp_us,
                                          v.sensor)
         gt = truth(street, options, log, v.sensor, T, v.timestamp_us, downscale)

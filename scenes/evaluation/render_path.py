@@ -58,9 +58,14 @@ def camera_path(log: DrivingLog, sensor: Optional[str] = None, shift_m: float = 
     return Trajectory(log.cameras[sensor].camera.downscaled(downscale), times, poses)
 
 
+def vehicle_offset(ahead_m: float = 0.0, left_m: float = 0.0) -> np.ndarray:
+    """(4,4): the vehicle moved ``ahead_m`` forward and ``left_m`` to its left, in its own frame (T_vehicle_moved)."""
+    offset = np.eye(4)
+    offset[:2, 3] = ahead_m, left_m
+    return offset
+
+
 def offset_pose(log: DrivingLog, sensor: str, timestamp_us: int, ahead_m: float = 0.0, left_m: float = 0.0) -> np.ndarray:
     """T_world_camera of the log camera ``sensor`` at ``timestamp_us`` with the vehicle moved ``ahead_m``
     forward and ``left_m`` to its left, in its own frame."""
-    offset = np.eye(4)
-    offset[:2, 3] = ahead_m, left_m
-    return log.T_world_vehicle(timestamp_us) @ offset @ log.cameras[sensor].T_vehicle_camera
+    return log.T_world_vehicle(timestamp_us) @ vehicle_offset(ahead_m, left_m) @ log.cameras[sensor].T_vehicle_camera

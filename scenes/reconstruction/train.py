@@ -107,6 +107,12 @@ class TrainConfig:
             raise InputError(f"TrainConfig: need checkpoint_every >= 1 and downscale >= 1, got "
                              f"{self.checkpoint_every}, {self.downscale}")
 
+    def with_overrides(self, fields: dict) -> "TrainConfig":
+        """This configuration with ``fields`` replaced; a nested options field (init, densify) takes a dict of its
+        own fields. A TypeError or AttributeError names a field that is not one."""
+        return dataclasses.replace(self, **{k: dataclasses.replace(getattr(self, k), **v) if isinstance(v, dict) else v
+                                            for k, v in fields.items()})
+
     @property
     def refines_views(self) -> bool:
         return bool(self.lr_view_rot or self.lr_view_trans)
