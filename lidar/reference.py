@@ -32,7 +32,7 @@ def composite(origins: torch.Tensor, dirs: torch.Tensor, column: torch.Tensor, m
 
     origins, dirs (R,3) world; column (R,) index into group_from_world (G,C,3,4); features (N,F).
     Returns alpha (R,), range_sum (R,) (alpha-weighted ranges), median (R,), normal (R,3) and
-    features (R,F) (alpha-weighted sums), as lidar.kernel."""
+    features (R,F) (alpha-weighted sums), as lidar.kernel; and each candidate's weight and range (R,K)."""
     valid = candidates >= 0
     j = candidates.clamp_min(0)
     # gathers by index_select: its backward sums in a fixed order (indexing's backward may not), so a
@@ -81,4 +81,5 @@ def composite(origins: torch.Tensor, dirs: torch.Tensor, column: torch.Tensor, m
     F = features.shape[1]
     return {"alpha": w.sum(-1), "range_sum": (w * rng).sum(-1), "median": median,
             "normal": (w[..., None] * s * n_world).sum(1),
-            "features": (w[..., None] * take(features)).sum(1) if F else w.new_zeros(len(w), 0)}
+            "features": (w[..., None] * take(features)).sum(1) if F else w.new_zeros(len(w), 0),
+            "weights": w, "ranges": rng}

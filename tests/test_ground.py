@@ -47,3 +47,5 @@ def test_road_loss_is_zero_on_the_road_and_pulls_surfels_onto_it(field):
     tilted = torch.tensor([[np.cos(0.3), np.sin(0.3), 0.0, 0.0]] * 3)  # 0.6 rad about x
     on = road_loss(g, means.detach(), tilted, torch.tensor([True, False, False]), GroundOptions.band_m)
     assert float(on) == pytest.approx(1 - np.cos(0.6), rel=1e-4)  # an actor's surfel (owner >= 0) is not held
+    standing = torch.tensor([[np.cos(0.7), np.sin(0.7), 0.0, 0.0]] * 3)  # 1.4 rad: a curb's face, not held
+    assert float(road_loss(g, means.detach(), standing, background, GroundOptions.band_m)) == 0.0

@@ -161,9 +161,9 @@ def test_seeds_above_a_clipped_actor_go_into_its_box(log_dir, monkeypatch):
     log = load_log(log_dir)
     train, _ = split_frames(log)
     opt = InitOptions(above_stride=2)
-    bg0, act0 = init_mod.collect_points(log, train, opt)
+    bg0, _, act0 = init_mod.collect_points(log, train, opt)
     monkeypatch.setattr(init_mod, "above_top_beam", lambda tan, w, o: np.zeros(len(w)))
-    bg1, act1 = init_mod.collect_points(log, train, opt)
+    bg1, _, act1 = init_mod.collect_points(log, train, opt)
     count = lambda p: sum(len(x) for x in p.xyz)
     gained = {a.id: count(act1[a.id]) - count(act0[a.id]) for a in log.actors}
     assert sum(gained.values()) > 20 and min(gained.values()) >= 0

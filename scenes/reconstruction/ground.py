@@ -8,8 +8,9 @@ the lane markings land in the wrong place. The field: the ground plane cut into 
 a cell's height is the low percentile of the training sweeps' points in it, kept only where the cell is flat
 (its median point within `GroundOptions.flat_m` of that height: no car, wall, pole or curb in it) and no more
 than `GroundOptions.step_m` above the lowest such cell around it (a car's flat roof is not the road). The term
-(`road_loss`): for the background surfels within `GroundOptions.band_m` of a kept cell's height, their squared
-height above it (in units of the band) and 1 - |n_z| of their normal.
+(`road_loss`): for the background surfels within `GroundOptions.band_m` of a kept cell's height that lie rather
+than stand (a curb's face is left alone), their squared height above it (in units of the band) and 1 - |n_z| of
+their normal.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from .views import Ignored, ignored_points, sweep_world
 class GroundOptions:
     cell_m: float = 0.5
     flat_m: float = 0.04  # a cell's median point at most this above its ground height, else it is not all ground
-    band_m: float = 0.25  # surfels this close to a cell's height are the road's
+    band_m: float = 0.25  # surfels this close to a cell's height are the road's ...
+    lying_nz: float = 0.7  # ... when they lie (|normal z| at least this): a curb's face or a wall's foot stands
     step_m: float = 0.3  # a flat cell more than this above the lowest within reach_m is a roof, not ground
     reach_m: float = 4.0
     min_points: int = 4
@@ -88,14 +90,15 @@ class GroundField:
 
 
 def road_loss(field: GroundField, means: torch.Tensor, quats: torch.Tensor, background: torch.Tensor,
-              band_m: float) -> torch.Tensor:
-    """Mean over the ``background`` (N,) surfels within ``band_m`` of the field's height of ((z - h) / band)^2 +
-    1 - |n_z| (n: the surfel's normal, the third column of its rotation; quats (w,x,y,z), any norm); 0 without."""
+              band_m: float, lying_nz: float = GroundOptions.lying_nz) -> torch.Tensor:
+    """Mean over the ``background`` (N,) surfels within ``band_m`` of the field's height that lie (|n_z| >=
+    ``lying_nz``) of ((z - h) / band)^2 + 1 - |n_z| (n: the surfel's normal, the third column of its rotation;
+    quats (w,x,y,z), any norm); 0 without."""
     h = field.height(means[:, :2].detach())
     dz = means[:, 2] - torch.nan_to_num(h, nan=0.0)
-    on = background & torch.isfinite(h) & (dz.detach().abs() < band_m)
     q = torch.nn.functional.normalize(quats, dim=-1)
     x, y = q[:, 1], q[:, 2]
     nz = 1 - 2 * (x * x + y * y)
+    on = background & torch.isfinite(h) & (dz.detach().abs() < band_m) & (nz.detach().abs() >= lying_nz)
     term = (dz / band_m) ** 2 + 1 - nz.abs()
     return torch.where(on, term, torch.zeros_like(term)).sum() / on.sum().clamp_min(1)

@@ -9,6 +9,7 @@ from projecting the points into the same frames' images (occluded points get non
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -38,6 +39,9 @@ class InitOptions:
     above_stride: int = 4  # pixels between the image points seeded above the LiDAR's top beam (0: none)
     above_max_depth_m: float = 60.0  # columns whose highest LiDAR point is farther get none
     unseen_voxel: float = 3.0  # background points no training camera saw: this many voxels (the LiDAR's alone)
+    far_range: float = 0.0  # seeds along the empty LiDAR rays at or above the horizon, at this many times the
+    # sensor's maximum range, coloured by the cameras (not on sky pixels): what lies beyond the LiDAR's reach
+    far_voxel_m: float = 1.0  # their voxel (a pixel there spans half a metre)
 
 
 @dataclass
@@ -142,7 +146,7 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
                    ignored: Ignored = {}, sky: Optional[SkyPixels] = None):
     """LiDAR points of ``frames``: background (world) and per actor (box frame), with colours; points in
     ``ignored`` (transients) go nowhere, nor image points seeded above the LiDAR where ``sky`` says sky."""
-    bg = _Points([], [], [], [])
+    bg, far = _Points([], [], [], []), _Points([], [], [], [])
     actors: Dict[str, _Points] = {a.id: _Points([], [], [], []) for a in log.actors}
     it = frames
     if progress:
@@ -175,7 +179,30 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
                         inside, local, T_aw = points_in_box(a, xyz[mine], t[src[mine]], opt.box_margin_m)
                         _add(actors[a.id], local[inside], transform_each(T_aw[inside], org[mine][inside]),
                              col[mine][inside], np.ones(inside.sum(), bool))
-    return bg, actors
+            if opt.far_range and log.lidars[obs.sensor].beams is not None:
+                _add(far, *_beyond_reach(log, obs, cams, opt))
+    return bg, far, actors
+
+
+def _beyond_reach(log: DrivingLog, obs, cams: Sequence[_Seen], opt: InitOptions):
+    """Points (xyz, origin, rgb, seen) for what the cameras see along the sweep's empty rays at or above the
+    horizon (`SweepRays.free`): nothing is there within the sensor's range, so whatever a camera sees that way
+    (a street's far end, hills) lies beyond it; they go at ``opt.far_range`` times the range. Sky pixels and
+    rays no camera sees give none."""
+    from .lidar_rays import sweep_rays
+    r = sweep_rays(log, obs)
+    free = r.free(0.0)
+    P = r.poses(log)[free]
+    origin = P[:, :3, 3]
+    xyz = origin + opt.far_range * log.lidars[obs.sensor].beams.max_range_m * np.einsum("nij,nj->ni", P[:, :3, :3],
+                                                                                       r.dirs[free])
+    seen = [dataclasses.replace(c, idx=idx, pix=pix, z=z)
+            for c in cams for idx, pix, z in [visible_points(c.camera, c.T_world_camera, xyz)]]
+    rgb, was_seen = _colour(seen, len(xyz))
+    for c in seen:
+        if c.sky is not None:
+            was_seen[c.idx[c.sky.reshape(-1)[c.pix]]] = False
+    return xyz[was_seen], origin[was_seen], rgb[was_seen], np.ones(int(was_seen.sum()), bool)
 
 
 def _add(p: _Points, xyz, origin, rgb, seen) -> None:
@@ -272,8 +299,9 @@ def initial_surfels(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions =
     if not any(f.lidars for f in frames):
         raise InputError(f"{log.root}: reconstruction needs LiDAR sweeps to initialise surfels; "
                          f"the training frames have none")
-    bg, actors = collect_points(log, frames, opt, progress, ignored, sky)
-    return (_within(bg, opt.voxel_m, opt.max_surfels, opt, opt.unseen_voxel),
+    bg, far, actors = collect_points(log, frames, opt, progress, ignored, sky)
+    return (Surfels.concatenate([_within(bg, opt.voxel_m, opt.max_surfels, opt, opt.unseen_voxel),
+                                 surfels_from_points(far, opt.far_voxel_m, opt)]),
             {aid: _within(p, opt.voxel_m / 2, opt.max_actor_surfels, opt) for aid, p in actors.items()})
 
 

@@ -21,7 +21,8 @@ HIT_ALPHA = 0.5
 
 
 def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
-    """Torch outputs per ray (in ``rays`` order): alpha, expected range, and the head's logits (R,2)."""
+    """Torch outputs per ray (in ``rays`` order): alpha, expected range, the head's logits (R,2), and
+    ``near_alpha``: the alpha of what lies within the sensor's maximum range (all of it without a beam model)."""
     p, dev = model.params, model.device
     backend = lidar_backend_on(dev)  # (the CUDA kernel's surfels stay on the GPU)
     with torch.no_grad():
@@ -52,5 +53,8 @@ def render_rays(model, log: DrivingLog, rays: SweepRays) -> dict:
     h = model.head
     logits = mlp(head_inputs(res, f32(dirs)), h["w1"], h["b1"], h["w2"], h["b2"])
     a = res["alpha"]
+    beams = log.lidars[rays.sensor].beams
+    near = a if beams is None else (res["weights"] * (res["ranges"] <= beams.max_range_m)).sum(-1)
     inverse = to_device(np.argsort(order), dev)
-    return {"alpha": a[inverse], "range": (res["range_sum"] / (a + (a <= 0)))[inverse], "logits": logits[inverse]}
+    return {"alpha": a[inverse], "range": (res["range_sum"] / (a + (a <= 0)))[inverse], "logits": logits[inverse],
+            "near_alpha": near[inverse]}

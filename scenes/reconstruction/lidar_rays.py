@@ -40,6 +40,12 @@ class SweepRays:
         return SweepRays(self.sensor, self.timestamp_us, self.dirs[idx], self.times_us[idx], self.range[idx],
                          self.intensity[idx], self.ring[idx], self.column[idx], self.grid, self.T_vehicle_lidar)
 
+    def free(self, min_elevation_deg: float) -> np.ndarray:
+        """(R,) bool: the beam grid's empty cells at or above ``min_elevation_deg`` (sensor frame): up there an
+        empty cell is open space to the range's end (sky, a street beyond reach); below it a ray that returns
+        nothing more likely met a dark or wet surface (ray drop), so those are not counted."""
+        return (self.range == 0) & (self.ring >= 0) & (self.dirs[:, 2] >= np.sin(np.radians(min_elevation_deg)))
+
     def poses(self, log: DrivingLog) -> np.ndarray:
         """(R,4,4) T_world_lidar at each ray's time."""
         return interpolate_poses(log.ego_timestamps_us, log.ego_poses, self.times_us) @ self.T_vehicle_lidar

@@ -68,6 +68,12 @@ def lidar_rays(out: dict, target_range: torch.Tensor, target_intensity: torch.Te
     return rng, inten, torch.where(surf, bce, 0.0).sum() / surf.sum().clamp_min(1)
 
 
+def free_space(near_alpha: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
+    """Mean alpha within the sensor's range (`render_rays`' near_alpha) over the rays ``free`` marks: rays that
+    returned nothing pass no surface before the range ends (0 without any)."""
+    return (near_alpha * free).sum() / free.sum().clamp_min(1)
+
+
 def depth_normals(depth: torch.Tensor, rays: torch.Tensor) -> torch.Tensor:
     """(H-1,W-1,3) camera-frame normals of the surface of a depth map, facing the camera.
     rays (H,W,2) are the pixels' x/z, y/z (camera.ray_table())."""

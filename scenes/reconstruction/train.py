@@ -44,6 +44,8 @@ from .views import Ignored, View, make_views, split_frames
 CHECKPOINT = checkpoint.NAME
 KIND = "reconstruction"  # the checkpoint's kind (`gsim.scenes.reconstruction.checkpoint`)
 CONFIG_SCHEMA = 1
+ROAD_EVERY = 4  # steps between the road term's turns (`ground.road_loss`)
+FREE_FROM_DEG = 0.0  # the lowest elevation whose empty LiDAR rays count as open space (`SweepRays.free`)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class TrainConfig:
     lidar_range_weight: float = 0.1  # ray range L1 (m) + (1 - alpha) on returns
     lidar_intensity_weight: float = 0.5  # MSE of the head's intensity on returns
     lidar_drop_weight: float = 0.05  # BCE of the head's ray drop where the scene has a surface
+    lidar_free_weight: float = 0.0  # alpha within range on the empty rays at or above the horizon (0: off)
     lidar_rays_per_sweep: int = 20000  # rays kept per training sweep (a random subset, fixed at load)
     normal_weight: float = 0.05
     normal_from: int = 500  # iteration where the normal and distortion losses start (2DGS waits for geometry)
@@ -136,6 +139,7 @@ class TrainConfig:
         d.setdefault("lr_view_trans", 0.0)
         d.setdefault("sky_weight", 0.0)  # nor kept surfels out of the sky
         d.setdefault("road_weight", 0.0)  # nor held the road's surfels on its surface
+        d.setdefault("lidar_free_weight", 0.0)  # nor cleared the empty LiDAR rays
         return TrainConfig(**{**d, "init": InitOptions(**d["init"]), "densify": DensifyOptions(**d["densify"])})
 
 
@@ -265,6 +269,10 @@ def load_state(path) -> dict:
         ck.meta["config"].setdefault("max_train_s", None)
         ck.meta["config"].setdefault("sky_weight", 0.0)  # nor the sky masks
         ck.meta["config"].setdefault("road_weight", 0.0)  # nor the road's surface
+        ck.meta["config"].setdefault("lidar_free_weight", 0.0)  # nor the empty LiDAR rays
+        if isinstance(ck.meta["config"].get("init"), dict):  # nor the seeds beyond the LiDAR's reach
+            ck.meta["config"]["init"].setdefault("far_range", 0.0)
+            ck.meta["config"]["init"].setdefault("far_voxel_m", InitOptions.far_voxel_m)
     config = ck.field("config", _CONFIG_SPEC)
     try:
         TrainConfig.from_dict(config)
@@ -380,10 +388,11 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
                                                             vt["lidar_depth"])
     if cfg.sky_weight and vt["sky"] is not None:
         loss = loss + cfg.sky_weight * losses.sky_opacity(frame.alpha, vt["sky"])
-    if cfg.road_weight and run.ground is not None:
+    if cfg.road_weight and run.ground is not None and run.step % ROAD_EVERY == 0:
+        # (every surfel each time: a sparser schedule, weighted up, costs a CPU step a quarter as much)
         p = model.params
-        loss = loss + cfg.road_weight * road_loss(run.ground, p["means"], p["quats"], model.owner < 0,
-                                                  GroundOptions.band_m)
+        loss = loss + ROAD_EVERY * cfg.road_weight * road_loss(run.ground, p["means"], p["quats"], model.owner < 0,
+                                                               GroundOptions.band_m)
     if cfg.normal_weight and geometry:
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, vt["rays"])
     if frame.distortion is not None:
@@ -398,6 +407,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         rng_l, int_l, drop_l = losses.lidar_rays(out, on(rays.range), on(rays.intensity))
         loss = (loss + cfg.lidar_range_weight * rng_l + cfg.lidar_intensity_weight * int_l
                 + cfg.lidar_drop_weight * drop_l)
+        if cfg.lidar_free_weight:
+            loss = loss + cfg.lidar_free_weight * losses.free_space(out["near_alpha"], on(rays.free(FREE_FROM_DEG)))
     if sync and not torch.isfinite(loss):
         # the model's surfels skip Surfels' value checks (a tenth of a step): this one catches a diverged run
         raise _diverged(float(loss.detach()), run.step, view)
