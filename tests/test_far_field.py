@@ -9,12 +9,11 @@ import torch
 
 from gsim.scenes.log import load_log
 from gsim.scenes.reconstruction import losses
-from gsim.scenes.reconstruction.init import InitOptions, _beyond_reach, _cameras_seeing
+from gsim.scenes.reconstruction.init import InitOptions, _beyond_reach, _cameras_seeing, initial_surfels
 from gsim.scenes.reconstruction.lidar_fit import render_rays
 from gsim.scenes.reconstruction.lidar_rays import sweep_rays
 from gsim.scenes.reconstruction.model import SceneModel
-from gsim.scenes.reconstruction.sky_mask import SkyPixels, empty_directions, sky_masks
-from gsim.scenes.reconstruction.views import make_views, split_frames
+from gsim.scenes.reconstruction.views import lidar_reach, split_frames
 from gsim.scenes.reconstruction.init import frame_from_normal
 from gsim.scenes.synth import SynthOptions, build_street, synthesize
 from gsim.surfels import Surfels
@@ -84,29 +83,25 @@ def test_near_alpha_leaves_out_what_lies_beyond_the_range(street):
 
 def test_seeds_beyond_the_reach_see_what_is_beyond_it(street):
     """The seeds lie at far_range x the range along free rays; a camera sees each on a pixel whose exact depth
-    is beyond the LiDAR's range or the sky, and with the sky masks few of them on the sky."""
+    is beyond the LiDAR's range or the sky; none without a beam model."""
     log, train = street
-    views = make_views(log, train)
-    sky = SkyPixels({(v.frame, v.sensor): m for v, m in zip(views, sky_masks(views, empty_directions(log, train)))
-                     if m is not None})
     opt = InitOptions(far_range=1.25)
-    rng = log.lidars[next(iter(log.lidars))].beams.max_range_m
-    beyond, on_sky = [], {}
-    for masks in (None, sky):
-        for f in train[1:-1]:
-            for obs in f.lidars.values():
-                cams = _cameras_seeing(log, f, np.zeros((0, 3)), masks)
-                xyz, origin, rgb, seen = _beyond_reach(log, obs, cams, opt)
-                assert len(xyz) and seen.all() and rgb.shape == (len(xyz), 3)
-                assert np.allclose(np.linalg.norm(xyz - origin, axis=1), 1.25 * rng, rtol=1e-6)
-                for c in cams:
-                    T = np.linalg.inv(c.T_world_camera)
-                    uv, ok = c.camera.project(xyz @ T[:3, :3].T + T[:3, 3])
-                    ok &= (uv[:, 0] >= 0) & (uv[:, 0] < c.camera.width) & (uv[:, 1] >= 0) & (uv[:, 1] < c.camera.height)
-                    cam_obs = f.cameras[next(s for s, o in f.cameras.items()
-                                             if np.allclose(log.T_world_camera(o), c.T_world_camera))]
-                    z = log.depth(cam_obs)[uv[ok, 1].astype(int), uv[ok, 0].astype(int)]
-                    beyond.append((z == 0) | (z > 0.9 * rng))
-                    on_sky.setdefault(masks is None, []).append(z == 0)
+    reach = lidar_reach(log)
+    assert reach == log.lidars[next(iter(log.lidars))].beams.max_range_m
+    beyond = []
+    for f in train[1:-1]:
+        cams = _cameras_seeing(log, f, np.zeros((0, 3)))
+        for obs in f.lidars.values():
+            xyz, origin, rgb, seen = _beyond_reach(log, obs, cams, opt)
+            assert len(xyz) and seen.all() and rgb.shape == (len(xyz), 3)
+            assert np.allclose(np.linalg.norm(xyz - origin, axis=1), 1.25 * reach, rtol=1e-6)
+            for sensor, c in zip(f.cameras, cams):
+                T = np.linalg.inv(c.T_world_camera)
+                uv, ok = c.camera.project(xyz @ T[:3, :3].T + T[:3, 3])
+                ok &= (uv[:, 0] >= 0) & (uv[:, 0] < c.camera.width) & (uv[:, 1] >= 0) & (uv[:, 1] < c.camera.height)
+                z = log.depth(f.cameras[sensor])[uv[ok, 1].astype(int), uv[ok, 0].astype(int)]
+                beyond.append((z == 0) | (z > 0.9 * reach))
     assert np.concatenate(beyond).mean() > 0.9
-    assert np.concatenate(on_sky[False]).mean() < 0.5 * np.concatenate(on_sky[True]).mean()
+    no_beams = dataclasses.replace(log, lidars={k: dataclasses.replace(s, beams=None) for k, s in log.lidars.items()})
+    assert lidar_reach(no_beams) is None
+    assert len(initial_surfels(no_beams, train[:3], opt)[0]) == len(initial_surfels(no_beams, train[:3])[0])

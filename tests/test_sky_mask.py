@@ -83,3 +83,7 @@ def test_sky_opacity_is_the_mean_alpha_on_sky_pixels():
     sky = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
     assert float(losses.sky_opacity(alpha, sky)) == pytest.approx(0.3)
     assert float(losses.sky_opacity(alpha, torch.zeros(2, 2))) == 0.0
+    # with the LiDAR's reach, a sky pixel whose surface lies beyond it (a far facade the mask took) is not held
+    ranges = torch.tensor([[30.0, 5.0], [120.0, 5.0]])
+    assert float(losses.sky_opacity(alpha, sky, ranges, 80.0)) == pytest.approx(0.2)
+    assert float(losses.sky_opacity(alpha, sky, ranges, None)) == pytest.approx(0.3)

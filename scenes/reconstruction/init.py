@@ -40,7 +40,7 @@ class InitOptions:
     above_max_depth_m: float = 60.0  # columns whose highest LiDAR point is farther get none
     unseen_voxel: float = 3.0  # background points no training camera saw: this many voxels (the LiDAR's alone)
     far_range: float = 0.0  # seeds along the empty LiDAR rays at or above the horizon, at this many times the
-    # sensor's maximum range, coloured by the cameras (not on sky pixels): what lies beyond the LiDAR's reach
+    # sensor's maximum range, coloured by the cameras: what lies beyond the LiDAR's reach
     far_voxel_m: float = 1.0  # their voxel (a pixel there spans half a metre)
 
 
@@ -187,8 +187,9 @@ def collect_points(log: DrivingLog, frames: Sequence[Frame], opt: InitOptions, p
 def _beyond_reach(log: DrivingLog, obs, cams: Sequence[_Seen], opt: InitOptions):
     """Points (xyz, origin, rgb, seen) for what the cameras see along the sweep's empty rays at or above the
     horizon (`SweepRays.free`): nothing is there within the sensor's range, so whatever a camera sees that way
-    (a street's far end, hills) lies beyond it; they go at ``opt.far_range`` times the range. Sky pixels and
-    rays no camera sees give none."""
+    (a street's far end, hills, the sky near the horizon) lies beyond it; they go at ``opt.far_range`` times the
+    range. Rays no camera sees give none. A sky mask does not stop them: beyond the range it cannot tell a uniform
+    facade from the sky, and a far shell painted with the sky looks the same from a few metres aside."""
     from .lidar_rays import sweep_rays
     r = sweep_rays(log, obs)
     free = r.free(0.0)
@@ -199,9 +200,6 @@ def _beyond_reach(log: DrivingLog, obs, cams: Sequence[_Seen], opt: InitOptions)
     seen = [dataclasses.replace(c, idx=idx, pix=pix, z=z)
             for c in cams for idx, pix, z in [visible_points(c.camera, c.T_world_camera, xyz)]]
     rgb, was_seen = _colour(seen, len(xyz))
-    for c in seen:
-        if c.sky is not None:
-            was_seen[c.idx[c.sky.reshape(-1)[c.pix]]] = False
     return xyz[was_seen], origin[was_seen], rgb[was_seen], np.ones(int(was_seen.sum()), bool)
 
 

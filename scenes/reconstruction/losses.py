@@ -46,9 +46,15 @@ def lidar_depth(depth: torch.Tensor, alpha: torch.Tensor, pix: torch.Tensor, z: 
     return (d - z).abs().mean() + (1 - a).mean()
 
 
-def sky_opacity(alpha: torch.Tensor, sky: torch.Tensor) -> torch.Tensor:
+def sky_opacity(alpha: torch.Tensor, sky: torch.Tensor, ranges: Optional[torch.Tensor] = None,
+                reach: Optional[float] = None) -> torch.Tensor:
     """Mean rendered alpha over the pixels a (H,W) ``sky`` mask marks (0 without any): surfels there are a shell
-    that parallax slides over what lies behind it, and the sky model behind them learns nothing."""
+    that parallax slides over what lies behind it, and the sky model behind them learns nothing. With ``ranges``
+    (H,W; the rendered surface's distance) and ``reach`` (the LiDAR's range), only pixels whose surface lies
+    within the reach count: beyond it the mask cannot tell the sky from a uniform far facade (neither returns a
+    ray, both look the same from everywhere on the drive), which surfels there may paint."""
+    if reach is not None:
+        sky = sky * (ranges.detach() < reach)
     return (alpha * sky).sum() / sky.sum().clamp_min(1.0)
 
 

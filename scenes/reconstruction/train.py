@@ -39,7 +39,7 @@ from .movers import detect_movers, write_pictures
 from .ground import GroundField, GroundOptions, road_loss
 from .sky_mask import SkyPixels, empty_directions, sky_masks
 from .optim import Adam, DensifyOptions, Densifier
-from .views import Ignored, View, make_views, split_frames
+from .views import Ignored, View, lidar_reach, make_views, split_frames
 
 CHECKPOINT = checkpoint.NAME
 KIND = "reconstruction"  # the checkpoint's kind (`gsim.scenes.reconstruction.checkpoint`)
@@ -194,6 +194,7 @@ class _Run:
         self.step = 0
         self.time_share = 0.0  # of cfg.max_train_s spent (the training loop sets it)
         self.ground: Optional[GroundField] = None  # the road's height field (`start` fits it when cfg.road_weight)
+        self.reach: Optional[float] = None  # the LiDAR's range (`start` sets it): sky pixels hold nothing nearer
         self._tensors: Dict[int, tuple] = {}  # id(view) -> (view, its arrays on the model's device)
 
     def tensors(self, view: View) -> Dict[str, torch.Tensor]:
@@ -208,6 +209,7 @@ class _Run:
                 "image": on(view.image), "mask": on(view.mask), "dirs": on(view.dirs_world),
                 "lidar_pix": on(view.lidar_pix), "lidar_depth": on(view.lidar_depth),
                 "covered": on(view.lidar_covered()), "rays": on(view.camera.ray_table().astype(np.float32)),
+                "ray_len": on(np.sqrt(1 + np.nan_to_num(view.camera.ray_table() ** 2).sum(-1)).astype(np.float32)),
                 "sky": on(view.sky)})
         return got[1]
 
@@ -387,7 +389,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         loss = loss + cfg.lidar_weight * losses.lidar_depth(frame.depth, frame.alpha, vt["lidar_pix"],
                                                             vt["lidar_depth"])
     if cfg.sky_weight and vt["sky"] is not None:
-        loss = loss + cfg.sky_weight * losses.sky_opacity(frame.alpha, vt["sky"])
+        loss = loss + cfg.sky_weight * losses.sky_opacity(frame.alpha, vt["sky"], frame.depth * vt["ray_len"],
+                                                          run.reach)
     if cfg.road_weight and run.ground is not None and run.step % ROAD_EVERY == 0:
         # (every surfel each time: a sparser schedule, weighted up, costs a CPU step a quarter as much)
         p = model.params
@@ -532,6 +535,7 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
         run = resumed(cfg, state, log)
     if cfg.road_weight:
         run.ground = GroundField.fit(log, train_frames, ignored=ignored)
+    run.reach = lidar_reach(log)
     return Training(log, train_frames, views, sweeps, run, bool(found))
 
 

@@ -94,6 +94,12 @@ def top_beam_tan(log: DrivingLog, obs: LidarObs) -> Optional[float]:
     return None if beams is None else float(np.tan(np.radians(max(beams.elevations_deg))))
 
 
+def lidar_reach(log: DrivingLog) -> Optional[float]:
+    """The farthest range (m) any of the log's LiDARs returns from, or None when no beam model says."""
+    ranges = [s.beams.max_range_m for s in log.lidars.values() if s.beams is not None]
+    return max(ranges) if ranges else None
+
+
 def above_top_beam(top_tan: float, points: np.ndarray, origins: np.ndarray) -> np.ndarray:
     """Height (m) of world points above the highest beam at their horizontal range from their sensor
     origins (a level LiDAR). Near zero: a surface whose top the LiDAR may have cut off."""
