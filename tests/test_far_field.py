@@ -104,4 +104,6 @@ def test_seeds_beyond_the_reach_see_what_is_beyond_it(street):
     assert np.concatenate(beyond).mean() > 0.9
     no_beams = dataclasses.replace(log, lidars={k: dataclasses.replace(s, beams=None) for k, s in log.lidars.items()})
     assert lidar_reach(no_beams) is None
-    assert len(initial_surfels(no_beams, train[:3], opt)[0]) == len(initial_surfels(no_beams, train[:3])[0])
+    off = InitOptions(far_range=0.0)
+    assert len(initial_surfels(no_beams, train[:3], opt)[0]) == len(initial_surfels(no_beams, train[:3], off)[0])
+    assert len(initial_surfels(log, train[:3], opt)[0]) > len(initial_surfels(log, train[:3], off)[0])

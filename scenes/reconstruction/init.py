@@ -39,8 +39,8 @@ class InitOptions:
     above_stride: int = 4  # pixels between the image points seeded above the LiDAR's top beam (0: none)
     above_max_depth_m: float = 60.0  # columns whose highest LiDAR point is farther get none
     unseen_voxel: float = 3.0  # background points no training camera saw: this many voxels (the LiDAR's alone)
-    far_range: float = 0.0  # seeds along the empty LiDAR rays at or above the horizon, at this many times the
-    # sensor's maximum range, coloured by the cameras: what lies beyond the LiDAR's reach
+    far_range: float = 1.25  # seeds along the empty LiDAR rays at or above the horizon, at this many times the
+    # sensor's maximum range, coloured by the cameras: what lies beyond the LiDAR's reach (0: none)
     far_voxel_m: float = 1.0  # their voxel (a pixel there spans half a metre)
 
 

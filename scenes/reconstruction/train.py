@@ -65,7 +65,7 @@ class TrainConfig:
     lidar_range_weight: float = 0.1  # ray range L1 (m) + (1 - alpha) on returns
     lidar_intensity_weight: float = 0.5  # MSE of the head's intensity on returns
     lidar_drop_weight: float = 0.05  # BCE of the head's ray drop where the scene has a surface
-    lidar_free_weight: float = 0.0  # alpha within range on the empty rays at or above the horizon (0: off)
+    lidar_free_weight: float = 1.0  # alpha within range on the empty rays at or above the horizon (0: off)
     lidar_rays_per_sweep: int = 20000  # rays kept per training sweep (a random subset, fixed at load)
     normal_weight: float = 0.05
     normal_from: int = 500  # iteration where the normal and distortion losses start (2DGS waits for geometry)
@@ -140,7 +140,8 @@ class TrainConfig:
         d.setdefault("sky_weight", 0.0)  # nor kept surfels out of the sky
         d.setdefault("road_weight", 0.0)  # nor held the road's surfels on its surface
         d.setdefault("lidar_free_weight", 0.0)  # nor cleared the empty LiDAR rays
-        return TrainConfig(**{**d, "init": InitOptions(**d["init"]), "densify": DensifyOptions(**d["densify"])})
+        init = {"far_range": 0.0, **d["init"]}  # nor seeded beyond the LiDAR's reach
+        return TrainConfig(**{**d, "init": InitOptions(**init), "densify": DensifyOptions(**d["densify"])})
 
 
 PRESETS = {
