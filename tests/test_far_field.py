@@ -9,12 +9,12 @@ import torch
 
 from gsim.scenes.log import load_log
 from gsim.scenes.reconstruction import losses
-from gsim.scenes.reconstruction.init import InitOptions, _beyond_reach, _cameras_seeing, initial_surfels
+from gsim.scenes.reconstruction.init import (InitOptions, _beyond_reach, _cameras_seeing, frame_from_normal,
+                                              initial_surfels)
 from gsim.scenes.reconstruction.lidar_fit import render_rays
 from gsim.scenes.reconstruction.lidar_rays import sweep_rays
 from gsim.scenes.reconstruction.model import SceneModel
 from gsim.scenes.reconstruction.views import lidar_reach, split_frames
-from gsim.scenes.reconstruction.init import frame_from_normal
 from gsim.scenes.synth import SynthOptions, build_street, synthesize
 from gsim.surfels import Surfels
 from gsim.transforms import rotmat_to_quat
@@ -38,10 +38,10 @@ def test_free_rays_meet_nothing_within_the_range(street):
     f = train[2]
     obs = next(iter(f.lidars.values()))
     rays = sweep_rays(log, obs)
-    free = rays.free(0.0)
+    free = rays.free()
     assert free.sum() > 100 and np.all(rays.range[free] == 0) and np.all(rays.dirs[free, 2] >= 0)
     # below the horizon an empty cell is not counted, whatever its cause
-    assert not np.any(rays.free(0.0) & (rays.dirs[:, 2] < 0))
+    assert not np.any(rays.free() & (rays.dirs[:, 2] < 0))
     o, d = _world_rays(log, rays, free)
     st = build_street(0, OPTS)
     reach = log.lidars[obs.sensor].beams.max_range_m
@@ -66,7 +66,7 @@ def test_near_alpha_leaves_out_what_lies_beyond_the_range(street):
     log, train = street
     obs = next(iter(train[2].lidars.values()))
     rays = sweep_rays(log, obs)
-    one = rays.subset(np.nonzero(rays.free(0.0))[0][:1])
+    one = rays.subset(np.nonzero(rays.free())[0][:1])
     o, d = _world_rays(log, one, slice(None))
     far = 1.5 * log.lidars[obs.sensor].beams.max_range_m
     means = np.stack([o[0] + 10 * d[0], o[0] + far * d[0]])

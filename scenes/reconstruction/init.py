@@ -192,7 +192,7 @@ def _beyond_reach(log: DrivingLog, obs, cams: Sequence[_Seen], opt: InitOptions)
     facade from the sky, and a far shell painted with the sky looks the same from a few metres aside."""
     from .lidar_rays import sweep_rays
     r = sweep_rays(log, obs)
-    free = r.free(0.0)
+    free = r.free()
     P = r.poses(log)[free]
     origin = P[:, :3, 3]
     xyz = origin + opt.far_range * log.lidars[obs.sensor].beams.max_range_m * np.einsum("nij,nj->ni", P[:, :3, :3],

@@ -18,6 +18,8 @@ from gsim.transforms import interpolate_poses
 
 from ..log import DrivingLog, LidarObs
 
+OPEN_FROM_DEG = 0.0  # the lowest elevation whose empty cells count as open space (`SweepRays.free`)
+
 
 @dataclass(frozen=True, eq=False)
 class SweepRays:
@@ -40,7 +42,7 @@ class SweepRays:
         return SweepRays(self.sensor, self.timestamp_us, self.dirs[idx], self.times_us[idx], self.range[idx],
                          self.intensity[idx], self.ring[idx], self.column[idx], self.grid, self.T_vehicle_lidar)
 
-    def free(self, min_elevation_deg: float) -> np.ndarray:
+    def free(self, min_elevation_deg: float = OPEN_FROM_DEG) -> np.ndarray:
         """(R,) bool: the beam grid's empty cells at or above ``min_elevation_deg`` (sensor frame): up there an
         empty cell is open space to the range's end (sky, a street beyond reach); below it a ray that returns
         nothing more likely met a dark or wet surface (ray drop), so those are not counted."""

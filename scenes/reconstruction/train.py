@@ -45,7 +45,6 @@ CHECKPOINT = checkpoint.NAME
 KIND = "reconstruction"  # the checkpoint's kind (`gsim.scenes.reconstruction.checkpoint`)
 CONFIG_SCHEMA = 1
 ROAD_EVERY = 4  # steps between the road term's turns (`ground.road_loss`)
-FREE_FROM_DEG = 0.0  # the lowest elevation whose empty LiDAR rays count as open space (`SweepRays.free`)
 
 
 @dataclass(frozen=True)
@@ -393,7 +392,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         loss = loss + cfg.sky_weight * losses.sky_opacity(frame.alpha, vt["sky"], frame.depth * vt["ray_len"],
                                                           run.reach)
     if cfg.road_weight and run.ground is not None and run.step % ROAD_EVERY == 0:
-        # (every surfel each time: a sparser schedule, weighted up, costs a CPU step a quarter as much)
+        # every ROAD_EVERY-th step, weighted up: the term runs over every surfel (on a CPU a quarter of a step)
         p = model.params
         loss = loss + ROAD_EVERY * cfg.road_weight * road_loss(run.ground, p["means"], p["quats"], model.owner < 0,
                                                                GroundOptions.band_m)
@@ -412,7 +411,7 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
         loss = (loss + cfg.lidar_range_weight * rng_l + cfg.lidar_intensity_weight * int_l
                 + cfg.lidar_drop_weight * drop_l)
         if cfg.lidar_free_weight:
-            loss = loss + cfg.lidar_free_weight * losses.free_space(out["near_alpha"], on(rays.free(FREE_FROM_DEG)))
+            loss = loss + cfg.lidar_free_weight * losses.free_space(out["near_alpha"], on(rays.free()))
     if sync and not torch.isfinite(loss):
         # the model's surfels skip Surfels' value checks (a tenth of a step): this one catches a diverged run
         raise _diverged(float(loss.detach()), run.step, view)
