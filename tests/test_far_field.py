@@ -57,7 +57,7 @@ def test_free_space_is_the_mean_near_alpha_over_free_rays():
     assert float(loss.detach()) == pytest.approx(0.55)
     loss.backward()
     assert near.grad.tolist() == [0.5, 0.0, 0.5, 0.0]
-    assert float(losses.free_space(near, torch.zeros(4, dtype=torch.bool))) == 0.0
+    assert float(losses.free_space(near.detach(), torch.zeros(4, dtype=torch.bool))) == 0.0
 
 
 def test_near_alpha_leaves_out_what_lies_beyond_the_range(street):
