@@ -55,9 +55,13 @@ class _CameraBase:
         z = p[:, 2]
         front = z > 1e-9
         zs = np.where(front, z, 1.0)
-        xd, yd, ok = self._distort(p[:, 0] / zs, p[:, 1] / zs)
-        uv = np.stack([self.fx * xd + self.cx, self.fy * yd + self.cy], 1)
-        return uv, front & ok
+        u, v, ok = self.pixels(p[:, 0] / zs, p[:, 1] / zs)
+        return np.stack([u, v], 1), front & ok
+
+    def pixels(self, x, y):
+        """Rays (x/z, y/z; numpy or torch arrays, torch differentiable) -> (u, v, valid): their pixels."""
+        xd, yd, ok = self._distort(x, y)
+        return self.fx * xd + self.cx, self.fy * yd + self.cy, ok
 
     def unproject(self, pixels: np.ndarray):
         """(N,2) pixels -> ((N,3) rays (x/z, y/z, 1) in the camera frame, (N,) valid)."""
@@ -71,12 +75,21 @@ class _CameraBase:
         """(H,W,2) float64 ray (x/z, y/z) through each pixel centre; NaN where the model has no ray."""
         return _ray_table(self)
 
-    # pinhole defaults
+    # pinhole defaults. ``_distort`` takes numpy or torch arrays alike (torch: a differentiable warp between
+    # views, `gsim.scenes.reconstruction.multiview`)
     def _distort(self, x, y):
-        return x, y, np.ones(x.shape, bool)
+        return x, y, x == x  # (False only at NaN)
 
     def _undistort(self, xd, yd):
         return xd, yd, np.ones(xd.shape, bool)
+
+
+def _array_module(a):
+    """torch for a torch tensor, else numpy: the distortion models' maths serves both."""
+    if type(a).__module__.startswith("torch"):
+        import torch
+        return torch
+    return np
 
 
 def _first_fold(x: np.ndarray, derivative: np.ndarray, default: float) -> float:
@@ -208,9 +221,10 @@ class FisheyeCamera(_Intrinsics):
         return t * (1 + t2 * (self.k1 + t2 * (self.k2 + t2 * (self.k3 + t2 * self.k4))))
 
     def _distort(self, x, y):
-        r = np.hypot(x, y)
-        theta = np.arctan(r)
-        scale = np.where(r > 1e-12, self._theta_d(theta) / np.maximum(r, 1e-12), 1.0)
+        xp = _array_module(x)
+        r = (x * x + y * y) ** 0.5
+        theta = xp.arctan(r)
+        scale = xp.where(r > 1e-12, self._theta_d(theta) / r.clip(min=1e-12), 1.0)
         return x * scale, y * scale, theta < self.max_theta
 
     def _undistort(self, xd, yd):

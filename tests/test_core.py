@@ -161,6 +161,20 @@ def test_fisheye_projection_is_equidistant():
     assert not ok[0]
 
 
+def test_pixels_of_torch_rays_match_numpy_and_carry_gradients():
+    """`pixels` serves torch tensors too (the multi-view term's warp): the same pixels, differentiable."""
+    rng = np.random.default_rng(0)
+    xy = rng.uniform(-0.6, 0.6, (50, 2))
+    for cam in CAMERAS:
+        u, v, ok = cam.pixels(xy[:, 0], xy[:, 1])
+        t = torch.tensor(xy, dtype=torch.float64, requires_grad=True)
+        ut, vt, okt = cam.pixels(t[:, 0], t[:, 1])
+        assert np.allclose(ut.detach().numpy(), u) and np.allclose(vt.detach().numpy(), v)
+        assert np.array_equal(okt.numpy(), ok)
+        (ut.sum() + vt.sum()).backward()
+        assert torch.isfinite(t.grad).all() and (t.grad.abs() > 0).all()
+
+
 def test_camera_validation_and_dict_roundtrip():
     for cam in CAMERAS:
         assert camera_from_dict(cam.to_dict()) == cam

@@ -28,7 +28,7 @@ from gsim.lidar.heads import FEATURES, WEIGHTS, LidarHead
 from gsim.render import BACKENDS, RenderOptions, render_camera
 from gsim.render.common import to_device
 
-from . import checkpoint, losses
+from . import checkpoint, losses, multiview
 from .. import kernel_cache
 from .init import InitOptions, initial_surfels
 from .lidar_fit import render_rays
@@ -91,6 +91,7 @@ class TrainConfig:
     robust_from: int = 500  # iteration where the robust mask starts (the residuals mean something by then)
     sky_weight: float = 0.1  # the rendered alpha on the views' sky pixels (`sky_mask`; 0: no masks, sky seeded too)
     road_weight: float = 0.0  # the surfels near the LiDAR's ground held on it, flat (`ground`; 0: off)
+    multiview_weight: float = 0.0  # NCC of the neighbouring views' images warped through the depth (`multiview`)
     init: InitOptions = field(default_factory=InitOptions)
     densify: DensifyOptions = field(default_factory=DensifyOptions)
 
@@ -139,6 +140,7 @@ class TrainConfig:
         d.setdefault("sky_weight", 0.0)  # nor kept surfels out of the sky
         d.setdefault("road_weight", 0.0)  # nor held the road's surfels on its surface
         d.setdefault("lidar_free_weight", 0.0)  # nor cleared the empty LiDAR rays
+        d.setdefault("multiview_weight", 0.0)  # nor asked the neighbouring views
         init = {"far_range": 0.0, **d["init"]}  # nor seeded beyond the LiDAR's reach
         return TrainConfig(**{**d, "init": InitOptions(**init), "densify": DensifyOptions(**d["densify"])})
 
@@ -195,6 +197,7 @@ class _Run:
         self.time_share = 0.0  # of cfg.max_train_s spent (the training loop sets it)
         self.ground: Optional[GroundField] = None  # the road's height field (`start` fits it when cfg.road_weight)
         self.reach: Optional[float] = None  # the LiDAR's range (`start` sets it): sky pixels hold nothing nearer
+        self.neighbours: Dict[int, List[View]] = {}  # id(view) -> its neighbours (`start`, with cfg.multiview_weight)
         self._tensors: Dict[int, tuple] = {}  # id(view) -> (view, its arrays on the model's device)
 
     def tensors(self, view: View) -> Dict[str, torch.Tensor]:
@@ -272,6 +275,7 @@ def load_state(path) -> dict:
         ck.meta["config"].setdefault("sky_weight", 0.0)  # nor the sky masks
         ck.meta["config"].setdefault("road_weight", 0.0)  # nor the road's surface
         ck.meta["config"].setdefault("lidar_free_weight", 0.0)  # nor the empty LiDAR rays
+        ck.meta["config"].setdefault("multiview_weight", 0.0)  # nor the neighbouring views
         if isinstance(ck.meta["config"].get("init"), dict):  # nor the seeds beyond the LiDAR's reach
             ck.meta["config"]["init"].setdefault("far_range", 0.0)
             ck.meta["config"]["init"].setdefault("far_voxel_m", InitOptions.far_voxel_m)
@@ -355,6 +359,21 @@ def _render(run: _Run, view: View, options: RenderOptions):
     return frame, compose(frame.rgb, frame.alpha, Sky.derived(model.sky), run.tensors(view)["dirs"], model.affine[view.sensor])
 
 
+def _multiview(run: _Run, view: View, frame) -> torch.Tensor:
+    """`multiview.consistency` of the view's rendered depth with its neighbours' images, on the pixels it renders
+    opaque that are neither sky nor transient."""
+    vt = run.tensors(view)
+    rays = vt["rays"]
+    valid = (frame.alpha.detach() > 0.5) & torch.isfinite(rays).all(-1)
+    if vt["sky"] is not None:
+        valid &= vt["sky"] < 0.5
+    if vt["mask"] is not None:
+        valid &= vt["mask"] > 0.5
+    others = [(run.tensors(n)["image"], n.camera, n.T_world_camera) for n in run.neighbours[id(view)]]
+    return multiview.consistency(frame.depth, valid, torch.nan_to_num(rays), vt["image"], view.T_world_camera,
+                                 others)
+
+
 def view_loss(run: _Run, view: View) -> float:
     """The view's photometric loss as the run renders it now (no gradients, no LiDAR): what a fine-tuning's
     guard watches on real views (`gsim.diffusion.expand`)."""
@@ -398,6 +417,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
                                                                GroundOptions.band_m)
     if cfg.normal_weight and geometry:
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, vt["rays"])
+    if cfg.multiview_weight and geometry and run.neighbours.get(id(view)):
+        loss = loss + cfg.multiview_weight * _multiview(run, view, frame)
     if frame.distortion is not None:
         loss = loss + cfg.distortion_weight * frame.distortion.mean()
     loss = weight * loss
@@ -536,6 +557,8 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
     if cfg.road_weight:
         run.ground = GroundField.fit(log, train_frames, ignored=ignored)
     run.reach = lidar_reach(log)
+    if cfg.multiview_weight:
+        run.neighbours = {id(views[i]): [views[j] for j in nb] for i, nb in multiview.neighbours(views).items()}
     return Training(log, train_frames, views, sweeps, run, bool(found))
 
 
