@@ -44,7 +44,7 @@ def test_the_true_depth_makes_the_views_agree(street, sensor):
     _, log, views = street
     idx = next(i for i, v in enumerate(views) if v.sensor == sensor and v.frame == 4)
     view = views[idx]
-    others = [(torch.as_tensor(views[j].image), views[j].camera, views[j].T_world_camera)
+    others = [(torch.as_tensor(views[j].image).mean(-1), views[j].camera, views[j].T_world_camera)
               for j in multiview.neighbours(views)[idx]]
     assert len(others) == 2
     _, depth = render_camera(build_street(0, OPTS), view.camera, view.T_world_camera, view.timestamp_us, 1)

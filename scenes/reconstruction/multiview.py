@@ -51,30 +51,35 @@ def _window_mean(x: torch.Tensor) -> torch.Tensor:
     return F.avg_pool2d(x[None, None], WINDOW, stride=1, padding=WINDOW // 2, count_include_pad=False)[0, 0]
 
 
-def ncc_cost(a: torch.Tensor, b: torch.Tensor):
-    """((H,W) 1 - NCC of the WINDOW x WINDOW windows of two (H,W) grey images, in [0, 2]; (H,W) bool: ``a``'s
-    window has texture (variance >= MIN_VAR))."""
-    ma, mb = _window_mean(a), _window_mean(b)
-    va = (_window_mean(a * a) - ma * ma).clamp_min(0)
-    vb = (_window_mean(b * b) - mb * mb).clamp_min(0)
+def window_stats(a: torch.Tensor):
+    """(mean, variance) of the WINDOW x WINDOW windows of a (H,W) grey image."""
+    m = _window_mean(a)
+    return m, (_window_mean(a * a) - m * m).clamp_min(0)
+
+
+def ncc_cost(a: torch.Tensor, b: torch.Tensor, a_stats=None) -> torch.Tensor:
+    """(H,W) 1 - NCC of the WINDOW x WINDOW windows of two (H,W) grey images, in [0, 2] (``a_stats``: `window_stats`
+    of ``a``, when known)."""
+    ma, va = a_stats or window_stats(a)
+    mb, vb = window_stats(b)
     cov = _window_mean(a * b) - ma * mb
-    return 1 - cov / torch.sqrt(va * vb + 1e-8), va >= MIN_VAR
+    return 1 - cov / torch.sqrt(va * vb + 1e-8)
 
 
 def consistency(depth: torch.Tensor, valid: torch.Tensor, rays: torch.Tensor, image: torch.Tensor,
                 T_world_camera: np.ndarray, others: Sequence) -> torch.Tensor:
-    """Mean per-pixel minimum over ``others`` ((image (H',W',3), camera, T_world_camera) of neighbouring views)
+    """Mean per-pixel minimum over ``others`` ((grey image (H',W'), camera, T_world_camera) of neighbouring views)
     of the NCC cost between ``image`` and the neighbour's image warped into it through ``depth`` (H,W), over the
-    ``valid`` (H,W bool) pixels with texture that some neighbour sees; 0 where there are none."""
+    ``valid`` (H,W bool) pixels whose window has texture (variance >= MIN_VAR) and lands in some neighbour's image
+    whole; 0 where there are none."""
     grey = image.mean(-1)
+    stats = window_stats(grey)
     best = torch.full_like(depth, float("inf"))
     for img, cam, T in others:
         grid, seen = warp(depth, rays, np.linalg.inv(T) @ T_world_camera, cam)
-        warped = F.grid_sample(img.permute(2, 0, 1)[None], grid[None], align_corners=False,
-                               padding_mode="border")[0].mean(0)
-        cost, textured = ncc_cost(grey, warped)
-        # a window counts only where all of it lands in the neighbour's image
+        warped = F.grid_sample(img[None, None], grid[None], align_corners=False, padding_mode="border")[0, 0]
         seen = _window_mean(seen.to(depth.dtype)) > 1 - 1e-6
-        best = torch.minimum(best, torch.where(seen & textured, cost, torch.full_like(cost, float("inf"))))
-    use = valid & torch.isfinite(best)
+        cost = torch.where(seen, ncc_cost(grey, warped, stats), torch.full_like(depth, float("inf")))
+        best = torch.minimum(best, cost)
+    use = valid & (stats[1] >= MIN_VAR) & torch.isfinite(best)
     return torch.where(use, best, torch.zeros_like(best)).sum() / use.sum().clamp_min(1)

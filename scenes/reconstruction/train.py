@@ -369,7 +369,7 @@ def _multiview(run: _Run, view: View, frame) -> torch.Tensor:
         valid &= vt["sky"] < 0.5
     if vt["mask"] is not None:
         valid &= vt["mask"] > 0.5
-    others = [(run.tensors(n)["image"], n.camera, n.T_world_camera) for n in run.neighbours[id(view)]]
+    others = [(run.tensors(n)["image"].mean(-1), n.camera, n.T_world_camera) for n in run.neighbours[id(view)]]
     return multiview.consistency(frame.depth, valid, torch.nan_to_num(rays), vt["image"], view.T_world_camera,
                                  others)
 
