@@ -80,6 +80,13 @@ def free_space(near_alpha: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
     return (near_alpha * free).sum() / free.sum().clamp_min(1)
 
 
+def opacity_entropy(logit_opacities: torch.Tensor) -> torch.Tensor:
+    """Mean binary entropy (nats) of the opacities: 0 when each is 0 or 1. Half-transparent layers that add up to
+    the right colour from the training views come apart from any other (a surface there is opaque or absent)."""
+    p = torch.sigmoid(logit_opacities)
+    return -(p * F.logsigmoid(logit_opacities) + (1 - p) * F.logsigmoid(-logit_opacities)).mean()
+
+
 def depth_normals(depth: torch.Tensor, rays: torch.Tensor) -> torch.Tensor:
     """(H-1,W-1,3) camera-frame normals of the surface of a depth map, facing the camera.
     rays (H,W,2) are the pixels' x/z, y/z (camera.ray_table())."""

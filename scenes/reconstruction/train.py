@@ -92,6 +92,7 @@ class TrainConfig:
     sky_weight: float = 0.1  # the rendered alpha on the views' sky pixels (`sky_mask`; 0: no masks, sky seeded too)
     road_weight: float = 0.0  # the surfels near the LiDAR's ground held on it, flat (`ground`; 0: off)
     multiview_weight: float = 0.0  # NCC of the neighbouring views' images warped through the depth (`multiview`)
+    opacity_weight: float = 0.0  # the opacities' binary entropy (`losses.opacity_entropy`), from normal_from on
     init: InitOptions = field(default_factory=InitOptions)
     densify: DensifyOptions = field(default_factory=DensifyOptions)
 
@@ -141,6 +142,7 @@ class TrainConfig:
         d.setdefault("road_weight", 0.0)  # nor held the road's surfels on its surface
         d.setdefault("lidar_free_weight", 0.0)  # nor cleared the empty LiDAR rays
         d.setdefault("multiview_weight", 0.0)  # nor asked the neighbouring views
+        d.setdefault("opacity_weight", 0.0)  # nor pushed opacities to 0 or 1
         init = {"far_range": 0.0, **d["init"]}  # nor seeded beyond the LiDAR's reach
         return TrainConfig(**{**d, "init": InitOptions(**init), "densify": DensifyOptions(**d["densify"])})
 
@@ -276,6 +278,7 @@ def load_state(path) -> dict:
         ck.meta["config"].setdefault("road_weight", 0.0)  # nor the road's surface
         ck.meta["config"].setdefault("lidar_free_weight", 0.0)  # nor the empty LiDAR rays
         ck.meta["config"].setdefault("multiview_weight", 0.0)  # nor the neighbouring views
+        ck.meta["config"].setdefault("opacity_weight", 0.0)  # nor the opacities' entropy
         if isinstance(ck.meta["config"].get("init"), dict):  # nor the seeds beyond the LiDAR's reach
             ck.meta["config"]["init"].setdefault("far_range", 0.0)
             ck.meta["config"]["init"].setdefault("far_voxel_m", InitOptions.far_voxel_m)
@@ -417,6 +420,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
                                                                GroundOptions.band_m)
     if cfg.normal_weight and geometry:
         loss = loss + cfg.normal_weight * losses.normal_consistency(frame.normal, frame.depth, frame.alpha, vt["rays"])
+    if cfg.opacity_weight and geometry:
+        loss = loss + cfg.opacity_weight * losses.opacity_entropy(model.params["logit_opacities"])
     if cfg.multiview_weight and geometry and run.neighbours.get(id(view)):
         loss = loss + cfg.multiview_weight * _multiview(run, view, frame)
     if frame.distortion is not None:

@@ -1,5 +1,6 @@
-"""The multi-view consistency term: neighbours, the warp between views (checked through the synthetic street's exact
-depth, on its pinhole and its distorted cameras) and the NCC cost, which the true depth minimises."""
+"""The geometry terms: multi-view consistency (neighbours, the warp between views, checked through the synthetic
+street's exact depth on its pinhole and its distorted cameras, and the NCC cost, which the true depth minimises) and
+the opacities' entropy."""
 import types
 
 import numpy as np
@@ -84,3 +85,15 @@ def test_a_run_with_the_term_trains(street):
         loss, _ = train_step(t.run, t.views[0], t.sweeps, t.log)
         t.run.step += 1
         assert np.isfinite(loss)
+
+
+def test_opacity_entropy_pushes_opacities_to_0_or_1():
+    from gsim.scenes.reconstruction.losses import opacity_entropy
+    x = torch.tensor([-3.0, -0.5, 0.0, 0.5, 3.0], requires_grad=True)
+    h = opacity_entropy(x)
+    p = torch.sigmoid(x.detach())
+    assert float(h.detach()) == pytest.approx(float((-(p * p.log() + (1 - p) * (1 - p).log())).mean()), rel=1e-5)
+    h.backward()
+    # descending the gradient moves each logit away from 0 (and leaves 0 itself where it is)
+    assert (x.grad[[0, 1]] > 0).all() and (x.grad[[3, 4]] < 0).all() and float(x.grad[2]) == 0
+    assert float(opacity_entropy(torch.tensor([-30.0, 30.0]))) < 1e-6
