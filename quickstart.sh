@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 VENV=${GSIM_VENV:-.venv}
 TORCH_SPEC=${GSIM_TORCH:-torch==2.13.0}
-EXTRAS=${GSIM_EXTRAS:-test,lidar,editing,sumo,dynamics,alpasim,scenarios,serve,diffusion,viewer,formats,cluster}
+EXTRAS=${GSIM_EXTRAS:-test,lidar,editing,sumo,dynamics,alpasim,scenarios,serve,diffusion,viewer,formats,cluster,ros2}
 
 setup() {
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"

@@ -33,7 +33,8 @@ EXTRAS = {"gsplat": "cuda", "kiss_icp": "lidar", "diffusers": "diffusion", "tran
           "grpc_health": "serve", "vehiclemodels": "dynamics", "omegaconf": "dynamics",
           "carla_driver_interface": "alpasim", "scenariogeneration": "scenarios", "trimesh": "editing",
           "pydantic": "editing", "yaml": "editing", "viser": "viewer",
-          "pyarrow": "formats", "google": "formats", "ray": "cluster"}  # google: protobuf (serve has it too)
+          "pyarrow": "formats", "google": "formats", "ray": "cluster", "rosbags": "ros2",
+          "cv2": "ros2"}  # google: protobuf (serve has it too)
 
 
 def cmd_render(a) -> int:

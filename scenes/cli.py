@@ -131,14 +131,14 @@ def cmd_truth(a) -> int:
 
 
 def _register_formats(formats) -> None:
-    """One subcommand per dataset format (gsim.scenes.formats.FORMATS): src, out and the format module's options,
-    which the converter takes by name."""
+    """One subcommand per dataset format (gsim.scenes.formats.FORMATS): src, out (optional where the module's
+    OUT_NARGS says "?") and the format module's options, which the converter takes by name."""
     from .formats import FORMATS, converter, format_module
     for fmt in FORMATS:
         module = format_module(fmt)
         p = formats.add_parser(fmt, help=module.HELP)
         p.add_argument("src", help=module.SRC)
-        p.add_argument("out", help=getattr(module, "OUT", None))
+        p.add_argument("out", nargs=getattr(module, "OUT_NARGS", None), help=getattr(module, "OUT", None))
         if hasattr(module, "add_options"):
             module.add_options(p)
         options = tuple(a.dest for a in p._actions if a.option_strings and a.dest != "help")

@@ -35,8 +35,8 @@ timestamp composed with its extrinsic. Paths are relative and stay inside the lo
 
 Written by: `gsim synth` (`gsim.scenes.synth`) and the converters, `gsim convert FORMAT` (one module each, its
 docstring the dataset's conventions): kitti-raw (`kitti_raw`), kitti-tracking (`kitti_tracking`), waymo (`waymo`),
-nuscenes and Lyft (`nuscenes`), av2 (`av2`), dgp (`dgp`), nerfstudio (`nerfstudio`); and by simulation: scenario
-renders (`gsim.editing.outputs`) and closed-loop runs (`gsim.bridges.recording.record`).
+nuscenes and Lyft (`nuscenes`), av2 (`av2`), dgp (`dgp`), nerfstudio (`nerfstudio`), ROS bags (`rosbag`); and by
+simulation: scenario renders (`gsim.editing.outputs`) and closed-loop runs (`gsim.bridges.recording.record`).
 """
 from __future__ import annotations
 

@@ -165,6 +165,15 @@ WALK = {
         "corrupt_checkpoint": None,
         "missing_extra": None,  # protobuf: the serve extra has it too, so the test's environment always does
     },
+    ("convert", "rosbag"): {
+        "dir_for_file": ("convert rosbag {adir} {out}", "{adir}"),  # a folder that is no bag
+        "file_for_dir": None,  # takes a file or a folder
+        "missing": ("convert rosbag {missing} {out}", "{missing}"),
+        "unreadable": None,  # read by rosbags (the nerfstudio case covers unreadable inputs)
+        "full_disk": None,  # the nerfstudio case covers LogWriter's full disk
+        "corrupt_checkpoint": None,
+        "missing_extra": ("convert rosbag {missing} {out}", "rosbags"),
+    },
     ("overlay",): {
         "dir_for_file": ("overlay {log} {adir}", "{adir}"),
         "file_for_dir": ("overlay {afile} {out}", "{afile}"),

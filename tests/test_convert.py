@@ -159,7 +159,7 @@ def test_kitti_odometry_poses(kitti_log):
 
 
 def test_odometry_smoothing_keeps_steady_motion_and_removes_jitter():
-    from gsim.scenes.formats.kitti_raw import smooth_positions
+    from gsim.scenes.formats.convert_util import smooth_positions
     rng = np.random.default_rng(0)
     t = np.cumsum(rng.uniform(90_000, 110_000, 60)).astype(np.int64)  # uneven sweep times
     s = (t - t[0]) / 1e6

@@ -1,6 +1,6 @@
 """Dataset formats -> gsim driving logs: one module per format, each with its converter and its `gsim convert`
-subcommand (``HELP``, ``SRC``, optionally ``OUT`` and ``add_options``); `FORMATS` is the registry `gsim convert` and
-`gsim batch` read.
+subcommand (``HELP``, ``SRC``, optionally ``OUT``, ``OUT_NARGS`` and ``add_options``); `FORMATS` is the registry
+`gsim convert` and `gsim batch` read.
 A new format is a module here and a line in `FORMATS`. Converter helpers shared by the formats: `convert_util`."""
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from gsim.errors import InputError
 FORMATS = {"kitti-raw": ("kitti_raw", "convert_kitti_raw"), "dgp": ("dgp", "convert_dgp"),
            "nerfstudio": ("nerfstudio", "import_nerfstudio"), "av2": ("av2", "convert_av2"),
            "kitti-tracking": ("kitti_tracking", "convert_kitti_tracking"),
-           "nuscenes": ("nuscenes", "convert_nuscenes"), "waymo": ("waymo", "convert_waymo")}
+           "nuscenes": ("nuscenes", "convert_nuscenes"), "waymo": ("waymo", "convert_waymo"),
+           "rosbag": ("rosbag", "convert_rosbag")}
 
 
 def format_module(fmt: str):

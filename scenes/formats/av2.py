@@ -63,7 +63,8 @@ import numpy as np
 
 from gsim.errors import InputError, MissingExtra
 from gsim.lidar import LidarSpec
-from gsim.scenes.formats.convert_util import OPENCV_PIXEL_CENTRE_SHIFT, TrackBuilder, camera_from_params, check_image
+from gsim.scenes.formats.convert_util import (OPENCV_PIXEL_CENTRE_SHIFT, TrackBuilder, camera_from_params, check_image,
+                                              ns_to_us)
 from gsim.scenes.log import LidarBeams, LogFormatError, LogWriter
 from gsim.transforms import interpolate_poses, invert, quat_to_rotmat, transform_each
 
@@ -98,11 +99,6 @@ CATEGORIES = {
 }
 
 _POSE_COLUMNS = ("qw", "qx", "qy", "qz", "tx_m", "ty_m", "tz_m")
-
-
-def ns_to_us(ns):
-    """Nanoseconds (int or int64 array) -> microseconds, rounded to the nearest, halves up."""
-    return (ns + 500) // 1000
 
 
 def _pyarrow():

@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from gsim.cameras import Camera, FisheyeCamera, OpenCVCamera, PinholeCamera
-from gsim.errors import NAME_RE, InputError
+from gsim.errors import NAME_RE, InputError, MissingExtra
 from gsim.scenes.log import ACTOR_CATEGORIES, ActorTrack, LogFormatError
 
 # OpenCV (and so KITTI and DGP calibrations) puts pixel centres at integer coordinates; gsim puts
@@ -71,6 +71,11 @@ def timestamp_us(text: str, where: str) -> int:
         raise LogFormatError(f"{where}: {text!r}: {e}") from None
     d = t - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
     return (d.days * 86400 + d.seconds) * 1_000_000 + int(((m.group(7) or "") + "000000")[:6])
+
+
+def ns_to_us(ns):
+    """Nanoseconds (int or int64 array) -> microseconds, rounded to the nearest, halves up."""
+    return (ns + 500) // 1000
 
 
 def make_pose(R, t) -> np.ndarray:
@@ -162,3 +167,75 @@ class TrackBuilder:
     def __len__(self) -> int:
         return len(self._boxes)
 
+
+def rectified_camera(P: np.ndarray, width: int, height: int, where: str) -> Tuple[PinholeCamera, np.ndarray]:
+    """(camera model K, T_cam_rect = [I | K^-1 p4]) of a rectified projection matrix ``P = K [I | t]`` (3x4), so
+    that ``P @ X_rect`` is K applied to ``T_cam_rect @ X_rect``; ``where`` names the matrix in errors."""
+    K = P[:, :3]
+    if K[0, 1] != 0 or K[1, 0] != 0 or np.any(K[2] != [0, 0, 1]) or K[0, 0] <= 0 or K[1, 1] <= 0:
+        raise LogFormatError(f"{where}: expected K [I | t] with K = [[fx,0,cx],[0,fy,cy],[0,0,1]]")
+    camera = PinholeCamera(width, height, K[0, 0], K[1, 1], K[0, 2] + OPENCV_PIXEL_CENTRE_SHIFT,
+                           K[1, 2] + OPENCV_PIXEL_CENTRE_SHIFT)
+    return camera, make_pose(np.eye(3), np.linalg.solve(K, P[:, 3]))
+
+
+class LidarOdometry:
+    """Ego poses of a log without any, estimated by kiss-icp on its sweeps as recorded (no deskew: KITTI's carry no
+    per-point times); register the sweeps in time order, then smooth the poses with `smoothed_odometry`."""
+
+    def __init__(self, why: str):
+        """``why``: the reason the log needs odometry (in the error when kiss-icp is missing)."""
+        try:
+            from kiss_icp.config import load_config
+            from kiss_icp.kiss_icp import KissICP
+        except ImportError as e:
+            raise MissingExtra(f"{why}, so gsim estimates them with kiss-icp LiDAR "
+                              f"odometry, which is not installed ({e}); install it with: "
+                              f"pip install -e \".[lidar]\"") from None
+        config = load_config(None)  # defaults: 100 m range, 1 m voxels
+        config.data.deskew = False
+        self.icp = KissICP(config)
+
+    def __call__(self, points: np.ndarray) -> np.ndarray:
+        """Register a sweep (N,3) in the sensor frame; returns T_world_lidar (world = first sweep)."""
+        self.icp.register_frame(np.asarray(points, np.float64), np.zeros(0))
+        return self.icp.last_pose.copy()
+
+
+# LiDAR odometry's positions are smoothed with a motion prior (a Whittaker smoother: least squares against the
+# estimates with a penalty on acceleration). On the KITTI raw sample's stop-and-go drive kiss-icp's steps jitter by
+# 3-5 cm (its speed jumps between 1.0 and 2.6 m/s from one sweep to the next, 4.8 m/s^2 rms), which a car cannot do; a
+# reconstruction on them renders its held-out views several centimetres off (BENCHMARKS.md).
+ODOMETRY_NOISE_M = 0.03  # the estimates' position noise
+ODOMETRY_ACCEL_MPS2 = 1.0  # the acceleration the prior expects (one sigma)
+
+
+def smooth_positions(times_us: np.ndarray, poses: np.ndarray) -> np.ndarray:
+    """``poses`` (T,4,4) with their positions smoothed (orientations kept: their jitter is hundredths of a
+    degree): minimise sum |p - p_est|^2 / noise^2 + sum |a|^2 / accel^2 over the positions p, a the second
+    divided differences at the inner times (any spacing)."""
+    from scipy.sparse import diags, identity
+    from scipy.sparse.linalg import spsolve
+    t = np.asarray(times_us, np.float64) / 1e6
+    n = len(t)
+    if n < 3:
+        return poses
+    h = np.diff(t)
+    if np.any(h <= 0):
+        raise InputError("smooth_positions: times must increase")
+    # a_k = 2 / (h_{k-1} + h_k) * ((p_{k+1} - p_k) / h_k - (p_k - p_{k-1}) / h_{k-1}), k = 1..n-2
+    w = 2 / (h[:-1] + h[1:])
+    D = diags([w / h[:-1], -w * (1 / h[:-1] + 1 / h[1:]), w / h[1:]], [0, 1, 2], shape=(n - 2, n))
+    A = (identity(n) / ODOMETRY_NOISE_M ** 2 + D.T @ D / ODOMETRY_ACCEL_MPS2 ** 2).tocsc()
+    out = np.array(poses, np.float64)
+    out[:, :3, 3] = spsolve(A, poses[:, :3, 3] / ODOMETRY_NOISE_M ** 2)
+    return out
+
+
+def smoothed_odometry(times_us: np.ndarray, raw: np.ndarray) -> Tuple[np.ndarray, str]:
+    """(the odometry poses (T,4,4) at ``times_us`` with `smooth_positions`, the log's note on what that moved)."""
+    poses = smooth_positions(times_us, raw)
+    moved = np.linalg.norm(poses[:, :3, 3] - raw[:, :3, 3], axis=1) * 100
+    return poses, (f"odometry positions smoothed (acceleration prior {ODOMETRY_ACCEL_MPS2:g} m/s^2, estimate noise "
+                   f"{ODOMETRY_NOISE_M * 100:g} cm): moved by median {np.median(moved):.1f} cm, at most "
+                   f"{moved.max():.1f} cm")

@@ -28,10 +28,9 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from gsim.cameras import PinholeCamera
-from gsim.errors import InputError, MissingExtra
-from gsim.scenes.formats.convert_util import (OPENCV_PIXEL_CENTRE_SHIFT, check_image, make_pose, nearest_rotation,
-                                              timestamp_us)
+from gsim.errors import InputError
+from gsim.scenes.formats.convert_util import (LidarOdometry, check_image, make_pose, nearest_rotation,
+                                              rectified_camera, smoothed_odometry, timestamp_us)
 from gsim.lidar import LidarSpec
 from gsim.scenes.log import ActorTrack, LidarBeams, LogFormatError, LogWriter
 from gsim.transforms import interpolate_pose, invert
@@ -100,17 +99,6 @@ def read_calibration(date_dir: Path, cameras: List[str]) -> Dict[str, tuple]:
                                               f"{cam_path}: P_rect_{i}")
         out[name] = (camera, invert(T_cam_rect @ R_rect_00 @ T_cam0_velo))
     return out
-
-
-def rectified_camera(P: np.ndarray, width: int, height: int, where: str) -> Tuple[PinholeCamera, np.ndarray]:
-    """(camera model K, T_cam_rect = [I | K^-1 p4]) of a rectified projection matrix ``P = K [I | t]`` (3x4), so
-    that ``P @ X_rect`` is K applied to ``T_cam_rect @ X_rect``; ``where`` names the matrix in errors."""
-    K = P[:, :3]
-    if K[0, 1] != 0 or K[1, 0] != 0 or np.any(K[2] != [0, 0, 1]) or K[0, 0] <= 0 or K[1, 1] <= 0:
-        raise LogFormatError(f"{where}: expected K [I | t] with K = [[fx,0,cx],[0,fy,cy],[0,0,1]]")
-    camera = PinholeCamera(width, height, K[0, 0], K[1, 1], K[0, 2] + OPENCV_PIXEL_CENTRE_SHIFT,
-                           K[1, 2] + OPENCV_PIXEL_CENTRE_SHIFT)
-    return camera, make_pose(np.eye(3), np.linalg.solve(K, P[:, 3]))
 
 
 def _find_drive(date_dir: Path, drive: Optional[str]) -> Path:
@@ -315,57 +303,6 @@ def _actors(tracklets: List[Tracklet], sweeps: Dict[int, Tuple[int, np.ndarray]]
     return out
 
 
-class _Odometry:
-    """kiss-icp on raw sweeps (no deskew: KITTI sweeps carry no per-point times)."""
-
-    def __init__(self):
-        try:
-            from kiss_icp.config import load_config
-            from kiss_icp.kiss_icp import KissICP
-        except ImportError as e:
-            raise MissingExtra(f"this drive has no oxts poses, so gsim estimates them with kiss-icp LiDAR "
-                              f"odometry, which is not installed ({e}); install it with: "
-                              f"pip install -e \".[lidar]\"") from None
-        config = load_config(None)  # defaults: 100 m range, 1 m voxels
-        config.data.deskew = False
-        self.icp = KissICP(config)
-
-    def __call__(self, points: np.ndarray) -> np.ndarray:
-        """Register a sweep (N,3) in the sensor frame; returns T_world_lidar (world = first sweep)."""
-        self.icp.register_frame(np.asarray(points, np.float64), np.zeros(0))
-        return self.icp.last_pose.copy()
-
-
-# LiDAR odometry's positions are smoothed with a motion prior (a Whittaker smoother: least squares against the
-# estimates with a penalty on acceleration). On the sample's stop-and-go drive kiss-icp's steps jitter by 3-5 cm
-# (its speed jumps between 1.0 and 2.6 m/s from one sweep to the next, 4.8 m/s^2 rms), which a car cannot do; a
-# reconstruction on them renders its held-out views several centimetres off (BENCHMARKS.md).
-ODOMETRY_NOISE_M = 0.03  # the estimates' position noise
-ODOMETRY_ACCEL_MPS2 = 1.0  # the acceleration the prior expects (one sigma)
-
-
-def smooth_positions(times_us: np.ndarray, poses: np.ndarray) -> np.ndarray:
-    """``poses`` (T,4,4) with their positions smoothed (orientations kept: their jitter is hundredths of a
-    degree): minimise sum |p - p_est|^2 / noise^2 + sum |a|^2 / accel^2 over the positions p, a the second
-    divided differences at the inner times (any spacing)."""
-    from scipy.sparse import diags, identity
-    from scipy.sparse.linalg import spsolve
-    t = np.asarray(times_us, np.float64) / 1e6
-    n = len(t)
-    if n < 3:
-        return poses
-    h = np.diff(t)
-    if np.any(h <= 0):
-        raise InputError("smooth_positions: times must increase")
-    # a_k = 2 / (h_{k-1} + h_k) * ((p_{k+1} - p_k) / h_k - (p_k - p_{k-1}) / h_{k-1}), k = 1..n-2
-    w = 2 / (h[:-1] + h[1:])
-    D = diags([w / h[:-1], -w * (1 / h[:-1] + 1 / h[1:]), w / h[1:]], [0, 1, 2], shape=(n - 2, n))
-    A = (identity(n) / ODOMETRY_NOISE_M ** 2 + D.T @ D / ODOMETRY_ACCEL_MPS2 ** 2).tocsc()
-    out = np.array(poses, np.float64)
-    out[:, :3, 3] = spsolve(A, poses[:, :3, 3] / ODOMETRY_NOISE_M ** 2)
-    return out
-
-
 def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Optional[int] = None,
                       progress: bool = True) -> Path:
     """Convert one KITTI raw drive to a gsim log at ``out``; returns ``out``.
@@ -406,7 +343,7 @@ def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Op
         notes.append("ego poses from oxts GPS/IMU; world = local east-north-up (Mercator) at the first pose")
         odometry = None
     else:
-        odometry = _Odometry()
+        odometry = LidarOdometry("this drive has no oxts poses")
         ego_times = times[LIDAR]
         notes.append("ego poses are kiss-icp LiDAR odometry estimates (no oxts in this drive), not GNSS ground "
                      "truth; world = the first sweep's Velodyne frame")
@@ -426,12 +363,8 @@ def convert_kitti_raw(date_dir, out, drive: Optional[str] = None, max_frames: Op
                                  for c in cameras},
                         lidars={"velodyne": w.sweep("velodyne", k, times[LIDAR][k], points)})
         if odometry is not None:
-            raw = np.stack(ego_poses)
-            ego_poses = list(smooth_positions(np.array(ego_times), raw))
-            moved = np.linalg.norm(np.stack(ego_poses)[:, :3, 3] - raw[:, :3, 3], axis=1) * 100
-            notes.append(f"odometry positions smoothed (acceleration prior {ODOMETRY_ACCEL_MPS2:g} m/s^2, estimate "
-                         f"noise {ODOMETRY_NOISE_M * 100:g} cm): moved by median {np.median(moved):.1f} cm, at most "
-                         f"{moved.max():.1f} cm")
+            ego_poses, note = smoothed_odometry(np.array(ego_times), np.stack(ego_poses))
+            notes.append(note)
         for t, T in zip(ego_times, ego_poses):
             w.add_ego_pose(t, T)
         if tracklets:  # boxes at the sweeps' times, placed as the log places the sweeps (vehicle = Velodyne)

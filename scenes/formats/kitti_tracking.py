@@ -59,7 +59,8 @@ import numpy as np
 
 from gsim.errors import NAME_RE, InputError
 from gsim.scenes.formats import kitti_raw
-from gsim.scenes.formats.convert_util import TrackBuilder, check_image, make_pose, nearest_rotation
+from gsim.scenes.formats.convert_util import (TrackBuilder, check_image, make_pose, nearest_rotation,
+                                              rectified_camera)
 from gsim.scenes.log import LogFormatError, LogWriter
 from gsim.transforms import invert
 
@@ -226,7 +227,7 @@ def convert_kitti_tracking(training_dir, out, sequence: str, progress: bool = Tr
     for c, P in projections.items():
         first = sensors[c][min(sensors[c])]
         width, height = _image_size(first)
-        camera, T_cam_rect = kitti_raw.rectified_camera(P, width, height, f"{calib_path}: {CAMERAS[c]}")
+        camera, T_cam_rect = rectified_camera(P, width, height, f"{calib_path}: {CAMERAS[c]}")
         cameras[c] = (camera, invert(T_cam_rect @ T_rect_velo))
         for p in sensors[c].values():
             check_image(p, width, height, f"the size of {first.name}, the sequence's first {c} image")
