@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from gsim.cli_args import camera_backends, finite_float, int_at_least, positive, seed_list
+from gsim.cli_args import add_ros2_bag, camera_backends, finite_float, int_at_least, positive, ros2_bag, seed_list
 from gsim.errors import InputError
 
 SERVE_HELP = """Serve scenes over gRPC (the network sensor API: bridges/api/sensor.proto, docs/network_api.md).
@@ -47,6 +47,9 @@ def cmd_closed_loop(a) -> int:
     from .closed_loop.scenario import SHIPPED, ensure_demo
     agents = a.agent.split(",") if not a.agent.startswith("exec:") else [a.agent]
     seeds = a.seed
+    runs = len(a.scenario) * len(agents) * len(seeds)
+    if a.ros2_bag is not None and runs > 1:
+        raise InputError(f"--ros2-bag records one run; this is a batch of {runs} (give one scenario, agent and seed)")
     options = {"deadline_s": a.egodriver_deadline_s, "image_format": a.egodriver_image}
     for name in agents:
         load_agent(name, **options)  # bad input fails before anything starts
@@ -60,7 +63,7 @@ def cmd_closed_loop(a) -> int:
         scenarios.append(loaded.with_dynamics(a.dynamics, a.vehicle))
     if len(scenarios) == 1 and len(agents) == 1 and len(seeds) == 1:
         m = run(scenarios[0], agents[0], a.out, seed=seeds[0], max_steps=a.steps, client=a.sumo, video=not a.no_video,
-                agent_options=options)
+                agent_options=options, ros2_bag=ros2_bag(a))
         print(f"{m['scenario']} / {m['agent']} (seed {m['seed']}): score {m['score']:.3f}, collision {m['collision']}, "
               f"route completion {m['route_completion']:.2f}, {m['steps']} steps in {m['wall_s']:.1f} s -> {a.out}")
         return 0
@@ -259,6 +262,7 @@ def register(sub) -> None:
     cl.add_argument("--vehicle", type=int, choices=tuple(VEHICLES), default=None,
                     help="CommonRoad's parameter set: " + ", ".join(f"{k} {v}" for k, v in VEHICLES.items())
                          + " (default: the scenario's ego.vehicle, else 2 for CommonRoad's models)")
+    add_ros2_bag(cl)
     _xosc_options(cl)
     cl.set_defaults(fn=cmd_closed_loop)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gsim.cli_args import camera_backends, int_at_least, positive
+from gsim.cli_args import add_ros2_bag, camera_backends, int_at_least, positive, ros2_bag
 from gsim.errors import InputError, NotFound
 from gsim.scenes.log import ACTOR_CATEGORIES as CATEGORIES
 
@@ -80,6 +80,8 @@ SCENARIO_ACTIONS = ("validate", "apply", "render")  # gsim.bridges.cli adds expo
 def cmd_scenario(a) -> int:
     from .scenario import load_scenario
     from .world import apply
+    if a.ros2_bag is not None and a.action != "render":
+        raise InputError(f"--ros2-bag is for gsim scenario render, not {a.action}")
     if a.action not in SCENARIO_ACTIONS:  # export-road, export: added by gsim.bridges.cli
         return a.bridged(a)
     if getattr(a, "target", None) is not None:
@@ -101,7 +103,7 @@ def cmd_scenario(a) -> int:
         harmonizer = a.open_harmonizer(a) if a.open_harmonizer else None  # set by gsim.diffusion.cli
         if a.out:
             sc = sc.model_copy(update={"output": str(Path(a.out).resolve())})
-        out = render_world(world, sc, backend=a.backend, harmonizer=harmonizer)
+        out = render_world(world, sc, backend=a.backend, harmonizer=harmonizer, ros2_bag=ros2_bag(a))
         extra = ", render/ (before harmonization)" if harmonizer else ""
         print(f"wrote {out}: log/, scene/, labels/, masks/, kitti/, video/{extra} ({len(world.frames)} frames)")
     return 0
@@ -116,6 +118,7 @@ def register(sub) -> None:
     scn.add_argument("--out", default=None, help="apply: the scene directory to write (default OUTPUT/scene); render: "
                                                   "the folder to render into (default the scenario's output)")
     scn.add_argument("--backend", default="auto", choices=camera_backends())
+    add_ros2_bag(scn)  # render
     scn.set_defaults(fn=cmd_scenario, open_harmonizer=None, load_scenario=None)
 
     lb = sub.add_parser("library", help="the Gaussian asset library: list, show, render, add assets")

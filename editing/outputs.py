@@ -14,6 +14,8 @@ Layout of the output folder::
     render/<camera>/<n>.png       with a harmonizer (`gsim.diffusion.harmonize`): the render as it was, for each
                                   image where an inserted actor is visible (log/ and video/ hold it harmonized)
 
+and, where asked, a ROS 2 bag of the images and sweeps as log/ holds them, at its own path (`gsim.ros2_bag`).
+
 An instance owns a pixel where its body (no contact shadow) renders opaque (alpha > 0.5) and no nearer
 surface covers it (its depth within 3% + 0.1 m of the full render's).
 
@@ -39,6 +41,7 @@ from gsim.boxes import corners, edge_points
 from gsim.errors import InputError, check_name
 from gsim.io import atomic_directory, child_path, to_uint8, write_png, write_video
 from gsim.render import render_camera
+from gsim.ros2_bag import BagOptions, open_bag, scene_boxes
 
 KITTI_TYPE = {"car": "Car", "truck": "Truck", "pedestrian": "Pedestrian", "cyclist": "Cyclist"}  # others: Misc
 VISIBLE_ALPHA = 0.5
@@ -165,12 +168,14 @@ def mounted_rig(log, sens) -> Tuple[Dict[str, tuple], Dict[str, tuple]]:
             {n: (spec, log.lidars[n].T_vehicle_lidar) for n, spec in specs.items()})
 
 
-def render_world(world, scenario, backend: str = "auto", progress: bool = True, harmonizer=None) -> Path:
+def render_world(world, scenario, backend: str = "auto", progress: bool = True, harmonizer=None,
+                 ros2_bag: Optional[BagOptions] = None) -> Path:
     """Render ``world`` (`gsim.editing.world.apply`) as the scenario's sensors say, into scenario.output
     (written in a temporary folder and renamed into place). ``harmonizer``: a `gsim.diffusion.harmonize.
     Harmonizer` (called as ``harmonizer(rgb, alpha, depth, object_mask, view=(scene, log, camera,
     T_world_camera, timestamp_us, sensor)) -> (image, region)``, with a ``source`` for the log's notes) that
-    repaints the region of the inserted actors visible in an image."""
+    repaints the region of the inserted actors visible in an image. ``ros2_bag``: also a ROS 2 bag (closed before
+    the output folder is renamed into place: an error while rendering leaves neither)."""
     from tqdm import tqdm
 
     from gsim.lidar import render_lidar
@@ -181,7 +186,9 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True, 
     cams, lidars = list(cameras), list(specs)
     out = Path(scenario.output)
     inserted = [k for k, a in enumerate(scene.actors) if a.id in world.inserted]
-    with atomic_directory(out, "scenario.json") as tmp:
+    rig = ({c: (cameras[c], log.cameras[c].T_vehicle_camera) for c in cams},
+           {n: log.lidars[n].T_vehicle_lidar for n in lidars})
+    with atomic_directory(out, "scenario.json") as tmp, open_bag(ros2_bag, *rig) as bag:
         scene.save(tmp / "scene")
         videos: Dict[str, list] = {c: [] for c in cams}
         with LogWriter(tmp / "log", name=f"{log.name}-{scenario.name}", source=f"gsim scenario {scenario.name}") as w:
@@ -202,6 +209,9 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True, 
             it = tqdm(world.frames, desc=f"scenario {scenario.name}", unit="frame") if progress else world.frames
             for i, f in enumerate(it):
                 cam_entries, lidar_entries = {}, {}
+                if bag is not None:
+                    bag.step(f.timestamp_us, world.T_world_vehicle(f.timestamp_us),
+                             actors=scene_boxes(scene, f.timestamp_us))
                 for c in cams:
                     obs = f.cameras.get(c)
                     t = obs.timestamp_us if obs is not None else f.timestamp_us
@@ -215,6 +225,8 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True, 
                                          view=(scene, log, cameras[c], T, t, c))[0]
                     img = to_uint8(rgb)
                     cam_entries[c] = w.image(c, i, t, img)
+                    if bag is not None:
+                        bag.image(c, t, img)
                     videos[c].append(img)
                     _labels(tmp, c, i, t, scene, cameras[c], T, mask, full, calibs[c])
                 for n in lidars:
@@ -224,6 +236,8 @@ def render_world(world, scenario, backend: str = "auto", progress: bool = True, 
                                          rolling=len(world.ego_timestamps_us) > 1)
                     inten = sweep.intensity if sweep.intensity is not None else np.zeros(len(sweep.ranges), np.float32)
                     lidar_entries[n] = w.sweep(n, i, t, np.c_[sweep.points, inten, sweep.time_offset_us])
+                    if bag is not None:
+                        bag.sweep(n, t, sweep.points, sweep.intensity, sweep.ring, sweep.time_offset_us)
                 w.add_frame(f.timestamp_us, cam_entries, lidar_entries)
         if sens.video:
             for c, frames in videos.items():

@@ -17,6 +17,10 @@ from typing import ClassVar, Union
 import numpy as np
 from .errors import InputError
 
+# OpenCV (and so ROS, KITTI and DGP calibrations) puts pixel centres at integer coordinates, gsim at +0.5: a
+# principal point moves by half a pixel on the way in (the converters) and back on the way out (ROS 2 bags, AlpaSim).
+OPENCV_PIXEL_CENTRE_SHIFT = 0.5
+
 # Rays are parametrised on the z=1 plane, so a fisheye's field of view is kept below 180 deg.
 FISHEYE_MAX_THETA = math.radians(89.0)
 

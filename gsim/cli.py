@@ -21,7 +21,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from .cli_args import camera_backends, int_at_least, positive
+from .cli_args import add_ros2_bag, camera_backends, int_at_least, positive, ros2_bag
 from .errors import GsimError, GsimWarning, InputError
 
 LAYERS = ("gsim.lidar.cli", "gsim.scenes.cli", "gsim.editing.cli", "gsim.diffusion.cli", "gsim.bridges.cli")
@@ -44,7 +44,8 @@ def cmd_render(a) -> int:
     scene = load_scene(a.scene)
     traj = load_trajectory(a.trajectory)
     repair = a.open_repairer(a) if a.open_repairer else None  # set with --repair by gsim.diffusion.cli
-    stats = render_sequence(scene, traj, Path(a.out), a.backend, a.fps, a.depth, not a.no_video, repair)
+    stats = render_sequence(scene, traj, Path(a.out), a.backend, a.fps, a.depth, not a.no_video, repair,
+                            ros2_bag(a))
     print(f"wrote {stats['frames']} frames to {a.out} (median {stats['median_frame_ms']} ms/frame)")
     return 0
 
@@ -123,6 +124,7 @@ def register(sub) -> None:
     r.add_argument("--fps", type=positive, default=10.0)
     r.add_argument("--depth", action="store_true", help="also write 16-bit depth PNGs (metres * 256)")
     r.add_argument("--no-video", action="store_true")
+    add_ros2_bag(r)
     r.set_defaults(fn=cmd_render, open_repairer=None)
 
     i = sub.add_parser("info", help="summarize a scene and the available backends")

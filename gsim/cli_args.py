@@ -106,3 +106,24 @@ def camera_backends() -> list:
     """The ``--backend`` choices of camera rendering: 'auto' and the registry's names (`gsim.render.BACKENDS`)."""
     from .render import BACKENDS
     return ["auto", *BACKENDS]
+
+
+def add_ros2_bag(parser: argparse.ArgumentParser, cameras: bool = True) -> None:
+    """``--ros2-bag DIR`` (and ``--ros2-jpeg`` for a command with cameras): the run also as a ROS 2 bag."""
+    parser.add_argument("--ros2-bag", metavar="DIR", default=None,
+                        help="also write a ROS 2 bag that `ros2 bag play` replays (a new rosbag2 folder, MCAP; "
+                             "the ros2 extra; docs/ros2.md)")
+    if cameras:
+        parser.add_argument("--ros2-jpeg", action="store_true",
+                            help="the ROS 2 bag's images as JPEG CompressedImage (image_raw/compressed) instead of "
+                                 "raw rgb8 Image")
+
+
+def ros2_bag(a):
+    """`add_ros2_bag`'s flags as `gsim.ros2_bag.BagOptions` (None: no bag)."""
+    if a.ros2_bag is None:
+        return None
+    from pathlib import Path
+
+    from .ros2_bag import BagOptions
+    return BagOptions(Path(a.ros2_bag), jpeg=getattr(a, "ros2_jpeg", False))

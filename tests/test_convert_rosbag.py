@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from gsim.errors import InputError
+from gsim.ros2_bag import cloud, header, pose, transform
 from gsim.scenes.log import validate_log
 from gsim.transforms import invert
 
 from format_checks import DATA
-from rosbag_writer import STORAGES, cloud, header, pose, transform, write_bag
+from rosbag_writer import STORAGES, write_bag
 
 pytest.importorskip("rosbags", reason="rosbags (the ros2 extra) reads and writes the bags")
 

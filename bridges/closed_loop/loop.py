@@ -54,9 +54,10 @@ class EndRun(Exception):
 @dataclass(frozen=True)
 class Observation:
     """What an agent sees at a step. Sensors: cameras {name: uint8 (H,W,3)}, lidars {name: (N,5) float32
-    x, y, z, intensity, time offset us, in the sensor's frame (of each return's own firing time)} and their
-    range images {name: (lasers, columns) m, 0 = no return}; ``route`` (ROUTE_POINTS,2) the route ahead
-    in the ego (rear-axle) frame, 1 m apart; ``actors`` ground-truth boxes (privileged agents only)."""
+    x, y, z, intensity, time offset us from the sweep's start a step ago, in the sensor's frame (of each return's
+    own firing time)}, their range images {name: (lasers, columns) m, 0 = no return} and each return's laser
+    index {name: (N,)} (for recordings; not sent over the network API); ``route`` (ROUTE_POINTS,2) the route
+    ahead in the ego (rear-axle) frame, 1 m apart; ``actors`` ground-truth boxes (privileged agents only)."""
 
     step: int
     timestamp_us: int
@@ -67,6 +68,7 @@ class Observation:
     lidars: Dict[str, np.ndarray]
     lidar_ranges: Dict[str, np.ndarray]
     actors: Tuple[Box, ...]
+    lidar_rings: Dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -392,7 +394,7 @@ class ClosedLoop:
             boxes = self.actor_boxes(scene)
         T = self.T_world_vehicle()
         t = self.state.timestamp_us
-        cams, lidars, ranges = {}, {}, {}
+        cams, lidars, ranges, rings = {}, {}, {}, {}
         if self.render_sensors:
             from gsim.resident import Renderer
             if self._renderer is None:
@@ -414,11 +416,11 @@ class ClosedLoop:
                 finally:  # a camera's error waits for the sweeps too: nothing renders on past the step
                     if sweeps is not None:
                         futures.wait([sweeps])
-                lidars, ranges, took = sweeps.result() if sweeps is not None else self._sweeps(*args)
+                lidars, ranges, rings, took = sweeps.result() if sweeps is not None else self._sweeps(*args)
                 self.timings.setdefault("lidars", []).append(took)
         s = self.state
         return Observation(self.step_index, t, s, T, self.road.ahead((s.x_m, s.y_m), s.yaw_rad, ROUTE_AHEAD_M), cams,
-                           lidars, ranges, boxes)
+                           lidars, ranges, boxes, rings)
 
     def _worker(self):
         if self._pool is None:
@@ -427,19 +429,20 @@ class ClosedLoop:
 
     def _sweeps(self, scene, prev_T: np.ndarray, T: np.ndarray, t: int, threads: int):
         """Every LiDAR's sweep over the last step (from the vehicle's previous pose to this one) with ``threads``
-        numba threads (a per-thread setting): points (N,5) and range images by name, and the wall time (s)."""
+        numba threads (a per-thread setting): points (N,5), range images and rings by name, and the wall time (s)."""
         import numba
         from gsim.lidar import render_lidar
         start = time.perf_counter()
         numba.set_num_threads(threads)
-        lidars, ranges = {}, {}
+        lidars, ranges, rings = {}, {}, {}
         for n, (spec, T_vl) in self.lidars.items():
             f = render_lidar(scene, spec, (np.array([t - self.dt_us, t]), np.stack([prev_T @ T_vl, T @ T_vl])),
                              backend=self._renderer.lidar_backend, timestamp_us=t - self.dt_us)
             inten = f.intensity if f.intensity is not None else np.zeros(len(f.ranges), np.float32)
             lidars[n] = np.c_[f.points, inten, f.time_offset_us].astype(np.float32)
             ranges[n] = f.range_image.astype(np.float32)
-        return lidars, ranges, time.perf_counter() - start
+            rings[n] = f.ring
+        return lidars, ranges, rings, time.perf_counter() - start
 
     def _along(self, dt_s: float) -> Tuple[float, float]:
         """The rear axle ``dt_s`` from now at the current speed and heading (x, y)."""

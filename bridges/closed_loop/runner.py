@@ -32,17 +32,17 @@ class Run:
     the first observation, ``step(action)`` records a step and returns (observation, step metrics, done),
     ``finish(error)`` writes the run's metrics and closes the record (always call it: it keeps every
     completed step after a failure). ``max_steps`` truncates the run; ``video`` False: no video.mp4 (no
-    ffmpeg needed)."""
+    ffmpeg needed); ``ros2_bag``: also record the run as a ROS 2 bag (`gsim.ros2_bag.BagOptions`)."""
 
     def __init__(self, scenario, out, agent_name: str, seed: int = 0, max_steps: Optional[int] = None,
-                 render: bool = True, client: str = "libsumo", video: bool = True):
+                 render: bool = True, client: str = "libsumo", video: bool = True, ros2_bag=None):
         self.scenario = sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
         self.out, self.agent_name, self.seed = Path(out), agent_name, seed
         self.t_start = time.perf_counter()
         self.loop = loop = ClosedLoop(sc, seed=seed, render=render, client=client, workdir=self.out / "sumo")
         self.n = loop.n_steps if max_steps is None else min(loop.n_steps, max_steps)
         try:
-            self.rec = RunRecorder(out, loop, video=video)
+            self.rec = RunRecorder(out, loop, video=video, ros2_bag=ros2_bag)
         except BaseException:
             loop.close()
             raise
@@ -87,17 +87,20 @@ class Run:
 
 
 def run(scenario, agent_name: str, out, seed: int = 0, progress: bool = True, max_steps: Optional[int] = None,
-        render: bool = True, client: str = "libsumo", video: bool = True, agent_options: Optional[dict] = None) -> dict:
+        render: bool = True, client: str = "libsumo", video: bool = True, agent_options: Optional[dict] = None,
+        ros2_bag=None) -> dict:
     """Run ``scenario`` (a file, a shipped name or a `LoopScenario`) with the agent ``agent_name`` into
     ``out``; returns the run's metrics (also written to out/metrics.json). A failure (SUMO, an agent's
     error or bad action, Ctrl-C) is raised after the run directory has been closed with every completed step.
     ``max_steps`` truncates the run (metrics.json says ``truncated``; EP still compares with the whole run's
     reference progress). ``agent_options``: `load_agent`'s keywords (an egodriver's deadline and image format). An
-    agent that raises `EndRun` ends the run there (metrics.json's ``ended_by_agent`` says why)."""
+    agent that raises `EndRun` ends the run there (metrics.json's ``ended_by_agent`` says why). ``ros2_bag``: see
+    `Run`."""
     from tqdm import tqdm
     sc = load_loop_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
     agent = load_agent(agent_name, **(agent_options or {}))  # an unknown agent fails before anything starts
-    r = Run(sc, out, agent_name, seed=seed, max_steps=max_steps, render=render, client=client, video=video)
+    r = Run(sc, out, agent_name, seed=seed, max_steps=max_steps, render=render, client=client, video=video,
+            ros2_bag=ros2_bag)
     error = None
     try:
         obs = r.start()

@@ -10,6 +10,7 @@ fails keeps every completed step.
     DIR/video.mp4          the first camera beside a bird's-eye plot of the road, the ego and the traffic
     DIR/log/               the run as a gsim driving log (rendered cameras and sweeps, ego poses, actors)
     DIR/run.mcap           the same for Foxglove (images, point clouds, frame transforms, boxes, metrics)
+    and, where asked, a ROS 2 bag of the run at its own path (`gsim.ros2_bag`)
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from gsim.io import write_bytes, write_json, write_video
+from gsim.ros2_bag import BagOptions, Ros2BagWriter
 
 from ..closed_loop.metrics import Box
 
@@ -69,9 +71,22 @@ def frame_view(loop, obs) -> np.ndarray:
 
 class RunRecorder:
     """Writes a run directory (see the module docstring) step by step. Use as a context manager; `finish`
-    writes the metrics, the video and closes the log and the MCAP file (also after a failure)."""
+    writes the metrics, the video and closes the log, the MCAP file and the ROS 2 bag (also after a failure)."""
 
-    def __init__(self, out, loop, video: bool = True, mcap: bool = True, log: bool = True):
+    def __init__(self, out, loop, video: bool = True, mcap: bool = True, log: bool = True,
+                 ros2_bag: Optional[BagOptions] = None):
+        self.bag = None  # first: a bag that cannot be written fails before the run directory is touched
+        if ros2_bag is not None:
+            self.bag = Ros2BagWriter(ros2_bag, dict(loop.cameras), {n: T for n, (_, T) in loop.lidars.items()})
+        try:
+            self._open(out, loop, video, mcap, log)
+        except BaseException:
+            if self.bag is not None:
+                self.bag.abort()
+            raise
+
+    def _open(self, out, loop, video: bool, mcap: bool, log: bool) -> None:
+        """The run directory and its files, opened."""
         from gsim.scenes.log import LogWriter
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -118,6 +133,8 @@ class RunRecorder:
             w.add_frame(t, cams, lidars)
         if self.mcap is not None:
             self._mcap_step(obs, ego, rec)
+        if self.bag is not None:
+            self._ros2_step(obs)
 
     def _mcap_step(self, obs, ego: Box, rec: dict) -> None:
         m, t, loop = self.mcap, obs.timestamp_us, self.loop
@@ -137,8 +154,16 @@ class RunRecorder:
         m.boxes(t, "/boxes", "world", boxes)
         m.json(t, "/step", {k: rec[k] for k in ("step", "ego", "controls", "metrics")})
 
+    def _ros2_step(self, obs) -> None:
+        b, t, loop, s = self.bag, obs.timestamp_us, self.loop, obs.ego
+        b.step(t, obs.T_world_vehicle, ((s.speed_mps, 0.0, 0.0), (0.0, 0.0, loop.model.yaw_rate(s))), obs.actors)
+        for n, rgb in obs.cameras.items():
+            b.image(n, t, rgb)
+        for n, pts in obs.lidars.items():  # a sweep spins over the step that ends now: its times from the stamp
+            b.sweep(n, t, pts[:, :3], pts[:, 3], obs.lidar_rings[n], pts[:, 4].astype(np.int64) - loop.dt_us)
+
     def finish(self, summary: dict, failed: bool = False) -> None:
-        """Write the metrics and the video, close the log and the MCAP file."""
+        """Write the metrics and the video, close the log, the MCAP file and the ROS 2 bag."""
         from gsim.scenes.log import ActorTrack
         self.steps_file.close()
         write_json(self.out / "metrics.json", summary)
@@ -158,6 +183,10 @@ class RunRecorder:
             w.__exit__(None, None, None)
         if self.mcap is not None:
             self.mcap.close(complete=not failed, reason=summary.get("error") or "")
+        if self.bag is not None and not self.bag.steps:  # nothing recorded: no bag to keep
+            self.bag.abort()
+        elif self.bag is not None:
+            self.bag.close(complete=not failed, reason=summary.get("error") or "")
 
 
 def _box_dict(b: Box) -> dict:

@@ -11,13 +11,9 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from gsim.cameras import Camera, FisheyeCamera, OpenCVCamera, PinholeCamera
+from gsim.cameras import OPENCV_PIXEL_CENTRE_SHIFT, Camera, FisheyeCamera, OpenCVCamera, PinholeCamera
 from gsim.errors import NAME_RE, InputError, MissingExtra
 from gsim.scenes.log import ACTOR_CATEGORIES, ActorTrack, LogFormatError
-
-# OpenCV (and so KITTI and DGP calibrations) puts pixel centres at integer coordinates; gsim puts
-# them at +0.5 (gsim/cameras.py), so a principal point moves by half a pixel on the way in.
-OPENCV_PIXEL_CENTRE_SHIFT = 0.5
 
 
 def camera_from_params(where: str, width: int, height: int, fx: float, fy: float, cx: float, cy: float,

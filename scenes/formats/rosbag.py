@@ -47,24 +47,20 @@ import numpy as np
 
 from gsim.cameras import Camera
 from gsim.errors import InputError, check_name
+from gsim.ros2_bag import CLOUD, COMPRESSED_IMAGE, IMAGE, INFO, ODOMETRY, POINT_TYPES, TF_MESSAGE, TF_STATIC
 from gsim.scenes.formats.convert_util import (OPENCV_PIXEL_CENTRE_SHIFT, LidarOdometry, camera_from_params,
                                               make_pose, nearest_rotation, ns_to_us, rectified_camera,
                                               smoothed_odometry)
 from gsim.scenes.log import LidarBeams, LogWriter
 from gsim.transforms import interpolate_pose, invert, quat_to_rotmat
 
-IMAGE, COMPRESSED_IMAGE = "sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage"
-INFO, CLOUD = "sensor_msgs/msg/CameraInfo", "sensor_msgs/msg/PointCloud2"
-ODOMETRY = "nav_msgs/msg/Odometry"
 POSES = (ODOMETRY, "geometry_msgs/msg/PoseStamped", "geometry_msgs/msg/PoseWithCovarianceStamped")
-TF_TYPES = ("tf2_msgs/msg/TFMessage", "tf/msg/tfMessage")
-TF_STATIC = "/tf_static"
+TF_TYPES = (TF_MESSAGE, "tf/msg/tfMessage")
 AUTOWARE_POSE = "/localization/kinematic_state"
 BASE_FRAMES = ("base_link", "base_footprint")
 CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
 BAYER = ("bayer_rggb8", "bayer_bggr8", "bayer_gbrg8", "bayer_grbg8")
 COMPRESSED = {"JPEG": ".jpg", "PNG": ".png"}  # CompressedImage data by PIL's name: its file suffix
-POINT_TYPES = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 8: "f8"}  # PointField datatypes
 INTENSITY_FIELDS = ("intensity", "reflectivity")
 TIME_FIELDS = ("time", "t", "timestamp", "time_stamp", "offset_time")  # Velodyne, Ouster, Hesai, Autoware, Livox
 RING_FIELDS = ("ring", "channel")
