@@ -105,6 +105,10 @@ def test_a_run_writes_metrics_video_log_and_mcap(loop_street, tmp_path):
     assert (out / "video.mp4").stat().st_size > 1000
     log = validate_log(out / "log")
     assert len(log.frames) == m["steps"] + 1 and {a.id for a in log.actors} >= {"across", "parked"}
+    f, before = log.frames[2], log.frames[1]
+    (obs,) = f.lidars.values()
+    fired = obs.timestamp_us + log.sweep(obs)[:, 4]  # each return's time: within the step that ends at the frame
+    assert fired.min() >= before.timestamp_us and fired.max() <= f.timestamp_us and fired.max() > fired.min()
     from mcap.reader import make_reader
     with open(out / "run.mcap", "rb") as f:
         summary = make_reader(f).get_summary()

@@ -128,7 +128,8 @@ class RunRecorder:
         if self.log_writer is not None:
             w, k = self.log_writer, obs.step
             cams = {n: w.image(n, k, t, rgb) for n, rgb in obs.cameras.items()}
-            lidars = {n: w.sweep(n, k, t, pts) for n, pts in obs.lidars.items()}
+            # a step's sweep spun over the step before it: stamped at its start, whence its points' offsets count
+            lidars = {n: w.sweep(n, k, t - loop.dt_us, pts) for n, pts in obs.lidars.items()}
             w.add_ego_pose(t, obs.T_world_vehicle)
             w.add_frame(t, cams, lidars)
         if self.mcap is not None:
