@@ -17,7 +17,7 @@ split or not, or a single ``.db3`` / ``.mcap`` file; sqlite3 or MCAP storage, zs
   else by 1/255, or 1/65535 above 255); per-point time under `TIME_FIELDS`' names (`_offsets_us`: seconds or
   nanoseconds, relative to the message's stamp or since 1970), stored as the log's time-offset column (us from the
   sweep's stamp) that gsim de-skews with; with no such field the sweep has none (no de-skew). A ring or channel
-  field gives the LiDAR's beam table (each ring's median elevation in the first sweep, the median azimuth step
+  field gives the LiDAR's beam table (each ring's median elevation in the first sweep, beyond 10 m where it can, the median azimuth step
   between a ring's neighbouring points, the sweep's nearest and farthest return); the log keeps no per-point beam
   index. Points that are not finite, or exactly at the origin (drivers' "no return"), are dropped.
 - Frames: one per sweep of the first LiDAR (else per image of the first camera), with each other sensor's message
@@ -71,6 +71,7 @@ DEFAULT_TOLERANCE_MS = 50.0  # half a 10 Hz LiDAR's period
 # a topic may miss a few frames (a sensor starting late, a dropped message); more is a wrong tolerance or topic
 MAX_UNMATCHED = 0.1
 MIN_ODOMETRY_SWEEPS = 2
+BEAM_FROM_M, BEAM_MIN_POINTS = 10.0, 20  # a ring's elevation from its far returns (`_beams`)
 
 
 @dataclass(frozen=True)
@@ -534,18 +535,24 @@ def _offsets_us(v: np.ndarray, stamp_ns: int, where: str) -> np.ndarray:
 
 
 def _beams(xyz: np.ndarray, ring: np.ndarray) -> Optional[LidarBeams]:
-    """A spinning LiDAR's beam table from one sweep's points (N,3) and their rings: each ring's median elevation,
-    the median azimuth step between a ring's neighbouring points, the nearest and farthest return."""
+    """A spinning LiDAR's beam table from one sweep's points (N,3) and their rings: each ring's median elevation
+    over its returns beyond `BEAM_FROM_M` where it has `BEAM_MIN_POINTS` of them (a near return carries its laser's
+    offset from the sensor's origin: KITTI's top lasers read 3.6-5.6 degrees over all their returns, 2.1-2.2 beyond
+    10 m, against a nominal 2), else over all; the median azimuth step between a ring's neighbouring points; the
+    nearest and farthest return."""
     elevation = np.degrees(np.arctan2(xyz[:, 2], np.hypot(xyz[:, 0], xyz[:, 1])))
     azimuth = np.degrees(np.arctan2(xyz[:, 1], xyz[:, 0]))
+    reach = np.linalg.norm(xyz, axis=1)
     rings = np.unique(ring)
     steps = [np.median(np.diff(np.sort(azimuth[ring == r]))) for r in rings if np.sum(ring == r) > 1]
-    reach = np.linalg.norm(xyz, axis=1)
     step = float(np.median(steps)) if steps else 0.0
     if step <= 0 or not reach.size or reach.max() <= reach.min():
         return None
-    return LidarBeams(tuple(float(np.median(elevation[ring == r])) for r in rings), step, float(reach.min()),
-                      float(reach.max()))
+    table = []
+    for r in rings:
+        on, far = ring == r, (ring == r) & (reach > BEAM_FROM_M)
+        table.append(float(np.median(elevation[far if far.sum() >= BEAM_MIN_POINTS else on])))
+    return LidarBeams(tuple(table), step, float(reach.min()), float(reach.max()))
 
 
 class _Cloud:
