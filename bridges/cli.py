@@ -30,7 +30,9 @@ with the ego injected, so traffic reacts -> the log's actors (replayed on their 
 
 Agents: replay (the logged path and timing), privileged (car following + pure pursuit on ground truth), lidar-aeb
 (route following, brakes for LiDAR returns in its path), module:attribute (a class with act(obs)) or
-exec:COMMAND (an agent process speaking JSON lines, see gsim.bridges.closed_loop.agents.ProcessAgent).
+exec:COMMAND (an agent process speaking JSON lines, see gsim.bridges.closed_loop.agents.ProcessAgent),
+egodriver:HOST:PORT (an AlpaSim policy) or ros2 (a ROS 2 stack over DDS in lockstep, the --ros2-* flags;
+docs/ros2.md).
 Shipped scenarios (on the demo street, built on first use): stopped-car (a car stands in the ego's lane),
 lead-car (a slower car ahead), traffic (SUMO traffic at a density). OpenSCENARIO files (.xosc): their storyboard
 drives their actors, live against the agent's ego, and their StopTrigger ends the run (docs/scenarios.md).
@@ -50,7 +52,7 @@ def cmd_closed_loop(a) -> int:
     runs = len(a.scenario) * len(agents) * len(seeds)
     if a.ros2_bag is not None and runs > 1:
         raise InputError(f"--ros2-bag records one run; this is a batch of {runs} (give one scenario, agent and seed)")
-    options = {"deadline_s": a.egodriver_deadline_s, "image_format": a.egodriver_image}
+    options = {"deadline_s": a.egodriver_deadline_s, "image_format": a.egodriver_image, "ros2": _ros2_options(a)}
     for name in agents:
         load_agent(name, **options)  # bad input fails before anything starts
     scenarios = []
@@ -71,6 +73,20 @@ def cmd_closed_loop(a) -> int:
                      agent_options=options)
     print(f"{len(rows)} runs -> {Path(a.out) / 'table.md'}")
     return 0
+
+
+def _ros2_options(a):
+    """--ros2-* as the ros2 agent's options (None where no agent is ros2)."""
+    if "ros2" not in a.agent.split(","):
+        return None
+    from .ros2.agent import Ros2Options
+    topics = []
+    for spec in a.ros2_topic:
+        key, eq, name = spec.partition("=")
+        if not eq:
+            raise InputError(f"--ros2-topic {spec}: expected KEY=TOPIC, e.g. command=/my_stack/ackermann_cmd")
+        topics.append((key, name))
+    return Ros2Options(a.ros2_preset, a.ros2_command, a.ros2_domain_id, a.ros2_deadline_s, tuple(topics))
 
 
 def _params(a) -> dict:
@@ -240,10 +256,10 @@ def register(sub) -> None:
                         description=CLOSED_LOOP_HELP)
     cl.add_argument("scenario", nargs="+", help="scenario YAML files, OpenSCENARIO files (.xosc; docs/scenarios.md) "
                                                  "or shipped names (stopped-car, lead-car, traffic); several: a batch")
-    cl.add_argument("--agent", default="lidar-aeb", help="replay, privileged, lidar-aeb, module:attribute or "
+    cl.add_argument("--agent", default="lidar-aeb", help="replay, privileged, lidar-aeb, module:attribute, "
                                                          "egodriver:HOST:PORT (an AlpaSim policy server; "
-                                                         "egodriver:unix:///path too); comma-separated: a batch "
-                                                         "(default lidar-aeb)")
+                                                         "egodriver:unix:///path too) or ros2 (a ROS 2 stack over "
+                                                         "DDS, --ros2-*); comma-separated: a batch (default lidar-aeb)")
     cl.add_argument("--out", required=True, help="the run directory (a batch: one per scenario/agent/seed and "
                                                  "table.md)")
     cl.add_argument("--seed", type=seed_list, default=(0,), help="SUMO's and the traffic's seed; comma-separated: a batch")
@@ -255,6 +271,22 @@ def register(sub) -> None:
                     help="an egodriver policy's deadline for each call (seconds; default 10)")
     cl.add_argument("--egodriver-image", choices=("jpeg", "png"), default="jpeg",
                     help="how camera images go to an egodriver policy (default jpeg)")
+    cl.add_argument("--ros2-preset", choices=("gsim", "autoware"), default="gsim",
+                    help="--agent ros2's topics: gsim's (/gsim/..., the command on /ackermann_cmd or /cmd_vel) or "
+                         "autoware (AWSIM's: /sensing/..., /vehicle/status/..., /control/command/control_cmd); "
+                         "docs/ros2.md")
+    cl.add_argument("--ros2-command", choices=("ackermann", "twist", "autoware"), default=None,
+                    help="the stack's command: ackermann_msgs/AckermannDriveStamped, geometry_msgs/Twist or "
+                         "autoware_control_msgs/Control (default: the preset's: ackermann, autoware)")
+    cl.add_argument("--ros2-topic", action="append", default=[], metavar="KEY=TOPIC",
+                    help="a topic name other than the preset's (repeat; keys: clock, tf, tf_static, odometry, command, "
+                         "camera/SENSOR (the prefix of image_raw and camera_info), lidar/SENSOR, velocity_status, "
+                         "steering_status, gear_status, control_mode; KEY= publishes nothing there)")
+    cl.add_argument("--ros2-domain-id", type=int_at_least(0), default=None,
+                    help="the DDS domain (default: ROS_DOMAIN_ID, else 0)")
+    cl.add_argument("--ros2-deadline-s", type=finite_float(0, low_open=True), default=10.0,
+                    help="how long gsim waits for the stack's command each step, and for the stack at the start "
+                         "(seconds; default 10)")
     cl.add_argument("--dynamics", choices=("bicycle",) + MODELS, default=None,
                     help="the ego's vehicle model: gsim's kinematic bicycle, or CommonRoad's kinematic single track "
                          "(ks), single track with tyre slip (st), with drivetrain (std) or multi-body (mb) (the "

@@ -97,27 +97,29 @@ def scene_boxes(scene, timestamp_us: int):
 
 # --------------------------------------------------------------------------- messages as dicts
 
-def build(ts, typ: str, values: dict):
+def build(ts, typ: str, values: dict, make=None):
     """A message of type ``typ`` from the type store ``ts``, from nested dicts of field names (case-insensitive: ROS
-    1's CameraInfo says ``K`` where ROS 2 says ``k``); fields left out are zero or empty."""
+    1's CameraInfo says ``K`` where ROS 2 says ``k``); fields left out are zero or empty. ``make(typ, fields)`` makes
+    each (nested) message from its fields (default: the type store's own classes; the ROS 2 agent makes cyclonedds
+    ones, `gsim.bridges.ros2.messages`)."""
     from rosbags.typesys.base import Nodetype
     given = {k.lower(): v for k, v in (values or {}).items()}
     kw = {}
     for name, (node, desc) in ts.fielddefs[typ][1]:
         v = given.get(name.lower())
         if node == Nodetype.NAME:
-            kw[name] = build(ts, desc, v)
+            kw[name] = build(ts, desc, v, make)
         elif node == Nodetype.BASE:
             kw[name] = v if v is not None else ("" if desc[0] == "string" else PRIMITIVES[desc[0]](0))
         else:
             (enode, edesc), size = desc
             if enode == Nodetype.NAME:
-                kw[name] = [build(ts, edesc, x) for x in (v or [])]
+                kw[name] = [build(ts, edesc, x, make) for x in (v or [])]
             elif edesc[0] == "string":
                 kw[name] = list(v or [])
             else:
                 kw[name] = np.asarray(v if v is not None else np.zeros(size), PRIMITIVES[edesc[0]])
-    return ts.types[typ](**kw)
+    return ts.types[typ](**kw) if make is None else make(typ, kw)
 
 
 def ros_time(stamp_ns: int) -> dict:
@@ -152,6 +154,36 @@ def cloud(stamp_ns: int, frame_id: str, points: np.ndarray, big_endian: bool = F
     return {"header": header(stamp_ns, frame_id), "height": 1, "width": len(points), "fields": fields,
             "is_bigendian": big_endian, "point_step": dt.itemsize, "row_step": dt.itemsize * len(points),
             "data": np.frombuffer(data, np.uint8), "is_dense": True}
+
+
+def lidar_points(points: np.ndarray, intensity: Optional[np.ndarray], ring: np.ndarray,
+                 time_offset_us: np.ndarray) -> np.ndarray:
+    """A sweep as `POINT` records: points (N,3) m, intensity (N,) (None: zeros), ring (N,), time offsets (N,) us."""
+    rec = np.zeros(len(points), POINT)
+    rec["x"], rec["y"], rec["z"] = np.asarray(points).T
+    rec["intensity"] = 0.0 if intensity is None else intensity
+    rec["ring"], rec["time"] = ring, np.asarray(time_offset_us, np.float64) / 1e6
+    return rec
+
+
+def image(stamp_ns: int, frame_id: str, rgb: np.ndarray) -> dict:
+    """A sensor_msgs/Image rgb8 of an (H,W,3) uint8 image."""
+    h, w = rgb.shape[:2]
+    return {"header": header(stamp_ns, frame_id), "height": h, "width": w, "encoding": "rgb8", "step": 3 * w,
+            "data": np.ascontiguousarray(rgb).reshape(-1)}
+
+
+def odometry(stamp_ns: int, T_map_base: np.ndarray,
+             twist: Optional[Tuple[Sequence[float], Sequence[float]]] = None) -> dict:
+    """The nav_msgs/Odometry of the vehicle at ``T_map_base`` with ``twist`` ((vx, vy, vz) m/s, (wx, wy, wz) rad/s
+    in base_link; None: unknown, zero with covariance[0] = -1, sensor_msgs' convention for "no estimate")."""
+    covariance = np.zeros(36)
+    if twist is None:
+        covariance[0] = -1
+    linear, angular = twist if twist is not None else ((0.0,) * 3, (0.0,) * 3)
+    return {"header": header(stamp_ns, MAP), "child_frame_id": BASE, "pose": {"pose": pose(T_map_base)},
+            "twist": {"twist": {"linear": dict(zip("xyz", map(float, linear))),
+                                "angular": dict(zip("xyz", map(float, angular)))}, "covariance": covariance}}
 
 
 def camera_info(camera: Camera, stamp_ns: int, frame_id: str) -> dict:
@@ -265,14 +297,7 @@ class Ros2BagWriter:
             self._write(TF_STATIC, TF_MESSAGE, ns, {"transforms": mounts})
         self._write(CLOCK, CLOCK_MESSAGE, ns, {"clock": ros_time(ns)})
         self._write(TF, TF_MESSAGE, ns, {"transforms": [transform(MAP, BASE, ns, T)]})
-        covariance = np.zeros(36)
-        if twist is None:
-            covariance[0] = -1  # sensor_msgs' convention for "no estimate"
-        linear, angular = twist if twist is not None else ((0.0,) * 3, (0.0,) * 3)
-        self._write(ODOM_TOPIC, ODOMETRY, ns, {
-            "header": header(ns, MAP), "child_frame_id": BASE, "pose": {"pose": pose(T)},
-            "twist": {"twist": {"linear": dict(zip("xyz", map(float, linear))),
-                                "angular": dict(zip("xyz", map(float, angular)))}, "covariance": covariance}})
+        self._write(ODOM_TOPIC, ODOMETRY, ns, odometry(ns, T, twist))
         r, g, b, a = ACTOR_RGBA
         markers = [{"header": header(ns, MAP), "action": DELETEALL}]
         for box in actors:
@@ -294,10 +319,7 @@ class Ros2BagWriter:
                 "header": header(ns, frame), "format": JPEG_FORMAT,
                 "data": np.frombuffer(image_bytes(rgb, "jpeg", self.options.jpeg_quality), np.uint8)})
         else:
-            h, w = rgb.shape[:2]
-            self._write(f"{topic}/image_raw", IMAGE, ns, {
-                "header": header(ns, frame), "height": h, "width": w, "encoding": "rgb8", "step": 3 * w,
-                "data": np.ascontiguousarray(rgb).reshape(-1)})
+            self._write(f"{topic}/image_raw", IMAGE, ns, image(ns, frame, rgb))
         self._write(f"{topic}/camera_info", INFO, ns, camera_info(camera, ns, frame))
 
     def sweep(self, name: str, timestamp_us: int, points: np.ndarray, intensity: Optional[np.ndarray],
@@ -309,11 +331,7 @@ class Ros2BagWriter:
         pts = np.asarray(points)
         if pts.ndim != 2 or pts.shape[1] != 3:
             raise InputError(f"ROS 2 bag: LiDAR {name}: points of shape {pts.shape}, expected (N,3)")
-        rec = np.zeros(len(pts), POINT)
-        rec["x"], rec["y"], rec["z"] = pts.T
-        rec["intensity"] = 0.0 if intensity is None else intensity
-        rec["ring"], rec["time"] = ring, np.asarray(time_offset_us, np.float64) / 1e6
-        self._write(topic, CLOUD, ns, cloud(ns, frame, rec))
+        self._write(topic, CLOUD, ns, cloud(ns, frame, lidar_points(pts, intensity, ring, time_offset_us)))
 
     def close(self, complete: bool = True, reason: str = "") -> Path:
         """Finish the bag and rename it into place; returns its path. ``complete`` False (``reason`` says why)

@@ -23,7 +23,7 @@ COMMANDS = ("render", "info", "street", "import-ply", "export-ply", "render-lida
             "diffusion", "expand", "closed-loop", "serve", "batch", "view")
 # what the command line must not load to list its commands: the kernels and every optional extra
 HEAVY = ("torch", "numba", "gsplat", "diffusers", "transformers", "grpc", "sumolib", "libsumo", "traci", "gymnasium",
-         "mcap", "trimesh", "pydantic", "yaml", "kiss_icp", "viser", "rosbags")
+         "mcap", "trimesh", "pydantic", "yaml", "kiss_icp", "viser", "rosbags", "cyclonedds")
 
 
 def test_help_lists_subcommands_without_loading_heavy_modules():

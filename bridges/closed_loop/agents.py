@@ -11,7 +11,8 @@ controller follows. `load_agent(name)` gives the built-in ones:
 - ``lidar-aeb``: sees only its LiDAR sweeps and the route: follows the route at the target speed and brakes
   for returns in its path (automatic emergency braking).
 
-Or ``module:attribute`` names a user's agent class (or factory) importable from Python, or ``exec:COMMAND``
+``ros2`` puts a ROS 2 stack in the loop over DDS (`gsim.bridges.ros2.agent`). Or ``module:attribute`` names a
+user's agent class (or factory) importable from Python, or ``exec:COMMAND``
 runs the agent as its own process (any language) over JSON lines on its stdin/stdout (`ProcessAgent`).
 """
 from __future__ import annotations
@@ -269,12 +270,16 @@ class ProcessAgent:
 BUILTIN = {"replay": ReplayAgent, "privileged": PrivilegedAgent, "lidar-aeb": LidarAebAgent}
 
 
-def load_agent(name: str, deadline_s: float = 10.0, image_format: str = "jpeg"):
+def load_agent(name: str, deadline_s: float = 10.0, image_format: str = "jpeg", ros2=None):
     """A built-in agent by name, ``egodriver:HOST:PORT`` or ``egodriver:unix:///path`` (an AlpaSim policy server,
-    `egodriver.EgodriverAgent`, with each call's ``deadline_s`` and its images' ``image_format``), ``exec:COMMAND``
-    (`ProcessAgent`) or ``module:attribute`` (a class or factory called without arguments)."""
+    `egodriver.EgodriverAgent`, with each call's ``deadline_s`` and its images' ``image_format``), ``ros2`` (a ROS 2
+    stack over DDS, `gsim.bridges.ros2.agent.Ros2Agent`, with ``ros2`` its `Ros2Options`; None: the defaults),
+    ``exec:COMMAND`` (`ProcessAgent`) or ``module:attribute`` (a class or factory called without arguments)."""
     if name in BUILTIN:
         return BUILTIN[name]()
+    if name == "ros2":
+        from ..ros2.agent import Ros2Agent, Ros2Options
+        return Ros2Agent(ros2 or Ros2Options())
     if name.startswith("egodriver:"):
         from .egodriver import EgodriverAgent
         return EgodriverAgent(name[len("egodriver:"):], deadline_s, image_format)
@@ -293,4 +298,4 @@ def load_agent(name: str, deadline_s: float = 10.0, image_format: str = "jpeg"):
             raise InputError(f"agent {name!r}: the object has no act(observation) method")
         return agent
     raise InputError(f"unknown agent {name!r}; built-in: {', '.join(BUILTIN)}, or module:attribute, or exec:COMMAND, "
-                     f"or egodriver:HOST:PORT")
+                     f"or egodriver:HOST:PORT, or ros2")

@@ -1,0 +1,137 @@
+"""A fake ROS 2 stack for tests/test_ros2_agent.py, in its own process, over DDS with cyclonedds alone: subscribes
+/clock (best effort, as rclcpp's ClockQoS), /tf_static (transient local), the odometry, the camera's image and info
+and the LiDAR's cloud (ROS 2's default QoS) and, once it has all of a step's (same stamp), publishes the step's
+command: the odometry's speed plus DELTA[k % 2] (k: the step, from the stamp) at a steering angle STEER, as
+Ackermann (header stamped with the step's clock), Twist, or Autoware's Control (stamped; acceleration = DELTA / dt).
+Every message it takes goes to LOG as a JSON line (topic, type, stamp and sizes).
+
+    python ros2_stack_fake.py LOG --preset gsim|autoware --command ackermann|twist|autoware --domain D
+                              [--mode ok|hang|die:K|nan:K]
+
+``hang``: answers nothing; ``die:K``: exits at step K (its DDS participant deleted); ``nan:K``: a NaN at step K.
+"""
+import argparse
+import gc
+import json
+import math
+import sys
+import time
+
+from cyclonedds.domain import DomainParticipant
+from cyclonedds.pub import DataWriter
+from cyclonedds.qos import Policy, Qos
+from cyclonedds.sub import DataReader
+from cyclonedds.topic import Topic
+
+from gsim.bridges.ros2.agent import COMMANDS, Ros2Options
+from gsim.bridges.ros2.messages import idl_class, message
+
+DELTA, STEER, DT, WHEELBASE = (-0.1, -0.2), 0.03, 0.1, 2.8
+DEFAULT = Qos(Policy.Reliability.Reliable(0), Policy.Durability.Volatile, Policy.History.KeepLast(10))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("log")
+    ap.add_argument("--preset", default="gsim")
+    ap.add_argument("--command", default="ackermann")
+    ap.add_argument("--domain", type=int, required=True)
+    ap.add_argument("--mode", default="ok")
+    a = ap.parse_args()
+    mode, _, at = a.mode.partition(":")
+    topics = Ros2Options(a.preset, a.command).topic_names(["front"], ["top"])
+    dp = DomainParticipant(a.domain)
+    subscribed = {topics["clock"]: ("rosgraph_msgs/msg/Clock", Qos(Policy.Reliability.BestEffort,
+                                                                   Policy.History.KeepLast(1))),
+                  topics["tf_static"]: ("tf2_msgs/msg/TFMessage", Qos(Policy.Reliability.Reliable(0),
+                                                                      Policy.Durability.TransientLocal,
+                                                                      Policy.History.KeepLast(1))),
+                  topics["odometry"]: ("nav_msgs/msg/Odometry", DEFAULT),
+                  topics["camera/front"] + "/image_raw": ("sensor_msgs/msg/Image", DEFAULT),
+                  topics["camera/front"] + "/camera_info": ("sensor_msgs/msg/CameraInfo", DEFAULT),
+                  topics["lidar/top"]: ("sensor_msgs/msg/PointCloud2", DEFAULT)}
+    if a.preset == "autoware":
+        subscribed[topics["velocity_status"]] = ("autoware_vehicle_msgs/msg/VelocityReport", DEFAULT)
+        subscribed[topics["steering_status"]] = ("autoware_vehicle_msgs/msg/SteeringReport", DEFAULT)
+        subscribed[topics["gear_status"]] = ("autoware_vehicle_msgs/msg/GearReport", DEFAULT)
+        subscribed[topics["control_mode"]] = ("autoware_vehicle_msgs/msg/ControlModeReport", DEFAULT)
+    readers = {t: (DataReader(dp, Topic(dp, "rt" + t, idl_class(typ)), qos=qos), typ)
+               for t, (typ, qos) in subscribed.items()}
+    typ = COMMANDS[a.command]
+    latched = Qos(Policy.Reliability.Reliable(0), Policy.Durability.TransientLocal, Policy.History.KeepLast(1))
+    writer = DataWriter(dp, Topic(dp, "rt" + topics["command"], idl_class(typ)),
+                        qos=latched if a.command == "autoware" else DEFAULT)  # (Autoware's control_cmd: latched)
+    log = open(a.log, "w")
+    seen = {}  # stamp (ns) -> {topic: message}
+    speed = {}
+    while True:
+        for t, (reader, rtyp) in readers.items():
+            for m in reader.take(N=16):
+                if not isinstance(m, idl_class(rtyp)):
+                    continue
+                stamp = _stamp(m)
+                log.write(json.dumps({"topic": t, "type": rtyp, "stamp_ns": stamp, **_sizes(m)}) + "\n")
+                log.flush()
+                if t == topics["odometry"]:
+                    speed[stamp] = m.twist.twist.linear.x
+                if stamp is not None and t != topics["tf_static"]:
+                    seen.setdefault(stamp, set()).add(t)
+        for stamp in sorted(s for s, got in seen.items() if len(got) == len(readers) - 1):
+            del seen[stamp]
+            k = round(stamp / 1e9 / DT)
+            if mode == "die" and k == int(at):
+                del writer, readers, dp
+                gc.collect()  # the participant is deleted: the stack leaves the domain
+                sys.exit(3)
+            if mode != "hang":
+                writer.write(message(typ, _command(a.command, stamp, speed[stamp], k,
+                                                   math.nan if mode == "nan" and k == int(at) else 0.0)))
+        time.sleep(0.002)
+
+
+def _stamp(m):
+    for path in ("clock", "header.stamp", "stamp"):
+        obj = m
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        return obj.sec * 1_000_000_000 + obj.nanosec
+    return None  # (TFMessage)
+
+
+def _sizes(m) -> dict:
+    name = type(m).__name__
+    if name == "Image":
+        return {"width": m.width, "height": m.height, "encoding": m.encoding, "step": m.step, "bytes": len(m.data),
+                "frame_id": m.header.frame_id}
+    if name == "PointCloud2":
+        return {"width": m.width, "point_step": m.point_step, "bytes": len(m.data),
+                "fields": [f.name for f in m.fields], "frame_id": m.header.frame_id}
+    if name == "CameraInfo":
+        return {"k": list(m.k), "distortion_model": m.distortion_model, "frame_id": m.header.frame_id}
+    if name == "TFMessage":
+        return {"children": [t.child_frame_id for t in m.transforms]}
+    if name == "Odometry":
+        return {"x": m.pose.pose.position.x, "speed": m.twist.twist.linear.x, "frame_id": m.header.frame_id}
+    if name == "GearReport":
+        return {"report": m.report}
+    if name == "ControlModeReport":
+        return {"mode": m.mode}
+    return {}
+
+
+def _command(kind: str, stamp: int, v: float, k: int, nan: float) -> dict:
+    target = v + DELTA[k % 2] + nan
+    t = {"sec": stamp // 1_000_000_000, "nanosec": stamp % 1_000_000_000}
+    if kind == "ackermann":
+        return {"header": {"stamp": t}, "drive": {"speed": target, "steering_angle": STEER}}
+    if kind == "twist":
+        return {"linear": {"x": target}, "angular": {"z": target * math.tan(STEER) / WHEELBASE}}
+    return {"stamp": t, "lateral": {"stamp": t, "steering_tire_angle": STEER},
+            "longitudinal": {"stamp": t, "velocity": target, "acceleration": (target - v) / DT}}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""A ROS 2 stack in the closed loop (gsim.bridges.ros2) over real DDS: a fake stack in its own process
+(tests/ros2_stack_fake.py, cyclonedds alone) drives the ego by Ackermann, Twist and Autoware commands in lockstep;
+what it receives (types, stamps = the sim clock, sizes, frames); the Autoware preset's topics; a stack that never
+answers, dies or sends NaN. The IDL types serialize exactly as rosbags' ROS 2 types do.
+
+DDS stays on this machine: CYCLONEDDS_URI (here and in the stack's process) names the loopback interface, with
+multicast off and 127.0.0.1 as the only peer."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cyclonedds", reason="needs the ros2 extra (cyclonedds)")
+pytest.importorskip("rosbags", reason="needs the ros2 extra (rosbags)")
+pytest.importorskip("libsumo", reason="needs the sumo extra")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gsim.bridges.closed_loop.runner import AgentError, run  # noqa: E402
+from gsim.bridges.ros2.agent import PRESETS, Ros2Options, STATUS  # noqa: E402
+from gsim.errors import InputError  # noqa: E402
+from support import scenario  # noqa: E402
+
+LOOPBACK = ("<CycloneDDS><Domain><General><Interfaces><NetworkInterface name=\"lo\"/></Interfaces>"
+            "<AllowMulticast>false</AllowMulticast></General><Discovery><ParticipantIndex>auto</ParticipantIndex>"
+            "<Peers><Peer address=\"127.0.0.1\"/></Peers></Discovery></Domain></CycloneDDS>")
+DOMAIN = 100 + os.getpid() % 100  # (another session's tests on this machine keep to their own domain)
+STACK = Path(__file__).with_name("ros2_stack_fake.py")
+DELTA, STEER = (-0.1, -0.2), 0.03  # the fake stack's speed changes (even, odd steps) and steering angle
+
+
+@pytest.fixture(autouse=True)
+def loopback_dds(monkeypatch):
+    monkeypatch.setenv("CYCLONEDDS_URI", LOOPBACK)
+
+
+@pytest.fixture
+def stack(tmp_path):
+    """Starts the fake stack (``stack(command, preset, mode)``) and returns its log's path; stopped at the end."""
+    procs = []
+
+    def start(command="ackermann", preset="gsim", mode="ok"):
+        log = tmp_path / f"stack-{len(procs)}.jsonl"
+        procs.append(subprocess.Popen([sys.executable, str(STACK), str(log), "--preset", preset, "--command", command,
+                                       "--domain", str(DOMAIN), "--mode", mode], env={**os.environ}))
+        return log
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def steps(out):
+    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+
+
+def received(log):
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def drive(loop_street, tmp_path, name, steps_n=5, **options):
+    return run(scenario(loop_street, name), "ros2", tmp_path / name, progress=False, max_steps=steps_n, video=False,
+               agent_options={"ros2": Ros2Options(domain_id=DOMAIN, **options)})
+
+
+def check_followed(rows):
+    """Each step's speed changed by the command that answered the step before it (lockstep), at the steering."""
+    v = [r["ego"]["speed_mps"] for r in rows]
+    for k in range(1, len(rows)):
+        assert v[k] - v[k - 1] == pytest.approx(DELTA[(k - 1) % 2], abs=1e-4), k
+    assert all(abs(r["ego"]["steer_rad"] - STEER) < 1e-6 for r in rows[1:])
+
+
+@pytest.mark.parametrize("command", ["ackermann", "twist"])
+def test_a_stack_drives_in_lockstep_and_receives_the_step(loop_street, tmp_path, stack, command):
+    log = stack(command)
+    m = drive(loop_street, tmp_path, command, command=command)
+    assert m["completed"] and m["steps"] == 5
+    rows = steps(tmp_path / command)
+    check_followed(rows)
+    got = received(log)
+    times = [r["t_us"] * 1000 for r in rows[:-1]]  # (the last step's observation ends the run: it is not sent)
+    by_topic = {}
+    for g in got:
+        by_topic.setdefault(g["topic"], []).append(g)
+    assert [g["stamp_ns"] for g in by_topic["/clock"]] == times  # every step's clock, in order
+    for topic in ("/gsim/ego/odom", "/gsim/camera/front/image_raw", "/gsim/camera/front/camera_info",
+                  "/gsim/lidar/top/points"):
+        assert [g["stamp_ns"] for g in by_topic[topic]] == times, topic
+    img = by_topic["/gsim/camera/front/image_raw"][0]
+    assert (img["width"], img["height"], img["encoding"], img["step"], img["bytes"]) == (96, 60, "rgb8", 288, 17280)
+    assert img["frame_id"] == "camera_front_optical_frame"
+    cloud = by_topic["/gsim/lidar/top/points"][0]
+    assert cloud["width"] > 100 and cloud["bytes"] == 24 * cloud["width"] and cloud["point_step"] == 24
+    assert cloud["fields"] == ["x", "y", "z", "intensity", "ring", "time"]
+    assert by_topic["/gsim/camera/front/camera_info"][0]["distortion_model"] == "plumb_bob"
+    assert sorted(by_topic["/tf_static"][0]["children"]) == ["camera_front_optical_frame", "lidar_top"]
+    odom = by_topic["/gsim/ego/odom"]
+    assert [o["speed"] for o in odom] == pytest.approx([r["ego"]["speed_mps"] for r in rows[:-1]])
+
+
+def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_street, tmp_path, stack):
+    names = Ros2Options("autoware").topic_names(["front"], ["top"])
+    assert names == {"clock": "/clock", "tf": "/tf", "tf_static": "/tf_static",
+                     "odometry": "/localization/kinematic_state", "camera/front": "/sensing/camera/front",
+                     "lidar/top": "/sensing/lidar/top/pointcloud_raw_ex",
+                     "velocity_status": "/vehicle/status/velocity_status",
+                     "steering_status": "/vehicle/status/steering_status",
+                     "gear_status": "/vehicle/status/gear_status", "control_mode": "/vehicle/status/control_mode",
+                     "command": "/control/command/control_cmd"}
+    assert STATUS["velocity_status"] == "autoware_vehicle_msgs/msg/VelocityReport"
+    log = stack("autoware", "autoware")
+    m = drive(loop_street, tmp_path, "aw", preset="autoware")
+    assert m["completed"] and m["steps"] == 5
+    rows = steps(tmp_path / "aw")
+    check_followed(rows)
+    got = received(log)
+    types = {g["topic"]: g["type"] for g in got}
+    assert types["/sensing/lidar/top/pointcloud_raw_ex"] == "sensor_msgs/msg/PointCloud2"
+    assert types["/sensing/camera/front/image_raw"] == "sensor_msgs/msg/Image"
+    assert types["/vehicle/status/steering_status"] == "autoware_vehicle_msgs/msg/SteeringReport"
+    assert {g["report"] for g in got if g["topic"] == "/vehicle/status/gear_status"} == {2}  # DRIVE
+    assert {g["mode"] for g in got if g["topic"] == "/vehicle/status/control_mode"} == {1}  # AUTONOMOUS
+    stamps = [g["stamp_ns"] for g in got if g["topic"] == "/vehicle/status/velocity_status"]
+    assert stamps == [r["t_us"] * 1000 for r in rows[:-1]]
+
+
+@pytest.mark.parametrize("mode,match,kept", [
+    ("hang", r"step 1: .*/ackermann_cmd \(ackermann_msgs/msg/AckermannDriveStamped\), step 0 \(sim time 0.000 s\): "
+             r"no command within 1.5 s", 1),
+    ("die:2", r"step 3: .*/ackermann_cmd .*step 2 \(sim time 0.200 s\): the stack's publisher left", 3),
+    ("nan:1", r"step 2: .*/ackermann_cmd .*step 1: the command has a non-finite speed = nan", 2),
+])
+def test_a_stack_that_hangs_dies_or_sends_nan_stops_the_run_and_keeps_it(loop_street, tmp_path, stack, mode, match,
+                                                                          kept):
+    stack("ackermann", mode=mode)
+    name = mode.replace(":", "")
+    with pytest.raises(AgentError, match=match):
+        drive(loop_street, tmp_path, name, deadline_s=1.5 if mode == "hang" else 20.0)
+    assert json.loads((tmp_path / name / "metrics.json").read_text())["completed"] is False
+    assert len(steps(tmp_path / name)) == kept  # the start and every completed step
+
+
+def test_no_stack_is_named_with_the_topic_and_domain(loop_street, tmp_path):
+    with pytest.raises(AgentError, match=rf"step 0: .*no stack publishes /cmd_vel .* domain {DOMAIN} within 0.5 s"):
+        drive(loop_street, tmp_path, "none", command="twist", deadline_s=0.5)
+
+
+def test_the_idl_types_serialize_as_ros2s_cdr():
+    """Every type gsim speaks, byte for byte as rosbags serializes the same message (ROS 2's CDR)."""
+    from gsim.bridges.ros2.agent import COMMANDS
+    from gsim.bridges.ros2.messages import idl_class, message, typestore
+    from gsim.ros2_bag import build
+    ts = typestore()
+    values = {"sensor_msgs/msg/Image": {"header": {"stamp": {"sec": 3, "nanosec": 7}, "frame_id": "c"}, "height": 1,
+                                        "width": 2, "encoding": "rgb8", "step": 6,
+                                        "data": np.arange(6, dtype=np.uint8)},
+              "sensor_msgs/msg/CameraInfo": {"k": np.arange(9.0), "d": [0.1, 0.2], "distortion_model": "plumb_bob"},
+              "nav_msgs/msg/Odometry": {"pose": {"pose": {"position": {"x": 1.5}}}, "child_frame_id": "base_link"},
+              "tf2_msgs/msg/TFMessage": {"transforms": [{"child_frame_id": "a"}, {"child_frame_id": "b"}]},
+              "sensor_msgs/msg/PointCloud2": {"fields": [{"name": "x", "datatype": 7, "count": 1}],
+                                              "data": np.arange(8, dtype=np.uint8), "is_dense": True},
+              "rosgraph_msgs/msg/Clock": {"clock": {"sec": 9}}}
+    values.update({typ: {} for typ in (*COMMANDS.values(), *STATUS.values())})
+    for typ, v in values.items():
+        assert idl_class(typ).__idl_typename__ == "{}::msg::dds_::{}_".format(*typ.split("/msg/"))
+        assert message(typ, v).serialize() == bytes(ts.serialize_cdr(build(ts, typ, v), typ)), typ
+    stamped = message("autoware_control_msgs/msg/Control", {"longitudinal": {"acceleration": -1.25}})
+    assert math.isclose(type(stamped).deserialize(stamped.serialize()).longitudinal.acceleration, -1.25)
+
+
+def test_bad_ros2_options_are_refused_before_anything_starts():
+    with pytest.raises(InputError, match="preset"):
+        Ros2Options("carla")
+    with pytest.raises(InputError, match="command"):
+        Ros2Options(command="joy")
+    with pytest.raises(InputError, match="unknown key 'velocity_status'"):
+        Ros2Options(topics=(("velocity_status", "/v"),))  # the gsim preset has no vehicle status
+    with pytest.raises(InputError, match="starts with '/'"):
+        Ros2Options(topics=(("command", "cmd"),))
+    with pytest.raises(InputError, match="deadline"):
+        Ros2Options(deadline_s=0)
+    assert set(PRESETS) == {"gsim", "autoware"}
