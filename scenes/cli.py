@@ -66,8 +66,8 @@ def cmd_compile(a) -> int:
 
 def cmd_reconstruct(a) -> int:
     from .reconstruction.train import preset, reconstruct
-    overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale))
-                 if v is not None}
+    overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale),
+                                   ("road_weight", a.road_weight)) if v is not None}
     if a.no_movers:
         overrides["movers"] = False
     if a.train_span is not None:
@@ -211,6 +211,9 @@ def register(sub) -> None:
     rc.add_argument("--max-minutes", type=finite_float(0, low_open=True), default=None, metavar="M",
                     help="a wall-time budget for the training loop: the learning rates decay over whichever of the "
                          "iterations and M minutes runs out first, and training stops when M minutes are spent")
+    rc.add_argument("--road-weight", type=finite_float(0), default=None, metavar="W",
+                    help="hold the road's surfels on the surface fitted to the LiDAR's ground (1: the road 3 m off "
+                         "the driven lane +1.7 dB, the held-out views -0.2 dB on the synthetic street; default 0)")
     rc.set_defaults(fn=cmd_reconstruct)
 
     ev = sub.add_parser("eval", help="held-out metrics (PSNR, SSIM, LiDAR depth) and side-by-side images")
