@@ -3,7 +3,6 @@
 tf_static calibration and an Odometry or tf pose, in each storage, converted to the KITTI converter's own log of the
 same frames. Synthetic: Autoware's topic layout, raw image encodings and camera models, and each bad bag's error."""
 import io
-import math
 import re
 
 import numpy as np
@@ -15,6 +14,7 @@ from gsim.scenes.log import validate_log
 from gsim.transforms import invert
 
 from format_checks import DATA
+from kitti_bag import EPOCH_NS, T_BASE_VELO, jpeg, kitti_messages, raw_sweep, rigid, rot_z, velodyne_fields
 from rosbag_writer import STORAGES, write_bag
 
 pytest.importorskip("rosbags", reason="rosbags (the ros2 extra) reads and writes the bags")
@@ -23,23 +23,7 @@ KITTI = DATA / "kitti_raw" / "2011_09_26"
 needs_kitti = pytest.mark.skipif(not KITTI.is_dir(), reason=f"KITTI raw sample not found at {KITTI} "
                                  "(see ../shared/data/README.md)")
 FRAMES = 6
-EPOCH_NS = 1_317_042_145 * 10 ** 9  # the sample's drive day: stamps as a recorder writes them
 PERIOD_NS = 100_000_000
-
-
-def rot_z(deg):
-    c, s = math.cos(math.radians(deg)), math.sin(math.radians(deg))
-    return np.array([[c, -s, 0], [s, c, 0], [0, 0, 1.0]])
-
-
-def rigid(R, t):
-    T = np.eye(4)
-    T[:3, :3], T[:3, 3] = R, t
-    return T
-
-
-# the Velodyne on the roof, 1.7 m above base_link and turned by a degree (so that composing with it shows)
-T_BASE_VELO = rigid(rot_z(1.0), [0.8, 0.3, 1.73])
 
 
 def bag_path(tmp_path, storage, name="drive"):
@@ -64,63 +48,6 @@ def kitti_ref(tmp_path_factory):
                                           progress=False))
 
 
-def velodyne_fields(points):
-    """KITTI (N,4) x, y, z, reflectance as a Velodyne driver's cloud: + ring (the nearest nominal HDL-64E beam) and
-    time (float32 s from the stamp; the head turns clockwise and faces forward at the stamp, as KITTI triggers)."""
-    from gsim.scenes.formats.kitti_raw import HDL64E
-    el = np.degrees(np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1])))
-    table = np.array(HDL64E.elevations_deg)
-    out = np.zeros(len(points), [("x", "f4"), ("y", "f4"), ("z", "f4"), ("intensity", "f4"), ("ring", "u2"),
-                                 ("time", "f4")])
-    for i, n in enumerate("xyz"):
-        out[n] = points[:, i]
-    out["intensity"] = points[:, 3]
-    out["ring"] = np.argmin(np.abs(el[:, None] - table[None]), 1)
-    out["time"] = -np.arctan2(points[:, 1], points[:, 0]) / (2 * np.pi) * 0.1
-    return out
-
-
-def jpeg(path) -> bytes:
-    """An image file as a camera driver's JPEG (quality 95)."""
-    from PIL import Image
-    out = io.BytesIO()
-    with Image.open(path) as im:
-        im.save(out, format="JPEG", quality=95)
-    return out.getvalue()
-
-
-def kitti_messages(ref, pose_source="odometry"):
-    """The KITTI log's frames as a recorder's messages: (topic, type, record time ns, fields)."""
-    cam = ref.cameras["image_02"]
-    c = cam.camera
-    K = [c.fx, 0, c.cx - 0.5, 0, c.fy, c.cy - 0.5, 0, 0, 1]  # ROS's pixel centres are integers
-    info = {"height": c.height, "width": c.width, "distortion_model": "plumb_bob", "d": [0.0] * 5, "k": K,
-            "r": np.eye(3).ravel(), "p": [K[0], 0, K[2], 0, 0, K[4], K[5], 0, 0, 0, 1, 0]}
-    t0 = EPOCH_NS + ref.frames[0].timestamp_us * 1000
-    msgs = [("/tf_static", "tf2_msgs/msg/TFMessage", t0, {"transforms": [
-        transform("base_link", "velo_link", t0, T_BASE_VELO),
-        transform("velo_link", "camera_color_left", t0, cam.T_vehicle_camera)]})]
-    for f in ref.frames:
-        t = EPOCH_NS + f.timestamp_us * 1000
-        lidar, image = f.lidars["velodyne"], f.cameras["image_02"]
-        msgs += [("/kitti/camera_color_left/image_raw/compressed", "sensor_msgs/msg/CompressedImage", t + 2_000_000,
-                  {"header": header(t, "camera_color_left"), "format": "rgb8; jpeg compressed bgr8",
-                   "data": np.frombuffer(jpeg(ref.root / image.image), np.uint8)}),
-                 ("/kitti/camera_color_left/camera_info", "sensor_msgs/msg/CameraInfo", t + 2_000_000,
-                  {"header": header(t, "camera_color_left"), **info}),
-                 ("/kitti/velo/pointcloud", "sensor_msgs/msg/PointCloud2", t + 5_000_000,
-                  cloud(t, "velo_link", velodyne_fields(ref.sweep(lidar))))]
-        T_map_base = ref.T_world_lidar(lidar) @ invert(T_BASE_VELO)
-        if pose_source == "odometry":
-            msgs.append(("/kitti/oxts/odom", "nav_msgs/msg/Odometry", t + 1_000_000,
-                         {"header": header(t, "map"), "child_frame_id": "base_link",
-                          "pose": {"pose": pose(T_map_base)}}))
-        elif pose_source == "tf":
-            msgs.append(("/tf", "tf2_msgs/msg/TFMessage", t + 1_000_000,
-                         {"transforms": [transform("map", "base_link", t, T_map_base)]}))
-    return sorted(msgs, key=lambda m: m[2])
-
-
 def without_origin(T, T0):
     """A pose with the translation of a log's first pose taken off (the converter puts its first ego pose at the
     world origin, the KITTI converter its first sweep)."""
@@ -134,6 +61,7 @@ def without_origin(T, T0):
 def test_kitti_bag_converts_to_the_kitti_log(kitti_ref, tmp_path, storage, pose_source):
     from gsim.scenes.formats.kitti_raw import HDL64E
     from gsim.scenes.formats.rosbag import convert_rosbag
+    from gsim.scenes.reconstruction.views import sweep_world
     ref = kitti_ref
     bag = write_bag(bag_path(tmp_path, storage), storage, kitti_messages(ref, pose_source))
     log = validate_log(convert_rosbag(bag, tmp_path / "log", progress=False))
@@ -143,20 +71,25 @@ def test_kitti_bag_converts_to_the_kitti_log(kitti_ref, tmp_path, storage, pose_
     # the ring field's beams: the nominal table the rings were made from (ring 0 also takes every point above it,
     # near ones up to 6 degrees: its far returns say where it points)
     beams = log.lidars["velo"].beams
-    rings = np.unique(velodyne_fields(ref.sweep(ref.frames[0].lidars["velodyne"]))["ring"])
+    rings = np.unique(velodyne_fields(*raw_sweep(ref, 0))["ring"])
     assert rings[0] == 0 and len(beams.elevations_deg) == len(rings)
     assert np.abs(np.array(beams.elevations_deg) - np.array(HDL64E.elevations_deg)[rings]).max() < 0.5
     assert beams.azimuth_resolution_deg == pytest.approx(HDL64E.azimuth_resolution_deg, abs=0.01)
     lid0, cam0 = log.T_world_lidar(log.frames[0].lidars["velo"]), ref.T_world_lidar(ref.frames[0].lidars["velodyne"])
-    for f, g in zip(log.frames, ref.frames):
+    for k, (f, g) in enumerate(zip(log.frames, ref.frames)):
         a, b = f.lidars["velo"], g.lidars["velodyne"]
         np.testing.assert_allclose(without_origin(log.T_world_lidar(a), lid0),
                                    without_origin(ref.T_world_lidar(b), cam0), atol=1e-9)
         np.testing.assert_allclose(without_origin(log.T_world_camera(f.cameras["camera_color_left"]), lid0),
                                    without_origin(ref.T_world_camera(g.cameras["image_02"]), cam0), atol=1e-9)
-        points, kitti = log.sweep(a), ref.sweep(b)
-        np.testing.assert_array_equal(points[:, :4], kitti)  # x, y, z, reflectance as recorded
-        assert np.array_equal(points[:, 4], np.floor(velodyne_fields(kitti)["time"].astype(np.float64) * 1e6 + 0.5))
+        raw, seconds = raw_sweep(ref, k)
+        points = log.sweep(a)
+        np.testing.assert_array_equal(points[:, :4], raw.astype(np.float32))  # x, y, z, reflectance as recorded
+        assert np.array_equal(points[:, 4], np.floor(seconds.astype(np.float64) * 1e6 + 0.5))
+        # de-skewed with those times, each point lands where the KITTI log (compensated by the dataset) puts it
+        world, _, _, _ = sweep_world(log, a)
+        kitti, _, _, _ = sweep_world(ref, b)
+        np.testing.assert_allclose(world - lid0[:3, 3], kitti - cam0[:3, 3], atol=1e-4)
         image, png = f.cameras["camera_color_left"], g.cameras["image_02"]
         assert image.timestamp_us == f.timestamp_us
         assert (log.root / image.image).read_bytes() == jpeg(ref.root / png.image)  # the recorded JPEG, as it is
@@ -167,14 +100,17 @@ def test_kitti_bag_converts_to_the_kitti_log(kitti_ref, tmp_path, storage, pose_
 
 @needs_kitti
 def test_kitti_bag_without_poses_takes_lidar_odometry(kitti_ref, tmp_path):
-    """As the KITTI converter without oxts: kiss-icp on the sweeps (world: the first sweep), smoothed alike."""
+    """As the KITTI converter without oxts: kiss-icp on the sweeps (world: the first sweep), smoothed alike. The
+    bag's sweeps are as the head saw them and kiss-icp registers them so (no de-skew), KITTI's compensated ones:
+    the two estimates part by centimetres over the six sweeps (3 to 46 mm; kiss-icp's own jitter on this drive is
+    3-5 cm, `convert_util.smooth_positions`)."""
     from gsim.scenes.formats.rosbag import convert_rosbag
     bag = write_bag(bag_path(tmp_path, "mcap"), "mcap", kitti_messages(kitti_ref, pose_source=None))
     log = validate_log(convert_rosbag(bag, tmp_path / "log", progress=False))
     assert any("kiss-icp LiDAR odometry" in n for n in log.notes)
     for f, g in zip(log.frames, kitti_ref.frames):
         np.testing.assert_allclose(invert(T_BASE_VELO) @ log.T_world_lidar(f.lidars["velo"]),
-                                   kitti_ref.T_world_lidar(g.lidars["velodyne"]), atol=1e-6)
+                                   kitti_ref.T_world_lidar(g.lidars["velodyne"]), atol=0.08)
 
 
 # --------------------------------------------------------------------------- synthetic: Autoware's layout
