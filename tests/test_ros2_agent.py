@@ -1,7 +1,7 @@
 """A ROS 2 stack in the closed loop (gsim.bridges.ros2) over real DDS: a fake stack in its own process
 (tests/ros2_stack_fake.py, cyclonedds alone) drives the ego by Ackermann, Twist and Autoware commands in lockstep;
 what it receives (types, stamps = the sim clock, sizes, frames); the Autoware preset's topics; a stack that never
-answers, dies or sends NaN. The IDL types serialize exactly as rosbags' ROS 2 types do.
+answers, dies or sends NaN. The IDL types serialize exactly as rosbags' ROS 2 types do (uint8[] as bytes).
 
 DDS stays on this machine: CYCLONEDDS_URI (here and in the stack's process) names the loopback interface, with
 multicast off and 127.0.0.1 as the only peer."""
@@ -170,6 +170,15 @@ def test_the_idl_types_serialize_as_ros2s_cdr():
     for typ, v in values.items():
         assert idl_class(typ).__idl_typename__ == "{}::msg::dds_::{}_".format(*typ.split("/msg/"))
         assert message(typ, v).serialize() == bytes(ts.serialize_cdr(build(ts, typ, v), typ)), typ
+    # uint8[] moves as bytes both ways, and the type (what DDS matches readers and writers on) is still uint8[]
+    from cyclonedds.idl import make_idl_struct
+    for typ in ("sensor_msgs/msg/Image", "sensor_msgs/msg/PointCloud2"):
+        ours = idl_class(typ)
+        stock = make_idl_struct(typ.split("/")[-1], ours.__idl_typename__, dict(ours.__annotations__))
+        assert ours.__idl__.get_type_id() == stock.__idl__.get_type_id()
+        back = ours.deserialize(message(typ, values[typ]).serialize())
+        assert back.data == values[typ]["data"].tobytes()
+        assert stock.deserialize(message(typ, values[typ]).serialize()).data == list(values[typ]["data"])
     stamped = message("autoware_control_msgs/msg/Control", {"longitudinal": {"acceleration": -1.25}})
     assert math.isclose(type(stamped).deserialize(stamped.serialize()).longitudinal.acceleration, -1.25)
 

@@ -58,6 +58,7 @@ STATUS = {"velocity_status": "autoware_vehicle_msgs/msg/VelocityReport",
           "gear_status": "autoware_vehicle_msgs/msg/GearReport",
           "control_mode": "autoware_vehicle_msgs/msg/ControlModeReport"}
 STANDSTILL_MPS = 0.1  # a Twist's yaw rate gives no steering angle below this speed
+SETTLE_S = 0.3  # the stack's subscriptions unchanged this long: all of them discovered
 
 
 class Ros2Error(InputError):
@@ -191,12 +192,23 @@ class Ros2Agent:
             self._write(t["tf_static"], {"transforms": mounts})
 
     def _wait_for_stack(self) -> None:
-        """Until the stack's command publisher (and a /clock subscriber, where /clock is published) are discovered."""
+        """Until the stack's command publisher (and a /clock subscriber, where /clock is published) are discovered,
+        and then the subscriptions on every topic gsim publishes have stayed as they are for `SETTLE_S`: a stack's
+        endpoints are discovered one by one, and a step published before its image subscription matched is lost to
+        it (volatile), which a lockstep stack would wait for forever (at most until the deadline)."""
         clock = self.writers.get(self.topics["clock"])
         end = time.monotonic() + self.options.deadline_s
-        while (self.reader.get_subscription_matched_status().current_count == 0
-               or (clock is not None and clock[0].get_publication_matched_status().current_count == 0)):
-            if time.monotonic() > end:
+        seen, since = None, time.monotonic()
+        while True:
+            matched = tuple(w.get_publication_matched_status().current_count for w, _ in self.writers.values())
+            if matched != seen:
+                seen, since = matched, time.monotonic()
+            now = time.monotonic()
+            if (self.reader.get_subscription_matched_status().current_count > 0
+                    and (clock is None or clock[0].get_publication_matched_status().current_count > 0)):
+                if now - since >= SETTLE_S or now > end:
+                    return
+            elif now > end:
                 raise Ros2Error(f"ros2: no stack publishes {self.command_topic} ({self.command_type}) and subscribes "
                                 f"{self.topics['clock']} in DDS domain {self.domain} within "
                                 f"{self.options.deadline_s:g} s (is it running, on ROS_DOMAIN_ID={self.domain}, and "

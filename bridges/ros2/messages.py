@@ -4,8 +4,8 @@ definitions: rosbags' ROS 2 type store for the common packages, the ``.msg`` tex
 Autoware's autoware_control_msgs / autoware_vehicle_msgs (not in that store). `message` builds one from nested dicts
 of field names, as `gsim.ros2_bag.build` does for bags.
 
-cyclonedds packs a ``uint8[]`` (image and cloud data) one Python int a byte: about 0.2 s for a 6 MB image on
-these machines; small images cost little.
+cyclonedds packs a ``uint8[]`` (image and cloud data) one Python int a byte (about 0.2 s for a 6 MB image); gsim's
+classes move such fields as bytes (`_as_bytes`): the same CDR on the wire, the type still ``sequence<uint8>``.
 """
 from __future__ import annotations
 
@@ -66,7 +66,22 @@ def idl_class(typ: str):
             element = idl_class(edesc) if enode == Nodetype.NAME else base[edesc[0]]
             fields[name] = t.array[element, size] if node == Nodetype.ARRAY else t.sequence[element]
     pkg, _, name = typ.split("/")
-    return make_idl_struct(name, f"{pkg}::msg::dds_::{name}_", fields)
+    cls = make_idl_struct(name, f"{pkg}::msg::dds_::{name}_", fields)
+    _as_bytes(cls, [k for k, v in fields.items() if v == t.sequence[t.uint8]])
+    return cls
+
+
+def _as_bytes(cls, names):
+    """Serialize ``cls``'s uint8[] fields ``names`` from bytes and read them back as bytes, with cyclonedds' own
+    machine for IDL ``bytes`` (a uint32 length, then the octets: what it writes for ``sequence<uint8>`` one int at a
+    time). The type object, built from the field types, is unchanged, so ROS 2 nodes match it as before."""
+    if not names:
+        return
+    from cyclonedds.idl._machinery import BytesMachine
+    cls.__idl__.populate()
+    for machine in (cls.__idl__.v1_machine, cls.__idl__.v2_machine):
+        for name in names:
+            machine.members_machines[name] = BytesMachine()
 
 
 def _make(typ: str, fields: dict):
