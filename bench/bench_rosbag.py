@@ -1,7 +1,7 @@
 """`gsim convert rosbag` on the KITTI raw sample laid out as a car's recorder writes it (`tests/kitti_bag.py`: JPEG
 CompressedImage + CameraInfo, PointCloud2 as the head saw it with ring and per-point time, tf_static, Odometry).
 
-Usage: python bench/bench_rosbag.py OUT [--frames 40] [--storage mcap] [--repeats 3]
+Usage: python bench/bench_rosbag.py OUT [--frames 40] [--storage mcap] [--repeats 3] [--images jpeg|png]
 Writes OUT/kitti (the KITTI converter's log), OUT/bag, OUT/bag_log (the last conversion) and prints one JSON line:
 the conversion's median seconds and frames/s. Reconstruct both logs with `bench/bench_reconstruct.py --log` to
 compare their held-out PSNR (issue 61 asks for 0.3 dB).
@@ -31,6 +31,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--storage", default="mcap", choices=("rosbag1", "sqlite3", "mcap"))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--images", default="jpeg", choices=("jpeg", "png"),
+                    help="CompressedImage format: jpeg (quality 95, as camera drivers) or png (lossless)")
     a = ap.parse_args(argv)
     from kitti_bag import kitti_messages
     from rosbag_writer import write_bag
@@ -39,7 +41,7 @@ def main(argv=None) -> dict:
     bag = a.out / ("bag.bag" if a.storage == "rosbag1" else "bag")
     shutil.rmtree(bag, ignore_errors=True)
     bag.unlink(missing_ok=True)
-    write_bag(bag, a.storage, kitti_messages(ref))
+    write_bag(bag, a.storage, kitti_messages(ref, image_format=a.images))
     seconds = []
     for _ in range(a.repeats):
         shutil.rmtree(a.out / "bag_log", ignore_errors=True)
@@ -47,7 +49,7 @@ def main(argv=None) -> dict:
         convert_rosbag(bag, a.out / "bag_log", progress=False)
         seconds.append(time.perf_counter() - t0)
     med = statistics.median(seconds)
-    row = {"frames": len(ref.frames), "storage": a.storage, "seconds": [round(s, 3) for s in seconds],
+    row = {"frames": len(ref.frames), "storage": a.storage, "images": a.images, "seconds": [round(s, 3) for s in seconds],
            "median_s": round(med, 3), "frames_per_s": round(len(ref.frames) / med, 1)}
     print(json.dumps(row))
     return row

@@ -84,8 +84,9 @@ def jpeg(path) -> bytes:
     return out.getvalue()
 
 
-def kitti_messages(ref, pose_source="odometry"):
-    """The KITTI log's frames as a recorder's messages: (topic, type, record time ns, fields)."""
+def kitti_messages(ref, pose_source="odometry", image_format="jpeg"):
+    """The KITTI log's frames as a recorder's messages: (topic, type, record time ns, fields); ``image_format``
+    jpeg (a camera driver's, quality 95) or png (the sample's own files: lossless)."""
     cam = ref.cameras["image_02"]
     c = cam.camera
     K = [c.fx, 0, c.cx - 0.5, 0, c.fy, c.cy - 0.5, 0, 0, 1]  # ROS's pixel centres are integers
@@ -100,8 +101,9 @@ def kitti_messages(ref, pose_source="odometry"):
         t = EPOCH_NS + f.timestamp_us * 1000
         image = f.cameras["image_02"]
         msgs += [("/kitti/camera_color_left/image_raw/compressed", "sensor_msgs/msg/CompressedImage", t + 2_000_000,
-                  {"header": header(t, "camera_color_left"), "format": "rgb8; jpeg compressed bgr8",
-                   "data": np.frombuffer(jpeg(ref.root / image.image), np.uint8)}),
+                  {"header": header(t, "camera_color_left"), "format": f"rgb8; {image_format} compressed bgr8",
+                   "data": np.frombuffer(jpeg(ref.root / image.image) if image_format == "jpeg"
+                                         else (ref.root / image.image).read_bytes(), np.uint8)}),
                  ("/kitti/camera_color_left/camera_info", "sensor_msgs/msg/CameraInfo", t + 2_000_000,
                   {"header": header(t, "camera_color_left"), **info}),
                  ("/kitti/velo/pointcloud", "sensor_msgs/msg/PointCloud2", t + 5_000_000,
