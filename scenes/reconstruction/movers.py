@@ -203,14 +203,21 @@ def _load(log: DrivingLog, obs: LidarObs, opt: MoverOptions) -> _Sweep:
                   np.ascontiguousarray(Tinv[:, :3, 3]), Tm[:3, :3].copy(), Tm[:3, 3].copy(), top_beam_tan(log, obs))
 
 
-def _ground(sweeps: Sequence[_Sweep], opt: MoverOptions):
+def _ground(sweeps: Sequence[_Sweep], opt: MoverOptions, T_anchor: np.ndarray):
     """A function (M,2) world xy -> ground height: per cell a low quantile of every sweep's points,
     then the minimum over ``ground_erode_cells`` around (cells under a truck see only its side),
-    cells without points filled from the nearest cell that has some."""
+    cells without points filled from the nearest cell that has some. The cells are laid in the ground
+    plane of ``T_anchor`` (the first sweep's LiDAR: its xy and heading), not of the world: which
+    objects stand clear of the ground depends on where the cells fall, and the same sweeps must give
+    the same movers whatever a log calls its world (a 0.5 m shift lost a car on the KITTI sample)."""
     from scipy.ndimage import distance_transform_edt, minimum_filter
+    c, s_ = T_anchor[0, 0], T_anchor[1, 0]
+    norm = np.hypot(c, s_)
+    R = np.array([[c, s_], [-s_, c]]) / norm  # world xy -> the anchor's heading
+    t = T_anchor[:2, 3]
     xyz = np.concatenate([s.world for s in sweeps])
     cell = opt.ground_cell_m
-    ij = np.floor(xyz[:, :2] / cell).astype(np.int64)
+    ij = np.floor((xyz[:, :2] - t) @ R.T / cell).astype(np.int64)
     lo = ij.min(0)
     ij -= lo
     shape = tuple(ij.max(0) + 1)
@@ -232,7 +239,7 @@ def _ground(sweeps: Sequence[_Sweep], opt: MoverOptions):
     grid = grid[tuple(idx)]
 
     def height(xy: np.ndarray) -> np.ndarray:
-        g = np.floor(xy / cell).astype(np.int64) - lo
+        g = np.floor((xy - t) @ R.T / cell).astype(np.int64) - lo
         g = np.clip(g, 0, np.asarray(shape) - 1)
         return grid[g[:, 0], g[:, 1]]
     return height
@@ -474,7 +481,8 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
         from tqdm import tqdm
         it = tqdm(obs_list, desc="movers: sweeps", unit="sweep")
     sweeps = [_load(log, o, opt) for o in it]
-    ground = _ground(sweeps, opt)
+    T_anchor = log.T_world_lidar(min(sweeps, key=lambda s: s.obs.timestamp_us).obs)  # (see `_ground`)
+    ground = _ground(sweeps, opt, T_anchor)
     # candidates: above the ground, below the height of road users, within range
     cand = []
     for s in sweeps:
@@ -503,7 +511,7 @@ def detect_movers(log: DrivingLog, frames: Sequence[Frame], opt: MoverOptions = 
     for i, s in enumerate(sweeps):
         idx = cand[i]
         dyn = counts[i] >= opt.min_contradictions
-        lab = _clusters(s.world[idx], dyn, opt.cluster_m, opt.static_link_m)
+        lab = _clusters(s.world[idx] - T_anchor[:3, 3], dyn, opt.cluster_m, opt.static_link_m)
         every, dets = [], []
         if len(lab):
             n = np.bincount(lab)
