@@ -23,12 +23,11 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path.insert(0, str(TESTS))
 
-import gsim  # noqa: E402
 from gsim.bridges.closed_loop.runner import run  # noqa: E402
 from gsim.bridges.ros2.agent import Ros2Options, controls  # noqa: E402
 
 from ros2_stack_fake import DELTA, STEER  # noqa: E402
-from support import plane, pose, scenario  # noqa: E402
+from support import loop_street, scenario  # noqa: E402
 from test_ros2_agent import LOOPBACK  # noqa: E402
 
 
@@ -44,15 +43,9 @@ class InProcessStack:
 
 
 def street(root: Path, width: int, height: int, beams: int) -> Path:
-    from gsim.editing import AssetLibrary, insert_actor
-    from gsim.scenes.synth import SynthOptions, synthesize
-    synthesize(root / "log", seed=0, progress=False,
-               options=SynthOptions(n_frames=40, width=width, height=height, supersample=1, lidar_beams=beams,
-                                    lidar_azimuth_resolution_deg=0.2))
-    scene = insert_actor(gsim.Scene(background=plane(extent=70.0, spacing=0.5)), AssetLibrary.builtin().get("sedan"),
-                         [0, 4_000_000], [pose(12.0, 4.75)] * 2, actor_id="parked")
-    scene.save(root / "scene")
-    return root
+    from gsim.scenes.synth import SynthOptions
+    return loop_street(root, SynthOptions(n_frames=40, width=width, height=height, supersample=1, lidar_beams=beams,
+                                          lidar_azimuth_resolution_deg=0.2))
 
 
 def main(argv=None) -> dict:

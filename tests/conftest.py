@@ -3,7 +3,7 @@ constants are in support.py."""
 import pytest
 
 import gsim
-from support import plane, pose
+from support import loop_street as loop_street_at, plane, pose
 
 
 def pytest_sessionstart(session):
@@ -35,14 +35,7 @@ def loop_street(tmp_path_factory):
     """A 3 s synthetic log (the ego drives along +x in the lane at y = -1.75 from x = 0 to about 22 m) and a
     scene: a ground plane with a parked sedan in the parking lane (x = 12, y = 4.75)."""
     pytest.importorskip("trimesh")
-    from gsim.editing import AssetLibrary, insert_actor
-    from gsim.scenes.synth import SynthOptions, synthesize
-    root = tmp_path_factory.mktemp("loop")
-    street = SynthOptions(n_frames=30, width=96, height=60, supersample=1, lidar_beams=16,
-                          lidar_azimuth_resolution_deg=1.0)
-    synthesize(root / "log", seed=0, options=street, progress=False)
-    sedan = AssetLibrary.builtin().get("sedan")
-    scene = insert_actor(gsim.Scene(background=plane(extent=70.0, spacing=0.5)), sedan, [0, 3_000_000],
-                         [pose(12.0, 4.75)] * 2, actor_id="parked")
-    scene.save(root / "scene")
-    return root
+    from gsim.scenes.synth import SynthOptions
+    return loop_street_at(tmp_path_factory.mktemp("loop"),
+                          SynthOptions(n_frames=30, width=96, height=60, supersample=1, lidar_beams=16,
+                                       lidar_azimuth_resolution_deg=1.0))

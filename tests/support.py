@@ -44,6 +44,19 @@ def pose(x, y, yaw=0.0, z=0.0):
     return T
 
 
+def loop_street(root, options):
+    """A synthetic log of ``options`` (seed 0: the ego drives along +x in the lane at y = -1.75) at root/log and a
+    scene at root/scene: a ground plane with a parked sedan in the parking lane (x = 12, y = 4.75), actor 'parked',
+    over the log's span; returns root."""
+    from gsim.editing import AssetLibrary, insert_actor
+    from gsim.scenes.synth import FRAME_PERIOD_US, synthesize
+    synthesize(root / "log", seed=0, options=options, progress=False)
+    scene = insert_actor(gsim.Scene(background=plane(extent=70.0, spacing=0.5)), AssetLibrary.builtin().get("sedan"),
+                         [0, options.n_frames * FRAME_PERIOD_US], [pose(12.0, 4.75)] * 2, actor_id="parked")
+    scene.save(root / "scene")
+    return root
+
+
 def one_surfel(center, quat=(1, 0, 0, 0), scales=(0.2, 0.2), opacity=0.9, rgb=(1.0, 0.2, 0.1)):
     return gsim.Surfels(np.array([center], float), np.array([quat], float), np.array([scales], float),
                         np.array([opacity], float), np.array([rgb], float))

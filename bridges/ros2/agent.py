@@ -198,12 +198,12 @@ class Ros2Agent:
         it (volatile), which a lockstep stack would wait for forever (at most until the deadline)."""
         clock = self.writers.get(self.topics["clock"])
         end = time.monotonic() + self.options.deadline_s
-        seen, since = None, time.monotonic()
+        seen, since = None, 0.0
         while True:
+            now = time.monotonic()
             matched = tuple(w.get_publication_matched_status().current_count for w, _ in self.writers.values())
             if matched != seen:
-                seen, since = matched, time.monotonic()
-            now = time.monotonic()
+                seen, since = matched, now
             if (self.reader.get_subscription_matched_status().current_count > 0
                     and (clock is None or clock[0].get_publication_matched_status().current_count > 0)):
                 if now - since >= SETTLE_S or now > end:
