@@ -273,15 +273,16 @@ def register(sub) -> None:
                     help="how camera images go to an egodriver policy (default jpeg)")
     cl.add_argument("--ros2-preset", choices=("gsim", "autoware"), default="gsim",
                     help="--agent ros2's topics: gsim's (/gsim/..., the command on /ackermann_cmd or /cmd_vel) or "
-                         "autoware (AWSIM's: /sensing/..., /vehicle/status/..., /control/command/control_cmd); "
-                         "docs/ros2.md")
+                         "autoware (AWSIM's: /sensing/..., /vehicle/status/..., /control/command/control_cmd and "
+                         "gear_cmd, /vehicle/engage); docs/ros2.md")
     cl.add_argument("--ros2-command", choices=("ackermann", "twist", "autoware"), default=None,
                     help="the stack's command: ackermann_msgs/AckermannDriveStamped, geometry_msgs/Twist or "
                          "autoware_control_msgs/Control (default: the preset's: ackermann, autoware)")
     cl.add_argument("--ros2-topic", action="append", default=[], metavar="KEY=TOPIC",
                     help="a topic name other than the preset's (repeat; keys: clock, tf, tf_static, odometry, command, "
                          "camera/SENSOR (the prefix of image_raw and camera_info), lidar/SENSOR, velocity_status, "
-                         "steering_status, gear_status, control_mode; KEY= publishes nothing there)")
+                         "steering_status, gear_status, control_mode, gear_cmd, engage; KEY= publishes or reads "
+                         "nothing there; gear_cmd=: the vehicle starts in DRIVE)")
     cl.add_argument("--ros2-domain-id", type=int_at_least(0), default=None,
                     help="the DDS domain (default: ROS_DOMAIN_ID, else 0)")
     cl.add_argument("--ros2-deadline-s", type=finite_float(0, low_open=True), default=10.0,

@@ -3,12 +3,16 @@
 and the LiDAR's cloud (ROS 2's default QoS) and, once it has all of a step's (same stamp), publishes the step's
 command: the odometry's speed plus DELTA[k % 2] (k: the step, from the stamp) at a steering angle STEER, as
 Ackermann (header stamped with the step's clock), Twist, or Autoware's Control (stamped; acceleration = DELTA / dt).
-Every message it takes goes to LOG as a JSON line (topic, type, stamp and sizes).
+In the autoware preset it first (before its first command, acknowledged) shifts to DRIVE on gear_cmd and engages
+on /vehicle/engage (transient local, as Autoware's gate). Every message it takes goes to LOG as a JSON line
+(topic, type, stamp and sizes).
 
     python ros2_stack_fake.py LOG --preset gsim|autoware --command ackermann|twist|autoware --domain D
-                              [--mode ok|hang|die:K|nan:K]
+                              [--mode ok|hang|die:K|nan:K|disengage|park|reverse|silent]
 
-``hang``: answers nothing; ``die:K``: exits at step K (its DDS participant deleted); ``nan:K``: a NaN at step K.
+``hang``: answers nothing; ``die:K``: exits at step K (its DDS participant deleted); ``nan:K``: a NaN at step K;
+``disengage``: sends engage false; ``park``, ``reverse``: shifts to PARK, REVERSE; ``silent``: sends neither gear
+nor engage.
 """
 import argparse
 import gc
@@ -22,11 +26,13 @@ from cyclonedds.pub import DataWriter
 from cyclonedds.qos import Policy, Qos
 from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
+from cyclonedds.util import duration
 
-from gsim.bridges.ros2.agent import COMMANDS, Ros2Options
+from gsim.bridges.ros2.agent import COMMANDS, VEHICLE_COMMANDS, Ros2Options
 from gsim.bridges.ros2.messages import idl_class, message
 
 DELTA, STEER, DT, WHEELBASE = (-0.1, -0.2), 0.03, 0.1, 2.8
+GEARS = {"park": 22, "reverse": 20}  # the gear a mode shifts to (else DRIVE, 2)
 DEFAULT = Qos(Policy.Reliability.Reliable(0), Policy.Durability.Volatile, Policy.History.KeepLast(10))
 
 
@@ -61,6 +67,13 @@ def main():
     latched = Qos(Policy.Reliability.Reliable(0), Policy.Durability.TransientLocal, Policy.History.KeepLast(1))
     writer = DataWriter(dp, Topic(dp, "rt" + topics["command"], idl_class(typ)),
                         qos=latched if a.command == "autoware" else DEFAULT)  # (Autoware's control_cmd: latched)
+    shift = []  # (writer, message): sent once, before the first command
+    if a.preset == "autoware" and mode != "silent":
+        sends = {"gear_cmd": {"command": GEARS.get(mode, 2)}, "engage": {"engage": mode != "disengage"}}
+        for key, value in sends.items():
+            vtyp = VEHICLE_COMMANDS[key]
+            shift.append((DataWriter(dp, Topic(dp, "rt" + topics[key], idl_class(vtyp)), qos=latched),
+                          message(vtyp, value)))
     log = open(a.log, "w")
     seen = {}  # stamp (ns) -> {topic: message}
     speed = {}
@@ -83,6 +96,11 @@ def main():
                 del writer, readers, dp
                 gc.collect()  # the participant is deleted: the stack leaves the domain
                 sys.exit(3)
+            for w, m in shift:
+                w.write(m)
+            for w, _ in shift:
+                w.wait_for_acks(duration(seconds=5))
+            shift = []
             if mode != "hang":
                 writer.write(message(typ, _command(a.command, stamp, speed[stamp], k,
                                                    math.nan if mode == "nan" and k == int(at) else 0.0)))

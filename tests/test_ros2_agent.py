@@ -1,7 +1,8 @@
 """A ROS 2 stack in the closed loop (gsim.bridges.ros2) over real DDS: a fake stack in its own process
 (tests/ros2_stack_fake.py, cyclonedds alone) drives the ego by Ackermann, Twist and Autoware commands in lockstep;
-what it receives (types, stamps = the sim clock, sizes, frames); the Autoware preset's topics; a stack that never
-answers, dies or sends NaN. The IDL types serialize exactly as rosbags' ROS 2 types do (uint8[] as bytes).
+what it receives (types, stamps = the sim clock, sizes, frames); the Autoware preset's topics, gear and engage; a
+stack that never answers, dies, sends NaN or shifts to REVERSE. The IDL types serialize exactly as rosbags' ROS 2
+types do (uint8[] as bytes).
 
 DDS stays on this machine: CYCLONEDDS_URI (here and in the stack's process) names the loopback interface, with
 multicast off and 127.0.0.1 as the only peer."""
@@ -20,8 +21,9 @@ pytest.importorskip("rosbags", reason="needs the ros2 extra (rosbags)")
 pytest.importorskip("libsumo", reason="needs the sumo extra")
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gsim.bridges.closed_loop.dynamics import VehicleParams  # noqa: E402
 from gsim.bridges.closed_loop.runner import AgentError, run  # noqa: E402
-from gsim.bridges.ros2.agent import PRESETS, Ros2Options, STATUS  # noqa: E402
+from gsim.bridges.ros2.agent import PRESETS, Ros2Options, STATUS, VEHICLE_COMMANDS  # noqa: E402
 from gsim.errors import InputError  # noqa: E402
 from support import scenario  # noqa: E402
 
@@ -106,7 +108,9 @@ def test_a_stack_drives_in_lockstep_and_receives_the_step(loop_street, tmp_path,
     assert [o["speed"] for o in odom] == pytest.approx([r["ego"]["speed_mps"] for r in rows[:-1]])
 
 
-def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_street, tmp_path, stack):
+@pytest.mark.parametrize("mode,topics", [("ok", ()), ("silent", (("gear_cmd", ""),))])
+def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_street, tmp_path, stack, mode, topics):
+    """The stack shifts to DRIVE (and engages) before its first command; or sends no gear, and gear_cmd is off."""
     names = Ros2Options("autoware").topic_names(["front"], ["top"])
     assert names == {"clock": "/clock", "tf": "/tf", "tf_static": "/tf_static",
                      "odometry": "/localization/kinematic_state", "camera/front": "/sensing/camera/front",
@@ -114,22 +118,48 @@ def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_str
                      "velocity_status": "/vehicle/status/velocity_status",
                      "steering_status": "/vehicle/status/steering_status",
                      "gear_status": "/vehicle/status/gear_status", "control_mode": "/vehicle/status/control_mode",
-                     "command": "/control/command/control_cmd"}
+                     "command": "/control/command/control_cmd", "gear_cmd": "/control/command/gear_cmd",
+                     "engage": "/vehicle/engage"}
     assert STATUS["velocity_status"] == "autoware_vehicle_msgs/msg/VelocityReport"
-    log = stack("autoware", "autoware")
-    m = drive(loop_street, tmp_path, "aw", preset="autoware")
+    log = stack("autoware", "autoware", mode)
+    m = drive(loop_street, tmp_path, mode, preset="autoware", topics=topics)
     assert m["completed"] and m["steps"] == 5
-    rows = steps(tmp_path / "aw")
+    rows = steps(tmp_path / mode)
     check_followed(rows)
     got = received(log)
     types = {g["topic"]: g["type"] for g in got}
     assert types["/sensing/lidar/top/pointcloud_raw_ex"] == "sensor_msgs/msg/PointCloud2"
     assert types["/sensing/camera/front/image_raw"] == "sensor_msgs/msg/Image"
     assert types["/vehicle/status/steering_status"] == "autoware_vehicle_msgs/msg/SteeringReport"
-    assert {g["report"] for g in got if g["topic"] == "/vehicle/status/gear_status"} == {2}  # DRIVE
-    assert {g["mode"] for g in got if g["topic"] == "/vehicle/status/control_mode"} == {1}  # AUTONOMOUS
+    n = len(rows) - 1  # (the first step's status is from before the stack's first gear: PARK, where it is read)
+    assert reports(got) == ([2] * n if topics else [22] + [2] * (n - 1), [1] * n)  # DRIVE; AUTONOMOUS
     stamps = [g["stamp_ns"] for g in got if g["topic"] == "/vehicle/status/velocity_status"]
     assert stamps == [r["t_us"] * 1000 for r in rows[:-1]]
+
+
+def reports(got):
+    """The gear_status reports and the control_mode modes the stack received, in order."""
+    return ([g["report"] for g in got if g["topic"] == "/vehicle/status/gear_status"],
+            [g["mode"] for g in got if g["topic"] == "/vehicle/status/control_mode"])
+
+
+@pytest.mark.parametrize("mode,gear,control_mode", [("disengage", 2, 4), ("park", 22, 1), ("silent", 22, 1)])
+def test_an_autoware_stack_that_disengages_parks_or_never_shifts_brakes_the_ego_to_a_stop(loop_street, tmp_path,
+                                                                                          stack, mode, gear,
+                                                                                          control_mode):
+    """Engage false (MANUAL), PARK, or no gear at all (PARK, as AWSIM starts): the command does not drive."""
+    log = stack("autoware", "autoware", mode=mode)
+    m = drive(loop_street, tmp_path, mode, steps_n=12, preset="autoware")
+    assert m["completed"] and m["steps"] == 12  # (the stack's commands answer every step: the run goes on)
+    rows = steps(tmp_path / mode)
+    v = [r["ego"]["speed_mps"] for r in rows]
+    brake = VehicleParams().max_decel_mps2 * (rows[1]["t_us"] - rows[0]["t_us"]) / 1e6
+    assert v[0] > brake and v[-1] == 0.0  # braked from speed to a standstill at the full deceleration
+    assert v[1:] == pytest.approx([max(a - brake, 0.0) for a in v[:-1]], abs=1e-6)
+    assert rows[-1]["ego"]["x_m"] == rows[-2]["ego"]["x_m"]  # and holds there
+    assert {r["ego"]["steer_rad"] for r in rows} == {rows[0]["ego"]["steer_rad"]}  # the command's steering unused
+    n = len(rows) - 1
+    assert reports(received(log)) == ([22] + [gear] * (n - 1), [1] + [control_mode] * (n - 1))
 
 
 @pytest.mark.parametrize("mode,match,kept", [
@@ -137,13 +167,16 @@ def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_str
              r"no command within 1.5 s", 1),
     ("die:2", r"step 3: .*/ackermann_cmd .*step 2 \(sim time 0.200 s\): the stack's publisher left", 3),
     ("nan:1", r"step 2: .*/ackermann_cmd .*step 1: the command has a non-finite speed = nan", 2),
+    ("reverse", r"step 1: .*/control/command/gear_cmd \(autoware_vehicle_msgs/msg/GearCommand\), step 0: REVERSE "
+                r"\(20\): gsim's ego does not drive backwards", 1),
 ])
-def test_a_stack_that_hangs_dies_or_sends_nan_stops_the_run_and_keeps_it(loop_street, tmp_path, stack, mode, match,
-                                                                          kept):
-    stack("ackermann", mode=mode)
+def test_a_stack_that_hangs_dies_sends_nan_or_reverses_stops_the_run_and_keeps_it(loop_street, tmp_path, stack, mode,
+                                                                                   match, kept):
+    command, preset = ("autoware", "autoware") if mode == "reverse" else ("ackermann", "gsim")
+    stack(command, preset, mode)
     name = mode.replace(":", "")
     with pytest.raises(AgentError, match=match):
-        drive(loop_street, tmp_path, name, deadline_s=1.5 if mode == "hang" else 20.0)
+        drive(loop_street, tmp_path, name, deadline_s=1.5 if mode == "hang" else 20.0, preset=preset)
     assert json.loads((tmp_path / name / "metrics.json").read_text())["completed"] is False
     assert len(steps(tmp_path / name)) == kept  # the start and every completed step
 
@@ -168,7 +201,7 @@ def test_the_idl_types_serialize_as_ros2s_cdr():
               "sensor_msgs/msg/PointCloud2": {"fields": [{"name": "x", "datatype": 7, "count": 1}],
                                               "data": np.arange(8, dtype=np.uint8), "is_dense": True},
               "rosgraph_msgs/msg/Clock": {"clock": {"sec": 9}}}
-    values.update({typ: {} for typ in (*COMMANDS.values(), *STATUS.values())})
+    values.update({typ: {} for typ in (*COMMANDS.values(), *STATUS.values(), *VEHICLE_COMMANDS.values())})
     for typ, v in values.items():
         assert idl_class(typ).__idl_typename__ == "{}::msg::dds_::{}_".format(*typ.split("/msg/"))
         assert message(typ, v).serialize() == bytes(ts.serialize_cdr(build(ts, typ, v), typ)), typ

@@ -13,13 +13,25 @@ where not 0), a Twist's linear.x as the speed and angular.z as the bicycle's ste
 steering tire angle and acceleration (as AWSIM drives with it). A run starts once the stack's command publisher
 (and its /clock subscription) are discovered.
 
+The ``autoware`` preset's vehicle is AWSIM's: it also reads /control/command/gear_cmd (GearCommand) and
+/vehicle/engage (Engage), the last of each sent up to a step's command acting from that step on, and reports them
+on gear_status (the last commanded gear) and control_mode (AUTONOMOUS while engaged, MANUAL once disengaged). It
+starts as AWSIM's: in PARK, engaged (AWSIM reports AUTONOMOUS from its start and takes engage true only; gsim
+also takes engage false, as a vehicle interface that can disengage). The command drives the ego only when engaged
+and in a forward gear (DRIVE, DRIVE_2..18, LOW); in NEUTRAL it only brakes (no drive force, as AWSIM's vehicle);
+disengaged, or in PARK (or NONE), the ego brakes to a stop at its full deceleration and holds there, its steering
+held (AWSIM freezes a parked vehicle at once). A stack that never shifts out of PARK leaves the ego standing and
+the run completes; with gear_cmd switched off (``--ros2-topic gear_cmd=``) the vehicle starts in DRIVE, for a
+stack that sends no gear (as the gsim preset's vehicle is). REVERSE is a `Ros2Error`: gsim's ego dynamics stop at 0 m/s.
+
 A stack that never starts, never answers, leaves (its command publisher gone) or commands a non-finite number is a
 `Ros2Error` naming the topic and the step; the runner keeps every completed step (as for egodriver).
 
 QoS: gsim offers reliable, volatile, keep last 10 on every topic (a best-effort subscriber, e.g. AWSIM's sensor
-and clock QoS or rclcpp's ClockQoS, takes it too); /tf_static transient local, keep last 1. It reads commands
-reliable and volatile (a transient-local publisher, as Autoware's control_cmd is, matches too). DDS settings are
-the user's own (CYCLONEDDS_URI); the domain is ``domain_id`` (ROS_DOMAIN_ID by default).
+and clock QoS or rclcpp's ClockQoS, takes it too); /tf_static transient local, keep last 1. It reads the command,
+gear and engage reliable and volatile (a transient-local publisher, as Autoware's control_cmd and gear_cmd are,
+matches too; what a stack sent before the run started is not seen). DDS settings are the user's own
+(CYCLONEDDS_URI); the domain is ``domain_id`` (ROS_DOMAIN_ID by default).
 """
 from __future__ import annotations
 
@@ -36,7 +48,8 @@ from gsim.ros2_bag import (BASE, MAP, camera_info, cloud, header, image, lidar_p
                            topic_token, transform)
 
 from ..closed_loop.dynamics import Controls, yaw_rate
-from .messages import CONTROL_MODE_AUTONOMOUS, GEAR_DRIVE, message
+from .messages import (CONTROL_MODE_AUTONOMOUS, CONTROL_MODE_MANUAL, DRIVE_GEARS, GEAR_DRIVE, GEAR_NEUTRAL, GEAR_PARK,
+                       REVERSE_GEARS, message)
 
 COMMANDS = {"ackermann": "ackermann_msgs/msg/AckermannDriveStamped", "twist": "geometry_msgs/msg/Twist",
             "autoware": "autoware_control_msgs/msg/Control"}
@@ -50,13 +63,15 @@ PRESETS = {  # topic keys -> names; camera/NAME and lidar/NAME are per sensor (T
                  "camera": "/sensing/camera/{}", "lidar": "/sensing/lidar/{}/pointcloud_raw_ex",
                  "velocity_status": "/vehicle/status/velocity_status",
                  "steering_status": "/vehicle/status/steering_status", "gear_status": "/vehicle/status/gear_status",
-                 "control_mode": "/vehicle/status/control_mode", "command": "/control/command/control_cmd"},
+                 "control_mode": "/vehicle/status/control_mode", "command": "/control/command/control_cmd",
+                 "gear_cmd": "/control/command/gear_cmd", "engage": "/vehicle/engage"},
 }
 DEFAULT_COMMAND = {"gsim": "ackermann", "autoware": "autoware"}
 STATUS = {"velocity_status": "autoware_vehicle_msgs/msg/VelocityReport",
           "steering_status": "autoware_vehicle_msgs/msg/SteeringReport",
           "gear_status": "autoware_vehicle_msgs/msg/GearReport",
           "control_mode": "autoware_vehicle_msgs/msg/ControlModeReport"}
+VEHICLE_COMMANDS = {"gear_cmd": "autoware_vehicle_msgs/msg/GearCommand", "engage": "autoware_vehicle_msgs/msg/Engage"}
 STANDSTILL_MPS = 0.1  # a Twist's yaw rate gives no steering angle below this speed
 SETTLE_S = 0.3  # the stack's subscriptions unchanged this long: all of them discovered
 
@@ -71,7 +86,7 @@ class Ros2Options:
     twist, autoware; None: the preset's), the DDS ``domain_id`` (None: ROS_DOMAIN_ID, else 0), each step's
     ``deadline_s`` for the command (and the start's for the stack to appear) and ``topics``: (KEY, NAME) overrides
     of the preset's names (keys: clock, tf, tf_static, odometry, command, camera/SENSOR, lidar/SENSOR and the
-    autoware preset's status topics; an empty NAME publishes nothing there)."""
+    autoware preset's status topics, gear_cmd and engage; an empty NAME publishes, or reads, nothing there)."""
 
     preset: str = "gsim"
     command: Optional[str] = None
@@ -183,6 +198,9 @@ class Ros2Agent:
         self.command_topic = t["command"]
         self.command_class = idl_class(self.command_type)
         self.reader = DataReader(dp, Topic(dp, "rt" + self.command_topic, self.command_class), qos=default)
+        self.vehicle_readers = {key: (DataReader(dp, Topic(dp, "rt" + t[key], idl_class(typ)), qos=default),
+                                      idl_class(typ)) for key, typ in VEHICLE_COMMANDS.items() if t.get(key)}
+        self.engaged, self.gear = True, GEAR_PARK if t.get("gear_cmd") else GEAR_DRIVE
         self.waitset = WaitSet(dp)
         self.waitset.attach(ReadCondition(self.reader, SampleState.NotRead | ViewState.Any | InstanceState.Any))
         self._wait_for_stack()
@@ -193,15 +211,18 @@ class Ros2Agent:
 
     def _wait_for_stack(self) -> None:
         """Until the stack's command publisher (and a /clock subscriber, where /clock is published) are discovered,
-        and then the subscriptions on every topic gsim publishes have stayed as they are for `SETTLE_S`: a stack's
-        endpoints are discovered one by one, and a step published before its image subscription matched is lost to
-        it (volatile), which a lockstep stack would wait for forever (at most until the deadline)."""
+        and then the subscriptions on every topic gsim publishes (and the publishers of the gear and engage it
+        reads) have stayed as they are for `SETTLE_S`: a stack's endpoints are discovered one by one, and a step
+        published before its image subscription matched is lost to it (volatile), which a lockstep stack would wait
+        for forever (at most until the deadline)."""
         clock = self.writers.get(self.topics["clock"])
         end = time.monotonic() + self.options.deadline_s
         seen, since = None, 0.0
         while True:
             now = time.monotonic()
-            matched = tuple(w.get_publication_matched_status().current_count for w, _ in self.writers.values())
+            matched = (tuple(w.get_publication_matched_status().current_count for w, _ in self.writers.values())
+                       + tuple(r.get_subscription_matched_status().current_count
+                               for r, _ in self.vehicle_readers.values()))
             if matched != seen:
                 seen, since = matched, now
             if (self.reader.get_subscription_matched_status().current_count > 0
@@ -217,14 +238,16 @@ class Ros2Agent:
 
     def close(self) -> None:
         """Leave the DDS domain (cyclonedds deletes the entities with their last reference)."""
-        self.participant = self.writers = self.reader = self.waitset = None
+        self.participant = self.writers = self.reader = self.vehicle_readers = self.waitset = None
 
     # ------------------------------------------------------------------ a step
     def act(self, obs) -> Controls:
         k, ns = obs.step, obs.timestamp_us * 1000
-        self._take()  # what came before this step's /clock answers no step of it
+        self._take(self.reader, self.command_class)  # what came before this step's /clock answers no step of it
         self._publish(obs, ns)
-        return self._controls(self._command(k, ns), obs, k)
+        m = self._command(k, ns)
+        self._take_vehicle(k)
+        return self._vehicle(self._controls(m, obs, k), obs.ego)
 
     def _write(self, topic: str, values: dict) -> None:
         if topic:
@@ -250,11 +273,25 @@ class Ros2Agent:
         self._write(t.get("velocity_status", ""), {"header": header(ns, BASE), "longitudinal_velocity": s.speed_mps,
                                                     "heading_rate": w})
         self._write(t.get("steering_status", ""), {"stamp": stamp, "steering_tire_angle": s.steer_rad})
-        self._write(t.get("gear_status", ""), {"stamp": stamp, "report": GEAR_DRIVE})
-        self._write(t.get("control_mode", ""), {"stamp": stamp, "mode": CONTROL_MODE_AUTONOMOUS})
+        self._write(t.get("gear_status", ""), {"stamp": stamp, "report": self.gear})
+        self._write(t.get("control_mode", ""), {"stamp": stamp, "mode": CONTROL_MODE_AUTONOMOUS if self.engaged
+                                                 else CONTROL_MODE_MANUAL})
 
-    def _take(self) -> list:
-        return [m for m in self.reader.take(N=64) if isinstance(m, self.command_class)]
+    @staticmethod
+    def _take(reader, cls) -> list:
+        return [m for m in reader.take(N=64) if isinstance(m, cls)]
+
+    def _take_vehicle(self, k: int) -> None:
+        """The gear and engage the stack sent up to step ``k``'s command (the last of each counts)."""
+        for key, (reader, cls) in self.vehicle_readers.items():
+            for m in self._take(reader, cls):
+                if key == "engage":
+                    self.engaged = bool(m.engage)
+                elif m.command in REVERSE_GEARS:
+                    raise Ros2Error(f"ros2: {self.topics[key]} ({VEHICLE_COMMANDS[key]}), step {k}: REVERSE "
+                                    f"({m.command}): gsim's ego does not drive backwards (its dynamics stop at 0 m/s)")
+                else:
+                    self.gear = m.command
 
     def _command(self, k: int, ns: int):
         """The stack's command answering sim time ``ns`` (step ``k``'s /clock), within the deadline."""
@@ -262,7 +299,7 @@ class Ros2Agent:
         where = f"ros2: {self.command_topic} ({self.command_type}), step {k} (sim time {ns / 1e9:.3f} s)"
         end = time.monotonic() + self.options.deadline_s
         while True:
-            for m in self._take():
+            for m in self._take(self.reader, self.command_class):
                 if self.command_type == COMMANDS["twist"]:
                     return m
                 stamp = m.header.stamp if hasattr(m, "header") else m.stamp
@@ -307,3 +344,12 @@ class Ros2Agent:
         # Autoware's: the acceleration drives, as AWSIM's vehicle and Autoware's vehicle interfaces take it
         return controls(s, p, dt, values["lateral.steering_tire_angle"],
                         accel_mps2=values["longitudinal.acceleration"])
+
+    def _vehicle(self, c: Controls, s) -> Controls:
+        """The command's inputs ``c`` as the vehicle applies them in its gear and mode, the ego in state ``s`` (see
+        the module's docstring)."""
+        if self.engaged and self.gear in DRIVE_GEARS:
+            return c
+        if self.engaged and self.gear == GEAR_NEUTRAL:
+            return Controls(min(c.accel_mps2, 0.0), c.steer_rate_rps)
+        return controls(s, self.info.params, self.info.step_s, s.steer_rad, speed_mps=0.0)

@@ -31,9 +31,14 @@ EXTRA_MSG = {
     "autoware_vehicle_msgs/msg/SteeringReport": "builtin_interfaces/Time stamp\nfloat32 steering_tire_angle\n",
     "autoware_vehicle_msgs/msg/GearReport": "builtin_interfaces/Time stamp\nuint8 report\n",
     "autoware_vehicle_msgs/msg/ControlModeReport": "builtin_interfaces/Time stamp\nuint8 mode\n",
+    "autoware_vehicle_msgs/msg/GearCommand": "builtin_interfaces/Time stamp\nuint8 command\n",
+    "autoware_vehicle_msgs/msg/Engage": "builtin_interfaces/Time stamp\nbool engage\n",
 }
-# autoware_vehicle_msgs' constants gsim reports
-GEAR_DRIVE, CONTROL_MODE_AUTONOMOUS = 2, 1
+# autoware_vehicle_msgs' constants: GearCommand's (GearReport's are the same) and ControlModeReport's
+GEAR_NEUTRAL, GEAR_DRIVE, GEAR_PARK = 1, 2, 22
+DRIVE_GEARS = frozenset([*range(2, 20), 23, 24])  # DRIVE, DRIVE_2 .. DRIVE_18, LOW, LOW_2
+REVERSE_GEARS = frozenset([20, 21])  # REVERSE, REVERSE_2
+CONTROL_MODE_AUTONOMOUS, CONTROL_MODE_MANUAL = 1, 4
 
 
 @lru_cache(maxsize=1)
