@@ -42,6 +42,7 @@ EGO_POSE_PERIOD_US = 10_000  # linear interpolation between these samples is off
 LANE_WIDTH = 3.5
 ROAD_HALF_WIDTH = 6.0  # one lane and a 2.5 m parking lane each side of the centre line
 CURB_HEIGHT = 0.15
+MARKING_HALF_WIDTH = 0.075
 CELL_SIZE = 4.0  # xy cells of the static scene's acceleration grid, metres
 T_EPS = 1e-7  # hits nearer than this along a ray are ignored
 
@@ -469,9 +470,16 @@ def _noise(x, y, z, scale, salt):
 
 
 @njit(cache=True, inline="always")
+def lane_marking(x, y):
+    """Whether the road surface at world (x, y) is painted (the dashed centre line, the lane edges); scalars inside
+    the kernels, arrays from Python."""
+    ay = np.abs(y)
+    return ((ay < MARKING_HALF_WIDTH) & (x % 9.0 < 3.0)) | (np.abs(ay - LANE_WIDTH) < MARKING_HALF_WIDTH)
+
+
+@njit(cache=True, inline="always")
 def _asphalt(x, y, z, salt):
-    ay = abs(y)
-    if (ay < 0.075 and x % 9.0 < 3.0) or abs(ay - LANE_WIDTH) < 0.075:  # dashed centre line, lane edges
+    if lane_marking(x, y):
         return 0.86, 0.86, 0.82
     g = 0.26 + 0.06 * (_noise(x, y, z, 3.0, salt) - 0.5) + 0.03 * (_noise(x, y, z, 0.5, salt) - 0.5)
     return g, g, 1.05 * g

@@ -64,7 +64,9 @@ def test_coverage_sees_training_views_and_not_what_lies_behind_the_start(log_dir
     assert cov.seen(behind)[behind.prim >= 0].mean() < 0.2
 
 
-def test_split_puts_each_error_in_its_class(log_dir):
+@pytest.fixture(scope="module")
+def view(log_dir):
+    """(truth image, exact hits, sky mask, exact depth, alpha, seen) of frame 1's front camera, as an exact render."""
     log = load_log(log_dir)
     st = synth.build_street(3, SMALL)
     cam = log.cameras["front"].camera
@@ -73,8 +75,11 @@ def test_split_puts_each_error_in_its_class(log_dir):
     truth = log.image(obs).astype(np.float64)
     sky = (hits.prim < 0).reshape(cam.height, cam.width)
     depth = np.where(sky, 0.0, hits.t.reshape(sky.shape))
-    alpha = (~sky).astype(np.float32)
-    seen = np.ones(len(hits.prim), bool)
+    return truth, hits, sky, depth, (~sky).astype(np.float32), np.ones(len(hits.prim), bool)
+
+
+def test_split_puts_each_error_in_its_class(view):
+    truth, hits, sky, depth, alpha, seen = view
     exact = Split()
     exact.add(truth, alpha, depth, truth, hits, seen)
     s = exact.summary()
@@ -100,3 +105,27 @@ def test_split_puts_each_error_in_its_class(log_dir):
     blind = Split()
     blind.add(truth, alpha, depth, truth, hits, np.zeros_like(seen))
     assert blind.summary()["geometry"]["unseen"]["pixel_share"] == pytest.approx(1 - sky.mean())
+
+
+def test_details_find_the_lane_markings_and_the_edges(view):
+    truth, hits, sky, depth, alpha, seen = view
+    painted = (hits.material == synth.GROUND) & synth.lane_marking(hits.local[:, 0], hits.local[:, 1])
+    assert painted.any() and np.allclose(truth.reshape(-1, 3)[painted].mean(0), [0.86, 0.86, 0.82], atol=0.15)
+    def error_shares(changed):
+        rgb = truth.copy().reshape(-1, 3)
+        rgb[changed.reshape(-1)] = 0.26
+        split = Split()
+        split.add(rgb.reshape(truth.shape), alpha, depth, truth, hits, seen)
+        return split.summary()["detail"]
+
+    from scipy.ndimage import maximum_filter, minimum_filter
+    # the markings painted over with asphalt: all the error is the markings' (they and their neighbours)
+    d = error_shares(painted)
+    assert d["marking"]["error_share"] == pytest.approx(1.0) and d["marking"]["pixel_share"] > painted.mean()
+    # a surface against the sky (a roofline, a crown) is an edge; the open road (all its neighbours the ground) is not
+    rooftops = ~sky & maximum_filter(sky, 3)
+    prim = hits.prim.reshape(sky.shape)
+    open_road = (maximum_filter(prim, 3) == 0) & (minimum_filter(prim, 3) == 0)
+    assert rooftops.any() and open_road.any()
+    assert error_shares(rooftops)["edge"]["error_share"] == pytest.approx(1.0)
+    assert error_shares(open_road)["edge"]["error_share"] == 0.0

@@ -6,8 +6,12 @@ Pixels by what the street puts there (`REGIONS`): ``sky``, ``far`` (a surface be
 ground and the sidewalks nearer than that), ``near`` (everything else); the far field is the sky and ``far``. By the rendered geometry (`GEOMETRY`):
 ``unseen`` (a surface that no training view saw: outside every training image, or hidden there behind a nearer
 surface), ``wrong`` (a seen surface rendered transparent or more than `DEPTH_TOL` off its depth; the sky covered
-by an opaque render), ``right`` (the rest). A `Split` sums pixel counts and squared errors per class over views,
-so that a table gives each class's share of the pixels, its share of the error and its own PSNR.
+by an opaque render), ``right`` (the rest). Two details that cut across them (`DETAIL`): ``marking`` (the lane
+markings and the pixels next to them, where a marking drawn a few centimetres off shows) and ``edge`` (a surface
+pixel whose 3x3 neighbourhood holds another surface, or the sky, more than `EDGE_RATIO` times nearer or farther:
+an object's silhouette).
+A `Split` sums pixel counts and squared errors per class over views, so that a table gives each class's share of
+the pixels, its share of the error and its own PSNR.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ SEEN_TOL = 0.05  # a point hidden by more than this (relative) behind a training
 OPAQUE = 0.5  # rendered alpha from which a pixel counts as covered by surfels
 REGIONS = ("sky", "far", "road", "near")
 GEOMETRY = ("right", "wrong", "unseen")
+DETAIL = ("marking", "edge")
+EDGE_RATIO = 1.3
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,8 +84,8 @@ class Split:
     """Pixel counts and squared errors (mean over RGB, images in [0,1]) per region and geometry class, summed
     over the views `add` was given; depth errors over the views' surface pixels."""
 
-    pixels: Dict[str, int] = field(default_factory=lambda: {k: 0 for k in REGIONS + GEOMETRY})
-    sse: Dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in REGIONS + GEOMETRY})
+    pixels: Dict[str, int] = field(default_factory=lambda: {k: 0 for k in REGIONS + GEOMETRY + DETAIL})
+    sse: Dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in REGIONS + GEOMETRY + DETAIL})
     absrel: list = field(default_factory=list)
     within: list = field(default_factory=list)
 
@@ -98,7 +104,7 @@ class Split:
         off = np.where(sky, a >= OPAQUE, (a < OPAQUE) | (rel > DEPTH_TOL))
         unseen = ~sky & ~seen
         geometry = {"right": ~off & ~unseen, "wrong": off & ~unseen, "unseen": unseen}
-        for k, m in {**region, **geometry}.items():
+        for k, m in {**region, **geometry, **_details(hits, truth.shape[:2])}.items():
             self.pixels[k] += int(m.sum())
             self.sse[k] += float(err[m].sum())
         if (~sky).any():
@@ -109,10 +115,23 @@ class Split:
         """{class: {pixel_share, error_share, psnr}} and the depth's mean AbsRel and share within `DEPTH_TOL`."""
         n, e = sum(self.pixels[k] for k in REGIONS), sum(self.sse[k] for k in REGIONS)
         out = {"depth_absrel": _mean(self.absrel), "depth_within_5pct": _mean(self.within)}
-        for group, keys in (("regions", REGIONS), ("geometry", GEOMETRY)):
+        for group, keys in (("regions", REGIONS), ("geometry", GEOMETRY), ("detail", DETAIL)):
             out[group] = {k: {"pixel_share": self.pixels[k] / max(n, 1), "error_share": self.sse[k] / max(e, 1e-30),
                               "psnr": _psnr(self.sse[k], self.pixels[k])} for k in keys}
         return out
+
+
+def _details(hits: "synth.Hits", shape) -> Dict[str, np.ndarray]:
+    """{marking, edge}: (H*W,) masks of a view's pixel-centre ``hits`` (`DETAIL`)."""
+    from scipy.ndimage import maximum_filter, minimum_filter
+    painted = (hits.material == synth.GROUND) & synth.lane_marking(hits.local[:, 0], hits.local[:, 1])
+    road = (hits.material == synth.GROUND) | (hits.material == synth.SIDEWALK)
+    near_paint = maximum_filter(painted.reshape(shape), 3).reshape(-1) & road
+    z = np.where(hits.prim >= 0, hits.t, 1e6).reshape(shape)  # the sky as a far surface: a roofline is an edge
+    prim = hits.prim.reshape(shape)
+    edge = ((maximum_filter(prim, 3) != minimum_filter(prim, 3))  # (the road at a grazing angle is no edge)
+            & (maximum_filter(z, 3) > EDGE_RATIO * minimum_filter(z, 3))).reshape(-1) & (hits.prim >= 0)
+    return {"marking": near_paint, "edge": edge}
 
 
 def _mean(x: Sequence[float]) -> float:

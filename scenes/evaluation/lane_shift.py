@@ -135,7 +135,8 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
       ``psnr_all`` and ``ssim_all`` over every view;
     - ``depth_absrel`` and ``depth_within_5pct``: the rendered depth against the exact depth on surface pixels;
     - ``regions`` and ``geometry``: each pixel class's share of the pixels and of the squared error, and its PSNR
-      (`error_split`: sky / far / road / near; depth right / wrong / never seen by a training camera);
+      (`error_split`: sky / far / road / near; depth right / wrong / never seen by a training camera; the lane
+      markings and the objects' edges across them);
     - ``lidar`` (not ahead): the scene's sweeps from the moved LiDAR against the street's exact ones
       (`shifted_sweeps`).
 
@@ -217,11 +218,11 @@ def offpath_table(metrics: dict) -> str:
     """Markdown: a row per offset of `evaluate_offsets`' result (the unshifted held-out views first): PSNR over the
     drivable views and over all, SSIM, the depth against the exact depth, and each pixel class as
     "pixel share / error share / PSNR"."""
-    from .error_split import GEOMETRY, REGIONS
+    from .error_split import DETAIL, GEOMETRY, REGIONS
     rows = [("held out", metrics["unshifted"])] * bool(metrics["unshifted"]) \
         + [(f"{r['shift_m']:g} m aside", r) for r in metrics["lane_shift"]] \
         + [(f"{r['ahead_m']:g} m ahead", r) for r in metrics["ahead"]]
-    classes = [("regions", k) for k in REGIONS] + [("geometry", k) for k in GEOMETRY]
+    classes = [(g, k) for g, keys in (("regions", REGIONS), ("geometry", GEOMETRY), ("detail", DETAIL)) for k in keys]
     head = ("| view | views (left out) | PSNR dB | all views | SSIM | depth AbsRel | within 5% | "
             + " | ".join(f"{k}: px / err / dB" for _, k in classes) + " | LiDAR range median / Chamfer m, drop acc. |")
     out = [head, "|" + "---|" * (8 + len(classes))]
