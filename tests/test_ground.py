@@ -34,7 +34,7 @@ def test_the_field_finds_the_road_and_the_sidewalks_and_no_ground_under_a_car(fi
     assert torch.isnan(g.height(torch.tensor([[1e4, 0.0]], dtype=torch.float64)))[0]  # outside the field
 
 
-def test_road_loss_is_zero_on_the_road_and_pulls_surfels_onto_it(field):
+def test_road_loss_is_zero_on_the_road_and_pulls_lying_surfels_onto_it(field):
     g, _ = field
     means = torch.tensor([[10.0, 0.0, 0.0], [12.0, 1.75, 0.1], [11.0, 0.0, 2.0]], requires_grad=True)
     flat = torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 3, requires_grad=True)
@@ -44,8 +44,11 @@ def test_road_loss_is_zero_on_the_road_and_pulls_surfels_onto_it(field):
     assert float(loss.detach()) == pytest.approx((0.1 / GroundOptions.band_m) ** 2 / 2, rel=1e-4)
     loss.backward()
     assert means.grad[1, 2] > 0 and abs(means.grad[0, 2]) < 1e-5 and means.grad[2, 2] == 0
-    tilted = torch.tensor([[np.cos(0.3), np.sin(0.3), 0.0, 0.0]] * 3)  # 0.6 rad about x
-    on = road_loss(g, means.detach(), tilted, torch.tensor([True, False, False]), GroundOptions.band_m)
-    assert float(on) == pytest.approx(1 - np.cos(0.6), rel=1e-4)  # an actor's surfel (owner >= 0) is not held
+    assert flat.grad is None or not flat.grad.any()  # the tilt is the images' to choose
+    tilted = torch.tensor([[np.cos(0.3), np.sin(0.3), 0.0, 0.0]] * 3)  # 0.6 rad about x: still lying, held
+    on = road_loss(g, means.detach(), tilted, torch.tensor([False, True, False]), GroundOptions.band_m)
+    assert float(on) == pytest.approx((0.1 / GroundOptions.band_m) ** 2, rel=1e-4)
+    actor = road_loss(g, means.detach(), tilted, torch.tensor([True, False, True]), GroundOptions.band_m)
+    assert float(actor) < 1e-12  # an actor's surfel (owner >= 0) is not held
     standing = torch.tensor([[np.cos(0.7), np.sin(0.7), 0.0, 0.0]] * 3)  # 1.4 rad: a curb's face, not held
     assert float(road_loss(g, means.detach(), standing, background, GroundOptions.band_m)) == 0.0
