@@ -3,7 +3,9 @@
 with Ackermann) and the same controller in this process (no DDS). A synthetic street (a plane with a parked sedan,
 one camera at --width x --height, a LiDAR of --beams rings), --steps steps. Prints, for each, the median step, the
 agent's part of it and the sensors'; the difference of the agent's parts is the overhead: gsim's messages built and
-written, DDS on the loopback, the stack's Python decode and its answer.
+written, DDS on the loopback, the stack's Python decode and its answer. A second stack (``--take clock``) answers
+on /clock and the odometry alone, the sensors reaching its process over DDS undecoded: its overhead is what gsim
+and DDS add, without the fake stack's Python decode (cyclonedds', not gsim's).
 
     .venv/bin/python bench/bench_ros2_agent.py [--width 1920 --height 1080 --beams 64 --steps 30 --out DIR]
 
@@ -62,26 +64,30 @@ def main(argv=None) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     path = scenario(street(root, a.width, a.height, a.beams), "bench")
     results = {}
-    stack = subprocess.Popen([sys.executable, str(TESTS / "ros2_stack_fake.py"), str(root / "stack.jsonl"),
-                              "--domain", str(a.domain)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for name, agent, options in (("ros2 (stack in its own process)", "ros2",
-                                      {"ros2": Ros2Options(domain_id=a.domain)}),
-                                     ("in process", "bench_ros2_agent:InProcessStack", {})):
-            m = run(path, agent, root / name.split()[0], progress=False, max_steps=a.steps, video=False,
+    runs = (("ros2 (stack decodes all)", "all"), ("ros2 (stack takes the clock)", "clock"), ("in process", None))
+    for name, take in runs:
+        stack = take and subprocess.Popen([sys.executable, str(TESTS / "ros2_stack_fake.py"),
+                                           str(root / f"stack-{take}.jsonl"), "--domain", str(a.domain), "--take",
+                                           take], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            agent, options = (("ros2", {"ros2": Ros2Options(domain_id=a.domain)}) if take
+                              else ("bench_ros2_agent:InProcessStack", {}))
+            m = run(path, agent, root / (take or "local"), progress=False, max_steps=a.steps, video=False,
                     agent_options=options)
-            t = m["timing_ms"]
-            results[name] = {"step_ms": t["step"], "agent_ms": t["agent"], "sensors_ms": t.get("sensors"),
-                             "steps": m["steps"]}
-            print(f"{name:32s} step {t['step']:7.1f} ms  agent {t['agent']:6.2f} ms  sensors {t.get('sensors')} ms "
-                  f"({m['steps']} steps)")
-    finally:
-        stack.kill()
-        stack.wait()
-    ros, local = results["ros2 (stack in its own process)"], results["in process"]
-    results["overhead_ms"] = round(ros["agent_ms"] - local["agent_ms"], 2)
+        finally:
+            if stack:
+                stack.kill()
+                stack.wait()
+        t = m["timing_ms"]
+        results[name] = {"step_ms": t["step"], "agent_ms": t["agent"], "sensors_ms": t.get("sensors"),
+                         "steps": m["steps"]}
+        print(f"{name:30s} step {t['step']:7.1f} ms  agent {t['agent']:6.2f} ms  sensors {t.get('sensors')} ms "
+              f"({m['steps']} steps)")
+    local = results["in process"]["agent_ms"]
+    results["overhead_ms"] = round(results["ros2 (stack decodes all)"]["agent_ms"] - local, 2)
+    results["overhead_clock_ms"] = round(results["ros2 (stack takes the clock)"]["agent_ms"] - local, 2)
     results["camera"] = f"{a.width}x{a.height}"
-    got = [json.loads(line) for line in (root / "stack.jsonl").read_text().splitlines()]
+    got = [json.loads(line) for line in (root / "stack-all.jsonl").read_text().splitlines()]
     results["points"] = statistics.median(m["width"] for m in got if m["type"] == "sensor_msgs/msg/PointCloud2")
     print(json.dumps(results))
     return results

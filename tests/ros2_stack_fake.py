@@ -5,10 +5,12 @@ command: the odometry's speed plus DELTA[k % 2] (k: the step, from the stamp) at
 Ackermann (header stamped with the step's clock), Twist, or Autoware's Control (stamped; acceleration = DELTA / dt).
 In the autoware preset it first (before its first command, acknowledged) shifts to DRIVE on gear_cmd and engages
 on /vehicle/engage (transient local, as Autoware's gate). Every message it takes goes to LOG as a JSON line
-(topic, type, stamp and sizes).
+(topic, type, stamp and sizes). ``--take clock`` (bench/bench_ros2_agent.py) subscribes to the same topics but
+takes (decodes) only /clock and the odometry and answers on them: the sensors still cross DDS into this process,
+while the stack's Python decode of them (cyclonedds', about 6 ms for a full-HD image) is left out.
 
     python ros2_stack_fake.py LOG --preset gsim|autoware --command ackermann|twist|autoware --domain D
-                              [--mode ok|hang|die:K|nan:K|disengage|park|reverse|silent]
+                              [--mode ok|hang|die:K|nan:K|disengage|park|reverse|silent] [--take all|clock]
 
 ``hang``: answers nothing; ``die:K``: exits at step K (its DDS participant deleted); ``nan:K``: a NaN at step K;
 ``disengage``: sends engage false; ``park``, ``reverse``: shifts to PARK, REVERSE; ``silent``: sends neither gear
@@ -19,8 +21,8 @@ import gc
 import json
 import math
 import sys
-import time
 
+from cyclonedds.core import InstanceState, ReadCondition, SampleState, ViewState, WaitSet
 from cyclonedds.domain import DomainParticipant
 from cyclonedds.pub import DataWriter
 from cyclonedds.qos import Policy, Qos
@@ -43,6 +45,7 @@ def main():
     ap.add_argument("--command", default="ackermann")
     ap.add_argument("--domain", type=int, required=True)
     ap.add_argument("--mode", default="ok")
+    ap.add_argument("--take", choices=["all", "clock"], default="all")
     a = ap.parse_args()
     mode, _, at = a.mode.partition(":")
     topics = Ros2Options(a.preset, a.command).topic_names(["front"], ["top"])
@@ -63,6 +66,10 @@ def main():
         subscribed[topics["control_mode"]] = ("autoware_vehicle_msgs/msg/ControlModeReport", DEFAULT)
     readers = {t: (DataReader(dp, Topic(dp, "rt" + t, idl_class(typ)), qos=qos), typ)
                for t, (typ, qos) in subscribed.items()}
+    taken = readers if a.take == "all" else {t: readers[t] for t in (topics["clock"], topics["odometry"])}
+    waitset = WaitSet(dp)  # (woken by a sample, not polling: the stack's own latency stays out of gsim's overhead)
+    for reader, _ in taken.values():
+        waitset.attach(ReadCondition(reader, SampleState.NotRead | ViewState.Any | InstanceState.Any))
     typ = COMMANDS[a.command]
     latched = Qos(Policy.Reliability.Reliable(0), Policy.Durability.TransientLocal, Policy.History.KeepLast(1))
     writer = DataWriter(dp, Topic(dp, "rt" + topics["command"], idl_class(typ)),
@@ -76,9 +83,11 @@ def main():
                           message(vtyp, value)))
     log = open(a.log, "w")
     seen = {}  # stamp (ns) -> {topic: message}
+    t_static = topics["tf_static"]
     speed = {}
     while True:
-        for t, (reader, rtyp) in readers.items():
+        waitset.wait(duration(milliseconds=100))
+        for t, (reader, rtyp) in taken.items():
             for m in reader.take(N=16):
                 if not isinstance(m, idl_class(rtyp)):
                     continue
@@ -87,13 +96,13 @@ def main():
                 log.flush()
                 if t == topics["odometry"]:
                     speed[stamp] = m.twist.twist.linear.x
-                if stamp is not None and t != topics["tf_static"]:
+                if stamp is not None and t != t_static:
                     seen.setdefault(stamp, set()).add(t)
-        for stamp in sorted(s for s, got in seen.items() if len(got) == len(readers) - 1):
+        for stamp in sorted(s for s, got in seen.items() if len(got) == len(taken) - (t_static in taken)):
             del seen[stamp]
             k = round(stamp / 1e9 / DT)
             if mode == "die" and k == int(at):
-                del writer, readers, dp
+                del writer, readers, taken, waitset, dp
                 gc.collect()  # the participant is deleted: the stack leaves the domain
                 sys.exit(3)
             for w, m in shift:
@@ -104,7 +113,6 @@ def main():
             if mode != "hang":
                 writer.write(message(typ, _command(a.command, stamp, speed[stamp], k,
                                                    math.nan if mode == "nan" and k == int(at) else 0.0)))
-        time.sleep(0.002)
 
 
 def _stamp(m):

@@ -27,10 +27,12 @@ from gsim.bridges.ros2.agent import PRESETS, Ros2Options, STATUS, VEHICLE_COMMAN
 from gsim.errors import InputError  # noqa: E402
 from support import scenario  # noqa: E402
 
-# (large UDP messages and fragments: a full-HD image crosses in 45 fragments, not 4600; docs/ros2.md)
+# (large UDP messages and fragments: a full-HD image crosses in 100 fragments, not 4600; a socket receive buffer
+# that holds a whole image where the kernel allows: no fragment dropped and resent 100 ms later; docs/ros2.md)
 LOOPBACK = ("<CycloneDDS><Domain><General><Interfaces><NetworkInterface name=\"lo\"/></Interfaces>"
             "<AllowMulticast>false</AllowMulticast><MaxMessageSize>65500B</MaxMessageSize>"
-            "<FragmentSize>62000B</FragmentSize></General><Discovery><ParticipantIndex>auto</ParticipantIndex>"
+            "<FragmentSize>62000B</FragmentSize></General><Internal><SocketReceiveBufferSize max=\"8MiB\"/>"
+            "</Internal><Discovery><ParticipantIndex>auto</ParticipantIndex>"
             "<Peers><Peer address=\"127.0.0.1\"/></Peers></Discovery></Domain></CycloneDDS>")
 DOMAIN = 100 + os.getpid() % 100  # (another session's tests on this machine keep to their own domain)
 STACK = Path(__file__).with_name("ros2_stack_fake.py")
@@ -189,7 +191,7 @@ def test_no_stack_is_named_with_the_topic_and_domain(loop_street, tmp_path):
 def test_the_idl_types_serialize_as_ros2s_cdr():
     """Every type gsim speaks, byte for byte as rosbags serializes the same message (ROS 2's CDR)."""
     from gsim.bridges.ros2.agent import COMMANDS
-    from gsim.bridges.ros2.messages import idl_class, message, typestore
+    from gsim.bridges.ros2.messages import Writer, idl_class, message, typestore
     from gsim.ros2_bag import build
     ts = typestore()
     values = {"sensor_msgs/msg/Image": {"header": {"stamp": {"sec": 3, "nanosec": 7}, "frame_id": "c"}, "height": 1,
@@ -214,6 +216,13 @@ def test_the_idl_types_serialize_as_ros2s_cdr():
         back = ours.deserialize(message(typ, values[typ]).serialize())
         assert back.data == values[typ]["data"].tobytes()
         assert stock.deserialize(message(typ, values[typ]).serialize()).data == list(values[typ]["data"])
+    # the agent's Writer serializes into one buffer kept for a topic: the same CDR (padded to 4 bytes, as
+    # cyclonedds' DataWriter sends it), whatever it held before (a longer frame_id: the padding after it rewritten)
+    kept = Writer(None).buffer
+    longer = {**values["sensor_msgs/msg/Image"], "header": {"frame_id": "camera_front_optical_frame"}}
+    for typ, v in [("sensor_msgs/msg/Image", longer), *values.items()] * 2:
+        cdr = bytes(ts.serialize_cdr(build(ts, typ, v), typ))
+        assert bytes(message(typ, v).serialize(buffer=kept)) == cdr + bytes(-len(cdr) % 4), typ
     stamped = message("autoware_control_msgs/msg/Control", {"longitudinal": {"acceleration": -1.25}})
     assert math.isclose(type(stamped).deserialize(stamped.serialize()).longitudinal.acceleration, -1.25)
 

@@ -163,7 +163,7 @@ class Ros2Agent:
         from cyclonedds.qos import Policy, Qos
         from cyclonedds.sub import DataReader
         from cyclonedds.topic import Topic
-        from .messages import idl_class
+        from .messages import Writer, idl_class
         o = self.options
         self.info, self.dt_us = info, int(round(info.step_s * 1e6))
         self.domain = o.domain_id if o.domain_id is not None else int(os.environ.get("ROS_DOMAIN_ID", "0") or 0)
@@ -175,7 +175,7 @@ class Ros2Agent:
 
         def writer(topic: str, typ: str, qos=default):
             if topic and topic not in self.writers:
-                self.writers[topic] = (DataWriter(dp, Topic(dp, "rt" + topic, idl_class(typ)), qos=qos), typ)
+                self.writers[topic] = (Writer(DataWriter(dp, Topic(dp, "rt" + topic, idl_class(typ)), qos=qos)), typ)
 
         t = self.topics
         writer(t["clock"], "rosgraph_msgs/msg/Clock")
@@ -220,13 +220,14 @@ class Ros2Agent:
         seen, since = None, 0.0
         while True:
             now = time.monotonic()
-            matched = (tuple(w.get_publication_matched_status().current_count for w, _ in self.writers.values())
+            matched = (tuple(w.writer.get_publication_matched_status().current_count
+                             for w, _ in self.writers.values())
                        + tuple(r.get_subscription_matched_status().current_count
                                for r, _ in self.vehicle_readers.values()))
             if matched != seen:
                 seen, since = matched, now
             if (self.reader.get_subscription_matched_status().current_count > 0
-                    and (clock is None or clock[0].get_publication_matched_status().current_count > 0)):
+                    and (clock is None or clock[0].writer.get_publication_matched_status().current_count > 0)):
                 if now - since >= SETTLE_S or now > end:
                     return
             elif now > end:
