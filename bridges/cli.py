@@ -281,8 +281,9 @@ def register(sub) -> None:
     cl.add_argument("--ros2-topic", action="append", default=[], metavar="KEY=TOPIC",
                     help="a topic name other than the preset's (repeat; keys: clock, tf, tf_static, odometry, command, "
                          "camera/SENSOR (the prefix of image_raw and camera_info), lidar/SENSOR, velocity_status, "
-                         "steering_status, gear_status, control_mode, gear_cmd, engage; KEY= publishes or reads "
-                         "nothing there; gear_cmd=: the vehicle starts in DRIVE)")
+                         "steering_status, gear_status, control_mode, turn_indicators_status, hazard_lights_status, "
+                         "gear_cmd, engage, turn_indicators_cmd, hazard_lights_cmd; KEY= publishes or reads nothing "
+                         "there; gear_cmd=: the vehicle starts in DRIVE)")
     cl.add_argument("--ros2-domain-id", type=int_at_least(0), default=None,
                     help="the DDS domain (default: ROS_DOMAIN_ID, else 0)")
     cl.add_argument("--ros2-deadline-s", type=finite_float(0, low_open=True), default=10.0,

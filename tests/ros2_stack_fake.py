@@ -4,17 +4,18 @@ and the LiDAR's cloud (ROS 2's default QoS) and, once it has all of a step's (sa
 command: the odometry's speed plus DELTA[k % 2] (k: the step, from the stamp) at a steering angle STEER, as
 Ackermann (header stamped with the step's clock), Twist, or Autoware's Control (stamped; acceleration = DELTA / dt).
 In the autoware preset it first (before its first command, acknowledged) shifts to DRIVE on gear_cmd and engages
-on /vehicle/engage (transient local, as Autoware's gate). Every message it takes goes to LOG as a JSON line
-(topic, type, stamp and sizes). ``--take clock`` (bench/bench_ros2_agent.py) subscribes to the same topics but
-takes (decodes) only /clock and the odometry and answers on them: the sensors still cross DDS into this process,
-while the stack's Python decode of them (cyclonedds', about 6 ms for a full-HD image) is left out.
+on /vehicle/engage (transient local, as Autoware's gate); in mode ``lights`` it also sends, before each step's
+command (acknowledged), that step's turn indicators and hazard lights commands (LIGHTS). Every message it takes goes
+to LOG as a JSON line (topic, type, stamp and sizes). ``--take clock`` (bench/bench_ros2_agent.py) subscribes to
+the same topics but takes (decodes) only /clock and the odometry and answers on them: the sensors still cross DDS
+into this process, while the stack's Python decode of them (cyclonedds', about 6 ms for a full-HD image) is left out.
 
     python ros2_stack_fake.py LOG --preset gsim|autoware --command ackermann|twist|autoware --domain D
-                              [--mode ok|hang|die:K|nan:K|disengage|park|reverse|silent] [--take all|clock]
+                              [--mode ok|hang|die:K|nan:K|disengage|park|reverse|silent|lights] [--take all|clock]
 
 ``hang``: answers nothing; ``die:K``: exits at step K (its DDS participant deleted); ``nan:K``: a NaN at step K;
 ``disengage``: sends engage false; ``park``, ``reverse``: shifts to PARK, REVERSE; ``silent``: sends neither gear
-nor engage.
+nor engage; ``lights``: as ``ok``, with LIGHTS.
 """
 import argparse
 import gc
@@ -35,6 +36,9 @@ from gsim.bridges.ros2.messages import idl_class, message
 
 DELTA, STEER, DT, WHEELBASE = (-0.1, -0.2), 0.03, 0.1, 2.8
 GEARS = {"park": 22, "reverse": 20}  # the gear a mode shifts to (else DRIVE, 2)
+# mode lights: (TurnIndicatorsCommand, HazardLightsCommand) before step k's command (NO_COMMAND 0, DISABLE 1,
+# ENABLE_LEFT 2, ENABLE_RIGHT 3; NO_COMMAND 0, DISABLE 1, ENABLE 2); then as the last
+LIGHTS = ((2, 2), (2, 0), (0, 1), (3, 1))
 DEFAULT = Qos(Policy.Reliability.Reliable(0), Policy.Durability.Volatile, Policy.History.KeepLast(10))
 
 
@@ -64,6 +68,8 @@ def main():
         subscribed[topics["steering_status"]] = ("autoware_vehicle_msgs/msg/SteeringReport", DEFAULT)
         subscribed[topics["gear_status"]] = ("autoware_vehicle_msgs/msg/GearReport", DEFAULT)
         subscribed[topics["control_mode"]] = ("autoware_vehicle_msgs/msg/ControlModeReport", DEFAULT)
+        subscribed[topics["turn_indicators_status"]] = ("autoware_vehicle_msgs/msg/TurnIndicatorsReport", DEFAULT)
+        subscribed[topics["hazard_lights_status"]] = ("autoware_vehicle_msgs/msg/HazardLightsReport", DEFAULT)
     readers = {t: (DataReader(dp, Topic(dp, "rt" + t, idl_class(typ)), qos=qos), typ)
                for t, (typ, qos) in subscribed.items()}
     taken = readers if a.take == "all" else {t: readers[t] for t in (topics["clock"], topics["odometry"])}
@@ -81,6 +87,11 @@ def main():
             vtyp = VEHICLE_COMMANDS[key]
             shift.append((DataWriter(dp, Topic(dp, "rt" + topics[key], idl_class(vtyp)), qos=latched),
                           message(vtyp, value)))
+    lights = []  # (writer, type) of the turn indicators and hazard lights commands (mode lights)
+    if mode == "lights":
+        for key in ("turn_indicators_cmd", "hazard_lights_cmd"):
+            vtyp = VEHICLE_COMMANDS[key]
+            lights.append((DataWriter(dp, Topic(dp, "rt" + topics[key], idl_class(vtyp)), qos=latched), vtyp))
     log = open(a.log, "w")
     seen = {}  # stamp (ns) -> {topic: message}
     t_static = topics["tf_static"]
@@ -105,10 +116,12 @@ def main():
                 del writer, readers, taken, waitset, dp
                 gc.collect()  # the participant is deleted: the stack leaves the domain
                 sys.exit(3)
-            for w, m in shift:
+            sends = shift + [(w, message(ltyp, {"command": c}))
+                             for (w, ltyp), c in zip(lights, LIGHTS[min(k, len(LIGHTS) - 1)])]
+            for w, m in sends:
                 w.write(m)
-            for w, _ in shift:
-                w.wait_for_acks(duration(seconds=5))
+            for w, _ in sends:
+                w.wait_for_acks(duration(seconds=5))  # (before the command: gsim reads them once it has that)
             shift = []
             if mode != "hang":
                 writer.write(message(typ, _command(a.command, stamp, speed[stamp], k,
@@ -141,7 +154,7 @@ def _sizes(m) -> dict:
         return {"children": [t.child_frame_id for t in m.transforms]}
     if name == "Odometry":
         return {"x": m.pose.pose.position.x, "speed": m.twist.twist.linear.x, "frame_id": m.header.frame_id}
-    if name == "GearReport":
+    if name in ("GearReport", "TurnIndicatorsReport", "HazardLightsReport"):
         return {"report": m.report}
     if name == "ControlModeReport":
         return {"mode": m.mode}

@@ -1,8 +1,8 @@
 """A ROS 2 stack in the closed loop (gsim.bridges.ros2) over real DDS: a fake stack in its own process
 (tests/ros2_stack_fake.py, cyclonedds alone) drives the ego by Ackermann, Twist and Autoware commands in lockstep;
-what it receives (types, stamps = the sim clock, sizes, frames); the Autoware preset's topics, gear and engage; a
-stack that never answers, dies, sends NaN or shifts to REVERSE. The IDL types serialize exactly as rosbags' ROS 2
-types do (uint8[] as bytes).
+what it receives (types, stamps = the sim clock, sizes, frames); the Autoware preset's topics, gear, engage, turn
+indicators and hazard lights; a stack that never answers, dies, sends NaN or shifts to REVERSE. The IDL types
+serialize exactly as rosbags' ROS 2 types do (uint8[] as bytes).
 
 DDS stays on this machine: CYCLONEDDS_URI (here and in the stack's process) names the loopback interface, with
 multicast off and 127.0.0.1 as the only peer."""
@@ -110,9 +110,13 @@ def test_a_stack_drives_in_lockstep_and_receives_the_step(loop_street, tmp_path,
     assert [o["speed"] for o in odom] == pytest.approx([r["ego"]["speed_mps"] for r in rows[:-1]])
 
 
-@pytest.mark.parametrize("mode,topics", [("ok", ()), ("silent", (("gear_cmd", ""),))])
+@pytest.mark.parametrize("mode,topics", [("ok", ()), ("silent", (("gear_cmd", ""),)), ("lights", ())])
 def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_street, tmp_path, stack, mode, topics):
-    """The stack shifts to DRIVE (and engages) before its first command; or sends no gear, and gear_cmd is off."""
+    """The stack shifts to DRIVE (and engages) before its first command; or sends no gear, and gear_cmd is off; or
+    also sends turn indicators and hazard lights before each command (the stack's LIGHTS), which the reports echo
+    from the next step on as AWSIM's: (turn, hazard) commands (LEFT, ENABLE), (LEFT, NO_COMMAND), (NO_COMMAND,
+    DISABLE), (RIGHT, DISABLE) report turn DISABLE (the hazard lights have the lamps), LEFT (back once they are
+    off), DISABLE (NO_COMMAND puts them out), RIGHT."""
     names = Ros2Options("autoware").topic_names(["front"], ["top"])
     assert names == {"clock": "/clock", "tf": "/tf", "tf_static": "/tf_static",
                      "odometry": "/localization/kinematic_state", "camera/front": "/sensing/camera/front",
@@ -120,8 +124,11 @@ def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_str
                      "velocity_status": "/vehicle/status/velocity_status",
                      "steering_status": "/vehicle/status/steering_status",
                      "gear_status": "/vehicle/status/gear_status", "control_mode": "/vehicle/status/control_mode",
+                     "turn_indicators_status": "/vehicle/status/turn_indicators_status",
+                     "hazard_lights_status": "/vehicle/status/hazard_lights_status",
                      "command": "/control/command/control_cmd", "gear_cmd": "/control/command/gear_cmd",
-                     "engage": "/vehicle/engage"}
+                     "engage": "/vehicle/engage", "turn_indicators_cmd": "/control/command/turn_indicators_cmd",
+                     "hazard_lights_cmd": "/control/command/hazard_lights_cmd"}
     assert STATUS["velocity_status"] == "autoware_vehicle_msgs/msg/VelocityReport"
     log = stack("autoware", "autoware", mode)
     m = drive(loop_street, tmp_path, mode, preset="autoware", topics=topics)
@@ -133,16 +140,24 @@ def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_str
     assert types["/sensing/lidar/top/pointcloud_raw_ex"] == "sensor_msgs/msg/PointCloud2"
     assert types["/sensing/camera/front/image_raw"] == "sensor_msgs/msg/Image"
     assert types["/vehicle/status/steering_status"] == "autoware_vehicle_msgs/msg/SteeringReport"
+    assert types["/vehicle/status/turn_indicators_status"] == "autoware_vehicle_msgs/msg/TurnIndicatorsReport"
+    assert types["/vehicle/status/hazard_lights_status"] == "autoware_vehicle_msgs/msg/HazardLightsReport"
     n = len(rows) - 1  # (the first step's status is from before the stack's first gear: PARK, where it is read)
     assert reports(got) == ([2] * n if topics else [22] + [2] * (n - 1), [1] * n)  # DRIVE; AUTONOMOUS
+    lights = ([1, 1, 2, 1, 3], [1, 2, 1, 1, 1]) if mode == "lights" else ([1] * n, [1] * n)  # (the first: DISABLE)
+    assert (reported(got, "turn_indicators_status"), reported(got, "hazard_lights_status")) == lights
     stamps = [g["stamp_ns"] for g in got if g["topic"] == "/vehicle/status/velocity_status"]
     assert stamps == [r["t_us"] * 1000 for r in rows[:-1]]
 
 
+def reported(got, status, field="report"):
+    """The ``field`` of each /vehicle/status/``status`` message the stack received, in order."""
+    return [g[field] for g in got if g["topic"] == f"/vehicle/status/{status}"]
+
+
 def reports(got):
     """The gear_status reports and the control_mode modes the stack received, in order."""
-    return ([g["report"] for g in got if g["topic"] == "/vehicle/status/gear_status"],
-            [g["mode"] for g in got if g["topic"] == "/vehicle/status/control_mode"])
+    return reported(got, "gear_status"), reported(got, "control_mode", "mode")
 
 
 @pytest.mark.parametrize("mode,gear,control_mode", [("disengage", 2, 4), ("park", 22, 1), ("silent", 22, 1)])

@@ -23,15 +23,20 @@ disengaged, or in PARK (or NONE), the ego brakes to a stop at its full decelerat
 held (AWSIM freezes a parked vehicle at once). A stack that never shifts out of PARK leaves the ego standing and
 the run completes; with gear_cmd switched off (``--ros2-topic gear_cmd=``) the vehicle starts in DRIVE, for a
 stack that sends no gear (as the gsim preset's vehicle is). REVERSE is a `Ros2Error`: gsim's ego dynamics stop at 0 m/s.
+It also reads /control/command/turn_indicators_cmd and hazard_lights_cmd and reports them on turn_indicators_status
+and hazard_lights_status, as AWSIM does: the last of each sent up to a step's command, reported from the next step
+on; ENABLE_LEFT / ENABLE_RIGHT and ENABLE light them, any other command (DISABLE, NO_COMMAND) puts them out; the
+hazard lights take the indicators' lamps, so while they are on the indicators report DISABLE (and the last
+indicator command shows again once they are off). Both start DISABLE. They change nothing in the ego's motion.
 
 A stack that never starts, never answers, leaves (its command publisher gone) or commands a non-finite number is a
 `Ros2Error` naming the topic and the step; the runner keeps every completed step (as for egodriver).
 
 QoS: gsim offers reliable, volatile, keep last 10 on every topic (a best-effort subscriber, e.g. AWSIM's sensor
 and clock QoS or rclcpp's ClockQoS, takes it too); /tf_static transient local, keep last 1. It reads the command,
-gear and engage reliable and volatile (a transient-local publisher, as Autoware's control_cmd and gear_cmd are,
-matches too; what a stack sent before the run started is not seen). DDS settings are the user's own
-(CYCLONEDDS_URI); the domain is ``domain_id`` (ROS_DOMAIN_ID by default).
+gear, engage, turn indicators and hazard lights reliable and volatile (a transient-local publisher, as Autoware's
+control_cmd and gear_cmd are, matches too; what a stack sent before the run started is not seen). DDS settings are
+the user's own (CYCLONEDDS_URI); the domain is ``domain_id`` (ROS_DOMAIN_ID by default).
 """
 from __future__ import annotations
 
@@ -49,7 +54,7 @@ from gsim.ros2_bag import (BASE, MAP, camera_info, cloud, header, image, lidar_p
 
 from ..closed_loop.dynamics import Controls, yaw_rate
 from .messages import (CONTROL_MODE_AUTONOMOUS, CONTROL_MODE_MANUAL, DRIVE_GEARS, GEAR_DRIVE, GEAR_NEUTRAL, GEAR_PARK,
-                       REVERSE_GEARS, message)
+                       HAZARD_DISABLE, HAZARD_ENABLE, REVERSE_GEARS, TURN_DISABLE, TURN_LEFT, TURN_RIGHT, message)
 
 COMMANDS = {"ackermann": "ackermann_msgs/msg/AckermannDriveStamped", "twist": "geometry_msgs/msg/Twist",
             "autoware": "autoware_control_msgs/msg/Control"}
@@ -63,15 +68,23 @@ PRESETS = {  # topic keys -> names; camera/NAME and lidar/NAME are per sensor (T
                  "camera": "/sensing/camera/{}", "lidar": "/sensing/lidar/{}/pointcloud_raw_ex",
                  "velocity_status": "/vehicle/status/velocity_status",
                  "steering_status": "/vehicle/status/steering_status", "gear_status": "/vehicle/status/gear_status",
-                 "control_mode": "/vehicle/status/control_mode", "command": "/control/command/control_cmd",
-                 "gear_cmd": "/control/command/gear_cmd", "engage": "/vehicle/engage"},
+                 "control_mode": "/vehicle/status/control_mode",
+                 "turn_indicators_status": "/vehicle/status/turn_indicators_status",
+                 "hazard_lights_status": "/vehicle/status/hazard_lights_status",
+                 "command": "/control/command/control_cmd", "gear_cmd": "/control/command/gear_cmd",
+                 "engage": "/vehicle/engage", "turn_indicators_cmd": "/control/command/turn_indicators_cmd",
+                 "hazard_lights_cmd": "/control/command/hazard_lights_cmd"},
 }
 DEFAULT_COMMAND = {"gsim": "ackermann", "autoware": "autoware"}
 STATUS = {"velocity_status": "autoware_vehicle_msgs/msg/VelocityReport",
           "steering_status": "autoware_vehicle_msgs/msg/SteeringReport",
           "gear_status": "autoware_vehicle_msgs/msg/GearReport",
-          "control_mode": "autoware_vehicle_msgs/msg/ControlModeReport"}
-VEHICLE_COMMANDS = {"gear_cmd": "autoware_vehicle_msgs/msg/GearCommand", "engage": "autoware_vehicle_msgs/msg/Engage"}
+          "control_mode": "autoware_vehicle_msgs/msg/ControlModeReport",
+          "turn_indicators_status": "autoware_vehicle_msgs/msg/TurnIndicatorsReport",
+          "hazard_lights_status": "autoware_vehicle_msgs/msg/HazardLightsReport"}
+VEHICLE_COMMANDS = {"gear_cmd": "autoware_vehicle_msgs/msg/GearCommand", "engage": "autoware_vehicle_msgs/msg/Engage",
+                    "turn_indicators_cmd": "autoware_vehicle_msgs/msg/TurnIndicatorsCommand",
+                    "hazard_lights_cmd": "autoware_vehicle_msgs/msg/HazardLightsCommand"}
 STANDSTILL_MPS = 0.1  # a Twist's yaw rate gives no steering angle below this speed
 SETTLE_S = 0.3  # the stack's subscriptions unchanged this long: all of them discovered
 
@@ -201,6 +214,7 @@ class Ros2Agent:
         self.vehicle_readers = {key: (DataReader(dp, Topic(dp, "rt" + t[key], idl_class(typ)), qos=default),
                                       idl_class(typ)) for key, typ in VEHICLE_COMMANDS.items() if t.get(key)}
         self.engaged, self.gear = True, GEAR_PARK if t.get("gear_cmd") else GEAR_DRIVE
+        self.turn, self.hazard = TURN_DISABLE, HAZARD_DISABLE
         self.waitset = WaitSet(dp)
         self.waitset.attach(ReadCondition(self.reader, SampleState.NotRead | ViewState.Any | InstanceState.Any))
         self._wait_for_stack()
@@ -273,21 +287,30 @@ class Ros2Agent:
         stamp = ros_time(ns)
         self._write(t.get("velocity_status", ""), {"header": header(ns, BASE), "longitudinal_velocity": s.speed_mps,
                                                     "heading_rate": w})
-        self._write(t.get("steering_status", ""), {"stamp": stamp, "steering_tire_angle": s.steer_rad})
-        self._write(t.get("gear_status", ""), {"stamp": stamp, "report": self.gear})
-        self._write(t.get("control_mode", ""), {"stamp": stamp, "mode": CONTROL_MODE_AUTONOMOUS if self.engaged
-                                                 else CONTROL_MODE_MANUAL})
+        reports = {"steering_status": {"steering_tire_angle": s.steer_rad}, "gear_status": {"report": self.gear},
+                   "control_mode": {"mode": CONTROL_MODE_AUTONOMOUS if self.engaged else CONTROL_MODE_MANUAL},
+                   # (one set of lamps, as AWSIM's vehicle: the hazard lights take them from the indicators)
+                   "turn_indicators_status": {"report": TURN_DISABLE if self.hazard == HAZARD_ENABLE else self.turn},
+                   "hazard_lights_status": {"report": self.hazard}}
+        for key, values in reports.items():
+            self._write(t.get(key, ""), {"stamp": stamp, **values})
 
     @staticmethod
     def _take(reader, cls) -> list:
         return [m for m in reader.take(N=64) if isinstance(m, cls)]
 
     def _take_vehicle(self, k: int) -> None:
-        """The gear and engage the stack sent up to step ``k``'s command (the last of each counts)."""
+        """The gear, engage, turn indicators and hazard lights the stack sent up to step ``k``'s command (the last
+        of each counts; an indicator or hazard command other than an ENABLE, NO_COMMAND too, switches it off, as
+        AWSIM takes them)."""
         for key, (reader, cls) in self.vehicle_readers.items():
             for m in self._take(reader, cls):
                 if key == "engage":
                     self.engaged = bool(m.engage)
+                elif key == "turn_indicators_cmd":
+                    self.turn = m.command if m.command in (TURN_LEFT, TURN_RIGHT) else TURN_DISABLE
+                elif key == "hazard_lights_cmd":
+                    self.hazard = HAZARD_ENABLE if m.command == HAZARD_ENABLE else HAZARD_DISABLE
                 elif m.command in REVERSE_GEARS:
                     raise Ros2Error(f"ros2: {self.topics[key]} ({VEHICLE_COMMANDS[key]}), step {k}: REVERSE "
                                     f"({m.command}): gsim's ego does not drive backwards (its dynamics stop at 0 m/s)")

@@ -34,12 +34,19 @@ EXTRA_MSG = {
     "autoware_vehicle_msgs/msg/ControlModeReport": "builtin_interfaces/Time stamp\nuint8 mode\n",
     "autoware_vehicle_msgs/msg/GearCommand": "builtin_interfaces/Time stamp\nuint8 command\n",
     "autoware_vehicle_msgs/msg/Engage": "builtin_interfaces/Time stamp\nbool engage\n",
+    "autoware_vehicle_msgs/msg/TurnIndicatorsCommand": "builtin_interfaces/Time stamp\nuint8 command\n",
+    "autoware_vehicle_msgs/msg/TurnIndicatorsReport": "builtin_interfaces/Time stamp\nuint8 report\n",
+    "autoware_vehicle_msgs/msg/HazardLightsCommand": "builtin_interfaces/Time stamp\nuint8 command\n",
+    "autoware_vehicle_msgs/msg/HazardLightsReport": "builtin_interfaces/Time stamp\nuint8 report\n",
 }
-# autoware_vehicle_msgs' constants: GearCommand's (GearReport's are the same) and ControlModeReport's
+# autoware_vehicle_msgs' constants: GearCommand's (GearReport's are the same), ControlModeReport's,
+# TurnIndicatorsCommand's and HazardLightsCommand's (their reports' are the same, less NO_COMMAND)
 GEAR_NEUTRAL, GEAR_DRIVE, GEAR_PARK = 1, 2, 22
 DRIVE_GEARS = frozenset([*range(2, 20), 23, 24])  # DRIVE, DRIVE_2 .. DRIVE_18, LOW, LOW_2
 REVERSE_GEARS = frozenset([20, 21])  # REVERSE, REVERSE_2
 CONTROL_MODE_AUTONOMOUS, CONTROL_MODE_MANUAL = 1, 4
+NO_COMMAND, TURN_DISABLE, TURN_LEFT, TURN_RIGHT = 0, 1, 2, 3
+HAZARD_DISABLE, HAZARD_ENABLE = 1, 2
 
 
 @lru_cache(maxsize=1)
