@@ -52,7 +52,8 @@ def cmd_closed_loop(a) -> int:
     runs = len(a.scenario) * len(agents) * len(seeds)
     if a.ros2_bag is not None and runs > 1:
         raise InputError(f"--ros2-bag records one run; this is a batch of {runs} (give one scenario, agent and seed)")
-    options = {"deadline_s": a.egodriver_deadline_s, "image_format": a.egodriver_image, "ros2": _ros2_options(a)}
+    options = {"deadline_s": a.egodriver_deadline_s, "image_format": a.egodriver_image,
+               "ros2": _ros2_options(a, agents)}
     for name in agents:
         load_agent(name, **options)  # bad input fails before anything starts
     scenarios = []
@@ -75,9 +76,9 @@ def cmd_closed_loop(a) -> int:
     return 0
 
 
-def _ros2_options(a):
-    """--ros2-* as the ros2 agent's options (None where no agent is ros2)."""
-    if "ros2" not in a.agent.split(","):
+def _ros2_options(a, agents):
+    """--ros2-* (`_ros2_flags`) as the ros2 agent's options (None where none of ``agents`` is ros2)."""
+    if "ros2" not in agents:
         return None
     from .ros2.agent import Ros2Options
     topics = []
@@ -143,9 +144,11 @@ def cmd_batch_closed_loop(a) -> int:
     for sc in a.scenario:
         if sc in SHIPPED:
             ensure_demo(load_loop_scenario(sc))  # built once here, not by every worker at once
-    rows = closed_loop_batch(a.scenario, a.agents.split(","), a.seeds, a.out, steps=a.steps, client=a.sumo,
+    agents = a.agents.split(",")
+    rows = closed_loop_batch(a.scenario, agents, a.seeds, a.out, steps=a.steps, client=a.sumo,
                              address=a.address, num_cpus=a.num_cpus, cpus_per_task=a.cpus_per_task,
-                             gpus_per_task=a.gpus_per_task, retries=a.retries)
+                             gpus_per_task=a.gpus_per_task, retries=a.retries,
+                             agent_options={"ros2": _ros2_options(a, agents)})
     failed = sum(r["status"] != "done" for r in rows)
     print(f"{len(rows)} runs ({failed} failed) -> {Path(a.out) / 'results.md'}, results.parquet, table.md")
     return 0
@@ -179,6 +182,28 @@ def _ray_options(p) -> None:
     p.add_argument("--gpus-per-task", type=finite_float(0.0), default=0.0, help="GPUs per task (a fraction shares one)")
     p.add_argument("--retries", type=int_at_least(0), default=1,
                    help="how often a failed task (an error, a dead worker) is retried before it is a failed row")
+
+
+def _ros2_flags(p) -> None:
+    """--agent ros2's flags (`_ros2_options`), on gsim closed-loop and gsim batch closed-loop."""
+    p.add_argument("--ros2-preset", choices=("gsim", "autoware"), default="gsim",
+                   help="--agent ros2's topics: gsim's (/gsim/..., the command on /ackermann_cmd or /cmd_vel) or "
+                        "autoware (AWSIM's: /sensing/..., /vehicle/status/..., /control/command/control_cmd and "
+                        "gear_cmd, /vehicle/engage); docs/ros2.md")
+    p.add_argument("--ros2-command", choices=("ackermann", "twist", "autoware"), default=None,
+                   help="the stack's command: ackermann_msgs/AckermannDriveStamped, geometry_msgs/Twist or "
+                        "autoware_control_msgs/Control (default: the preset's: ackermann, autoware)")
+    p.add_argument("--ros2-topic", action="append", default=[], metavar="KEY=TOPIC",
+                   help="a topic name other than the preset's (repeat; keys: clock, tf, tf_static, odometry, command, "
+                        "camera/SENSOR (the prefix of image_raw and camera_info), lidar/SENSOR, velocity_status, "
+                        "steering_status, gear_status, control_mode, turn_indicators_status, hazard_lights_status, "
+                        "gear_cmd, engage, turn_indicators_cmd, hazard_lights_cmd; KEY= publishes or reads nothing "
+                        "there; gear_cmd=: the vehicle starts in DRIVE)")
+    p.add_argument("--ros2-domain-id", type=int_at_least(0), default=None,
+                   help="the DDS domain (default: ROS_DOMAIN_ID, else 0)")
+    p.add_argument("--ros2-deadline-s", type=finite_float(0, low_open=True), default=10.0,
+                   help="how long gsim waits for the stack's command each step, and for the stack at the start "
+                        "(seconds; default 10)")
 
 
 def _read(option: str, path: str) -> bytes:
@@ -271,24 +296,7 @@ def register(sub) -> None:
                     help="an egodriver policy's deadline for each call (seconds; default 10)")
     cl.add_argument("--egodriver-image", choices=("jpeg", "png"), default="jpeg",
                     help="how camera images go to an egodriver policy (default jpeg)")
-    cl.add_argument("--ros2-preset", choices=("gsim", "autoware"), default="gsim",
-                    help="--agent ros2's topics: gsim's (/gsim/..., the command on /ackermann_cmd or /cmd_vel) or "
-                         "autoware (AWSIM's: /sensing/..., /vehicle/status/..., /control/command/control_cmd and "
-                         "gear_cmd, /vehicle/engage); docs/ros2.md")
-    cl.add_argument("--ros2-command", choices=("ackermann", "twist", "autoware"), default=None,
-                    help="the stack's command: ackermann_msgs/AckermannDriveStamped, geometry_msgs/Twist or "
-                         "autoware_control_msgs/Control (default: the preset's: ackermann, autoware)")
-    cl.add_argument("--ros2-topic", action="append", default=[], metavar="KEY=TOPIC",
-                    help="a topic name other than the preset's (repeat; keys: clock, tf, tf_static, odometry, command, "
-                         "camera/SENSOR (the prefix of image_raw and camera_info), lidar/SENSOR, velocity_status, "
-                         "steering_status, gear_status, control_mode, turn_indicators_status, hazard_lights_status, "
-                         "gear_cmd, engage, turn_indicators_cmd, hazard_lights_cmd; KEY= publishes or reads nothing "
-                         "there; gear_cmd=: the vehicle starts in DRIVE)")
-    cl.add_argument("--ros2-domain-id", type=int_at_least(0), default=None,
-                    help="the DDS domain (default: ROS_DOMAIN_ID, else 0)")
-    cl.add_argument("--ros2-deadline-s", type=finite_float(0, low_open=True), default=10.0,
-                    help="how long gsim waits for the stack's command each step, and for the stack at the start "
-                         "(seconds; default 10)")
+    _ros2_flags(cl)
     cl.add_argument("--dynamics", choices=("bicycle",) + MODELS, default=None,
                     help="the ego's vehicle model: gsim's kinematic bicycle, or CommonRoad's kinematic single track "
                          "(ks), single track with tyre slip (st), with drivetrain (std) or multi-body (mb) (the "
@@ -340,12 +348,14 @@ def register(sub) -> None:
     bc = bs.add_parser("closed-loop", help="every scenario x agent x seed (one task each) into gsim closed-loop's "
                                            "batch folders, with per-agent aggregates")
     bc.add_argument("scenario", nargs="+", help="scenario YAML files or shipped names")
-    bc.add_argument("--agents", default="lidar-aeb", help="comma-separated agents (see gsim closed-loop)")
+    bc.add_argument("--agents", default="lidar-aeb", help="comma-separated agents (see gsim closed-loop; ros2's "
+                                                           "episodes run one at a time, beside the others)")
     bc.add_argument("--seeds", type=seed_list, default=(0,), help="e.g. 0-99 or 0,3,7")
     bc.add_argument("--steps", type=int_at_least(1), default=None, help="stop each run after this many steps")
     bc.add_argument("--out", required=True)
     bc.add_argument("--sumo", choices=("libsumo", "traci"), default="libsumo",
                     help="SUMO in each worker process (libsumo: one per process) or as its own process (traci)")
+    _ros2_flags(bc)
     _ray_options(bc)
     bc.set_defaults(fn=cmd_batch_closed_loop)
     bsr = bs.add_parser("scenario-render", help="render every scenario (one task each) into its own output folder, "

@@ -198,6 +198,29 @@ def test_a_stack_that_hangs_dies_sends_nan_or_reverses_stops_the_run_and_keeps_i
     assert len(steps(tmp_path / name)) == kept  # the start and every completed step
 
 
+@pytest.mark.parametrize("command", ["closed-loop", "batch closed-loop"])
+def test_a_batch_runs_its_ros2_episodes_one_at_a_time_against_the_one_stack(loop_street, tmp_path, stack, command):
+    """`gsim closed-loop SCENARIO --seed 0,1 --agent ros2` (the runs in this process) and `gsim batch closed-loop`
+    (Ray, two workers: the ros2 episodes one at a time) with the --ros2-* flags: each run follows the one stack in
+    lockstep, and the stack sees the runs one after the other (each one's clock from 0), never two worlds at once."""
+    if command.startswith("batch"):
+        pytest.importorskip("ray", reason="gsim batch needs Ray (the cluster extra)")
+        flags = ["--agents", "ros2", "--seeds", "0,1", "--num-cpus", "2"]
+    else:
+        flags = ["--agent", "ros2", "--seed", "0,1", "--no-video"]
+    from gsim.cli import main
+    log = stack()
+    out = tmp_path / "batch"
+    assert main([*command.split(), scenario(loop_street, "twice"), "--out", str(out), "--steps", "25",
+                 "--ros2-domain-id", str(DOMAIN), "--ros2-deadline-s", "20", *flags]) == 0
+    runs = [steps(out / "twice" / "ros2" / f"seed{k}") for k in (0, 1)]
+    for rows in runs:
+        assert len(rows) == 26
+        check_followed(rows)
+    clock = [g["stamp_ns"] for g in received(log) if g["topic"] == "/clock"]
+    assert clock == [r["t_us"] * 1000 for rows in runs for r in rows[:-1]]  # run 0's steps, then run 1's
+
+
 def test_no_stack_is_named_with_the_topic_and_domain(loop_street, tmp_path):
     with pytest.raises(AgentError, match=rf"step 0: .*no stack publishes /cmd_vel .* domain {DOMAIN} within 0.5 s"):
         drive(loop_street, tmp_path, "none", command="twist", deadline_s=0.5)

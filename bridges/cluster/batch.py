@@ -22,7 +22,7 @@ import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Collection, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -69,15 +69,24 @@ def local_path(arg) -> Path:
 
 
 def run_tasks(ray, tasks: Dict[str, tuple], fn: Callable, cpus: float = 1.0, gpus: float = 0.0, retries: int = 1,
-              progress: bool = True, what: str = "task") -> Dict[str, dict]:
+              progress: bool = True, what: str = "task", one_at_a_time: Collection = ()) -> Dict[str, dict]:
     """Run ``fn(*args)`` for each {key: args} as a Ray task (``cpus``/``gpus`` each; a task whose worker dies is
     retried ``retries`` times) and return {key: its row}; a task that raises or still dies is the row
-    {"status": "failed", "error": ...}. Rows come back as tasks finish, in any order."""
+    {"status": "failed", "error": ...}. Rows come back as tasks finish, in any order. The tasks whose keys are in
+    ``one_at_a_time`` run one after another (each starts once the one before it ended), beside the others."""
     from tqdm import tqdm
     remote = ray.remote(fn).options(num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False)
-    pending = {remote.remote(*args): key for key, args in tasks.items()}
+    pending = {remote.remote(*args): key for key, args in tasks.items() if key not in one_at_a_time}
+    queue = [key for key in tasks if key in one_at_a_time]
+
+    def next_in_queue():
+        if queue:
+            key = queue.pop(0)
+            pending[remote.remote(*tasks[key])] = key
+
+    next_in_queue()
     rows = {}
-    with tqdm(total=len(pending), desc=f"batch ({what}s)", unit=what, disable=not progress) as bar:
+    with tqdm(total=len(tasks), desc=f"batch ({what}s)", unit=what, disable=not progress) as bar:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             key = pending.pop(done[0])
@@ -87,6 +96,8 @@ def run_tasks(ray, tasks: Dict[str, tuple], fn: Callable, cpus: float = 1.0, gpu
                     ray.exceptions.RayActorError) as e:
                 cause = getattr(e, "cause", None) or e
                 rows[key] = {"status": "failed", "error": f"{type(cause).__name__}: {str(cause).splitlines()[0]}"}
+            if key in one_at_a_time:
+                next_in_queue()
             bar.update(1)
     return rows
 
@@ -133,12 +144,14 @@ def use_assigned_cpus() -> None:
     torch.set_num_threads(n)
 
 
-def _episode(scenario: str, agent: str, seed: int, out: str, steps: Optional[int], client: str) -> dict:
+def _episode(scenario: str, agent: str, seed: int, out: str, steps: Optional[int], client: str,
+             agent_options: Optional[dict] = None) -> dict:
     """One closed-loop episode in a Ray worker: `gsim.bridges.closed_loop.runner.batch_run`, its row with a status."""
     from ..closed_loop.runner import batch_run
     from ..openscenario.load import loop_scenario
     use_assigned_cpus()
-    row = batch_run(loop_scenario(scenario), agent, seed, out, progress=False, max_steps=steps, client=client)
+    row = batch_run(loop_scenario(scenario), agent, seed, out, progress=False, max_steps=steps, client=client,
+                    agent_options=agent_options)
     return {**row, "status": "failed" if row.get("error") else "done"}
 
 
@@ -154,15 +167,17 @@ def finished_run(d: Path) -> Optional[dict]:
 def closed_loop_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Sequence[int], out,
                       steps: Optional[int] = None, client: str = "libsumo", address: Optional[str] = None,
                       num_cpus: Optional[int] = None, cpus_per_task: float = 1.0, gpus_per_task: float = 0.0,
-                      retries: int = 1, progress: bool = True) -> List[dict]:
+                      retries: int = 1, progress: bool = True, agent_options: Optional[dict] = None) -> List[dict]:
     """Every scenario x agent x seed as a Ray task into the in-process batch's run directories
-    (`gsim.bridges.closed_loop.runner.run_dir`); returns the rows in scenario, agent, seed order."""
+    (`gsim.bridges.closed_loop.runner.run_dir`); returns the rows in scenario, agent, seed order. ``agent_options``:
+    `load_agent`'s keywords (the ros2 agent's `Ros2Options`). The ros2 agent's episodes run one at a time, beside
+    the others: they share the one stack, its DDS domain and its topics (two at once would cross-talk)."""
     from ..closed_loop.agents import load_agent
     from ..closed_loop.runner import run_dir, write_batch_tables
     from ..closed_loop.scenario import SHIPPED
     from ..openscenario.load import loop_scenario
     for a in agents:
-        load_agent(a)  # unknown agents fail before anything starts
+        load_agent(a, **(agent_options or {}))  # unknown agents (and bad options) fail before anything starts
     out = local_path(out)
     scenarios = [s if s in SHIPPED else str(local_path(s)) for s in scenarios]
     names = {s: loop_scenario(s).name for s in scenarios}  # (an OpenSCENARIO file is read in each worker again)
@@ -174,10 +189,11 @@ def closed_loop_batch(scenarios: Sequence[str], agents: Sequence[str], seeds: Se
         if done is not None:
             rows[(s, a, seed)] = {**done, "status": "done"}
         else:
-            tasks[(s, a, seed)] = (str(s), a, int(seed), str(out), steps, client)
+            tasks[(s, a, seed)] = (str(s), a, int(seed), str(out), steps, client, agent_options)
     if tasks:
         with ray_session(address, num_cpus) as ray:
-            rows.update(run_tasks(ray, tasks, _episode, cpus_per_task, gpus_per_task, retries, progress, "episode"))
+            rows.update(run_tasks(ray, tasks, _episode, cpus_per_task, gpus_per_task, retries, progress, "episode",
+                                  one_at_a_time={k for k in tasks if k[1] == "ros2"}))
     ordered = []
     for s, a, seed in keys:
         r = rows[(s, a, seed)]
