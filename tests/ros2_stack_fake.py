@@ -4,18 +4,20 @@ and the LiDAR's cloud (ROS 2's default QoS) and, once it has all of a step's (sa
 command: the odometry's speed plus DELTA[k % 2] (k: the step, from the stamp) at a steering angle STEER, as
 Ackermann (header stamped with the step's clock), Twist, or Autoware's Control (stamped; acceleration = DELTA / dt).
 In the autoware preset it first (before its first command, acknowledged) shifts to DRIVE on gear_cmd and engages
-on /vehicle/engage (transient local, as Autoware's gate); in mode ``lights`` it also sends, before each step's
-command (acknowledged), that step's turn indicators and hazard lights commands (LIGHTS). Every message it takes goes
+on /vehicle/engage (transient local, as Autoware's gate); in modes ``lights`` and ``emergency`` it also sends,
+before each step's command (acknowledged), that step's vehicle commands from SCHEDULES (turn indicators and hazard
+lights; emergency). Every message it takes goes
 to LOG as a JSON line (topic, type, stamp and sizes). ``--take clock`` (bench/bench_ros2_agent.py) subscribes to
 the same topics but takes (decodes) only /clock and the odometry and answers on them: the sensors still cross DDS
 into this process, while the stack's Python decode of them (cyclonedds', about 6 ms for a full-HD image) is left out.
 
     python ros2_stack_fake.py LOG --preset gsim|autoware --command ackermann|twist|autoware --domain D
-                              [--mode ok|hang|die:K|nan:K|disengage|park|reverse|silent|lights] [--take all|clock]
+                              [--mode ok|hang|die:K|nan:K|disengage|park|reverse|silent|lights|emergency]
+                              [--take all|clock]
 
 ``hang``: answers nothing; ``die:K``: exits at step K (its DDS participant deleted); ``nan:K``: a NaN at step K;
 ``disengage``: sends engage false; ``park``, ``reverse``: shifts to PARK, REVERSE; ``silent``: sends neither gear
-nor engage; ``lights``: as ``ok``, with LIGHTS.
+nor engage; ``lights``, ``emergency``: as ``ok``, with their SCHEDULES.
 """
 import argparse
 import gc
@@ -36,9 +38,12 @@ from gsim.bridges.ros2.messages import idl_class, message
 
 DELTA, STEER, DT, WHEELBASE = (-0.1, -0.2), 0.03, 0.1, 2.8
 GEARS = {"park": 22, "reverse": 20}  # the gear a mode shifts to (else DRIVE, 2)
-# mode lights: (TurnIndicatorsCommand, HazardLightsCommand) before step k's command (NO_COMMAND 0, DISABLE 1,
-# ENABLE_LEFT 2, ENABLE_RIGHT 3; NO_COMMAND 0, DISABLE 1, ENABLE 2); then as the last
-LIGHTS = ((2, 2), (2, 0), (0, 1), (3, 1))
+# a mode's vehicle commands before step k's command: {key: (field, the values at steps 0, 1, ...; then as the last)}
+# lights: TurnIndicatorsCommand (NO_COMMAND 0, DISABLE 1, ENABLE_LEFT 2, ENABLE_RIGHT 3), HazardLightsCommand
+# (NO_COMMAND 0, DISABLE 1, ENABLE 2); emergency: VehicleEmergencyStamped, true before steps 2 to 4's commands
+SCHEDULES = {"lights": {"turn_indicators_cmd": ("command", (2, 2, 0, 3)),
+                        "hazard_lights_cmd": ("command", (2, 0, 1, 1))},
+             "emergency": {"emergency_cmd": ("emergency", (False, False, True, True, True, False))}}
 DEFAULT = Qos(Policy.Reliability.Reliable(0), Policy.Durability.Volatile, Policy.History.KeepLast(10))
 
 
@@ -87,11 +92,11 @@ def main():
             vtyp = VEHICLE_COMMANDS[key]
             shift.append((DataWriter(dp, Topic(dp, "rt" + topics[key], idl_class(vtyp)), qos=latched),
                           message(vtyp, value)))
-    lights = []  # (writer, type) of the turn indicators and hazard lights commands (mode lights)
-    if mode == "lights":
-        for key in ("turn_indicators_cmd", "hazard_lights_cmd"):
-            vtyp = VEHICLE_COMMANDS[key]
-            lights.append((DataWriter(dp, Topic(dp, "rt" + topics[key], idl_class(vtyp)), qos=latched), vtyp))
+    scheduled = []  # (writer, type, field, values) of the mode's vehicle commands before each step's
+    for key, (field, values) in SCHEDULES.get(mode, {}).items():
+        vtyp = VEHICLE_COMMANDS[key]
+        scheduled.append((DataWriter(dp, Topic(dp, "rt" + topics[key], idl_class(vtyp)), qos=latched), vtyp, field,
+                          values))
     log = open(a.log, "w")
     seen = {}  # stamp (ns) -> {topic: message}
     t_static = topics["tf_static"]
@@ -116,8 +121,8 @@ def main():
                 del writer, readers, taken, waitset, dp
                 gc.collect()  # the participant is deleted: the stack leaves the domain
                 sys.exit(3)
-            sends = shift + [(w, message(ltyp, {"command": c}))
-                             for (w, ltyp), c in zip(lights, LIGHTS[min(k, len(LIGHTS) - 1)])]
+            sends = shift + [(w, message(vtyp, {field: values[min(k, len(values) - 1)]}))
+                             for w, vtyp, field, values in scheduled]
             for w, m in sends:
                 w.write(m)
             for w, _ in sends:

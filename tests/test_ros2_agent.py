@@ -1,7 +1,7 @@
 """A ROS 2 stack in the closed loop (gsim.bridges.ros2) over real DDS: a fake stack in its own process
 (tests/ros2_stack_fake.py, cyclonedds alone) drives the ego by Ackermann, Twist and Autoware commands in lockstep;
 what it receives (types, stamps = the sim clock, sizes, frames); the Autoware preset's topics, gear, engage, turn
-indicators and hazard lights; a stack that never answers, dies, sends NaN or shifts to REVERSE. The IDL types
+indicators, hazard lights and emergency; a stack that never answers, dies, sends NaN or shifts to REVERSE. The IDL types
 serialize exactly as rosbags' ROS 2 types do (uint8[] as bytes).
 
 DDS stays on this machine: CYCLONEDDS_URI (here and in the stack's process) names the loopback interface, with
@@ -113,7 +113,7 @@ def test_a_stack_drives_in_lockstep_and_receives_the_step(loop_street, tmp_path,
 @pytest.mark.parametrize("mode,topics", [("ok", ()), ("silent", (("gear_cmd", ""),)), ("lights", ())])
 def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_street, tmp_path, stack, mode, topics):
     """The stack shifts to DRIVE (and engages) before its first command; or sends no gear, and gear_cmd is off; or
-    also sends turn indicators and hazard lights before each command (the stack's LIGHTS), which the reports echo
+    also sends turn indicators and hazard lights before each command (the stack's SCHEDULES), which the reports echo
     from the next step on as AWSIM's: (turn, hazard) commands (LEFT, ENABLE), (LEFT, NO_COMMAND), (NO_COMMAND,
     DISABLE), (RIGHT, DISABLE) report turn DISABLE (the hazard lights have the lamps), LEFT (back once they are
     off), DISABLE (NO_COMMAND puts them out), RIGHT."""
@@ -128,7 +128,8 @@ def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_str
                      "hazard_lights_status": "/vehicle/status/hazard_lights_status",
                      "command": "/control/command/control_cmd", "gear_cmd": "/control/command/gear_cmd",
                      "engage": "/vehicle/engage", "turn_indicators_cmd": "/control/command/turn_indicators_cmd",
-                     "hazard_lights_cmd": "/control/command/hazard_lights_cmd"}
+                     "hazard_lights_cmd": "/control/command/hazard_lights_cmd",
+                     "emergency_cmd": "/control/command/emergency_cmd"}
     assert STATUS["velocity_status"] == "autoware_vehicle_msgs/msg/VelocityReport"
     log = stack("autoware", "autoware", mode)
     m = drive(loop_street, tmp_path, mode, preset="autoware", topics=topics)
@@ -177,6 +178,23 @@ def test_an_autoware_stack_that_disengages_parks_or_never_shifts_brakes_the_ego_
     assert {r["ego"]["steer_rad"] for r in rows} == {rows[0]["ego"]["steer_rad"]}  # the command's steering unused
     n = len(rows) - 1
     assert reports(received(log)) == ([22] + [gear] * (n - 1), [1] + [control_mode] * (n - 1))
+
+
+def test_an_autoware_stack_in_emergency_brakes_the_ego_as_awsim(loop_street, tmp_path, stack):
+    """emergency_cmd true before steps 2 to 4's commands (the stack's SCHEDULES), false before step 5's: the
+    commands of steps 2 to 4 are set aside and the ego brakes at AWSIM's 3 m/s^2 (its steering held); from step 5 it
+    follows the commands again."""
+    stack("autoware", "autoware", "emergency")
+    m = drive(loop_street, tmp_path, "emergency", steps_n=8, preset="autoware")
+    assert m["completed"] and m["steps"] == 8
+    rows = steps(tmp_path / "emergency")
+    v = [r["ego"]["speed_mps"] for r in rows]
+    brake = 3.0 * (rows[1]["t_us"] - rows[0]["t_us"]) / 1e6
+    assert v[2] > 3 * brake  # (the emergency's three steps brake without reaching a standstill)
+    for k in range(1, len(rows)):  # (step k's speed: step k - 1's command, or the emergency)
+        expected = v[k - 1] - brake if k - 1 in (2, 3, 4) else v[k - 1] + DELTA[(k - 1) % 2]
+        assert v[k] == pytest.approx(expected, abs=1e-4), k
+    assert all(abs(r["ego"]["steer_rad"] - STEER) < 1e-6 for r in rows[1:])
 
 
 @pytest.mark.parametrize("mode,match,kept", [

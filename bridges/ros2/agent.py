@@ -28,15 +28,19 @@ and hazard_lights_status, as AWSIM does: the last of each sent up to a step's co
 on; ENABLE_LEFT / ENABLE_RIGHT and ENABLE light them, any other command (DISABLE, NO_COMMAND) puts them out; the
 hazard lights take the indicators' lamps, so while they are on the indicators report DISABLE (and the last
 indicator command shows again once they are off). Both start DISABLE. They change nothing in the ego's motion.
+It reads /control/command/emergency_cmd (tier4_vehicle_msgs VehicleEmergencyStamped) as AWSIM 1.x does: while the
+last one sent up to a step's command is true, the command is set aside and the ego brakes at AWSIM's emergency
+deceleration (`EMERGENCY_DECEL_MPS2`) to a stop, its steering held; false, the command drives again. The gear and
+mode still act on top (NEUTRAL brakes the same; PARK or disengaged, at the full deceleration).
 
 A stack that never starts, never answers, leaves (its command publisher gone) or commands a non-finite number is a
 `Ros2Error` naming the topic and the step; the runner keeps every completed step (as for egodriver).
 
 QoS: gsim offers reliable, volatile, keep last 10 on every topic (a best-effort subscriber, e.g. AWSIM's sensor
 and clock QoS or rclcpp's ClockQoS, takes it too); /tf_static transient local, keep last 1. It reads the command,
-gear, engage, turn indicators and hazard lights reliable and volatile (a transient-local publisher, as Autoware's
-control_cmd and gear_cmd are, matches too; what a stack sent before the run started is not seen). DDS settings are
-the user's own (CYCLONEDDS_URI); the domain is ``domain_id`` (ROS_DOMAIN_ID by default).
+gear, engage, turn indicators, hazard lights and emergency reliable and volatile (a transient-local publisher, as
+Autoware's control_cmd and gear_cmd are, matches too; what a stack sent before the run started is not seen). DDS
+settings are the user's own (CYCLONEDDS_URI); the domain is ``domain_id`` (ROS_DOMAIN_ID by default).
 """
 from __future__ import annotations
 
@@ -73,7 +77,8 @@ PRESETS = {  # topic keys -> names; camera/NAME and lidar/NAME are per sensor (T
                  "hazard_lights_status": "/vehicle/status/hazard_lights_status",
                  "command": "/control/command/control_cmd", "gear_cmd": "/control/command/gear_cmd",
                  "engage": "/vehicle/engage", "turn_indicators_cmd": "/control/command/turn_indicators_cmd",
-                 "hazard_lights_cmd": "/control/command/hazard_lights_cmd"},
+                 "hazard_lights_cmd": "/control/command/hazard_lights_cmd",
+                 "emergency_cmd": "/control/command/emergency_cmd"},
 }
 DEFAULT_COMMAND = {"gsim": "ackermann", "autoware": "autoware"}
 STATUS = {"velocity_status": "autoware_vehicle_msgs/msg/VelocityReport",
@@ -84,7 +89,9 @@ STATUS = {"velocity_status": "autoware_vehicle_msgs/msg/VelocityReport",
           "hazard_lights_status": "autoware_vehicle_msgs/msg/HazardLightsReport"}
 VEHICLE_COMMANDS = {"gear_cmd": "autoware_vehicle_msgs/msg/GearCommand", "engage": "autoware_vehicle_msgs/msg/Engage",
                     "turn_indicators_cmd": "autoware_vehicle_msgs/msg/TurnIndicatorsCommand",
-                    "hazard_lights_cmd": "autoware_vehicle_msgs/msg/HazardLightsCommand"}
+                    "hazard_lights_cmd": "autoware_vehicle_msgs/msg/HazardLightsCommand",
+                    "emergency_cmd": "tier4_vehicle_msgs/msg/VehicleEmergencyStamped"}
+EMERGENCY_DECEL_MPS2 = 3.0  # AWSIM's vehicle in an emergency (VehicleRos2Input's emergencyDeceleration)
 STANDSTILL_MPS = 0.1  # a Twist's yaw rate gives no steering angle below this speed
 SETTLE_S = 0.3  # the stack's subscriptions unchanged this long: all of them discovered
 
@@ -99,7 +106,8 @@ class Ros2Options:
     twist, autoware; None: the preset's), the DDS ``domain_id`` (None: ROS_DOMAIN_ID, else 0), each step's
     ``deadline_s`` for the command (and the start's for the stack to appear) and ``topics``: (KEY, NAME) overrides
     of the preset's names (keys: clock, tf, tf_static, odometry, command, camera/SENSOR, lidar/SENSOR and the
-    autoware preset's status topics, gear_cmd and engage; an empty NAME publishes, or reads, nothing there)."""
+    autoware preset's status topics and vehicle commands, `STATUS` and `VEHICLE_COMMANDS`; an empty NAME publishes,
+    or reads, nothing there)."""
 
     preset: str = "gsim"
     command: Optional[str] = None
@@ -214,7 +222,7 @@ class Ros2Agent:
         self.vehicle_readers = {key: (DataReader(dp, Topic(dp, "rt" + t[key], idl_class(typ)), qos=default),
                                       idl_class(typ)) for key, typ in VEHICLE_COMMANDS.items() if t.get(key)}
         self.engaged, self.gear = True, GEAR_PARK if t.get("gear_cmd") else GEAR_DRIVE
-        self.turn, self.hazard = TURN_DISABLE, HAZARD_DISABLE
+        self.turn, self.hazard, self.emergency = TURN_DISABLE, HAZARD_DISABLE, False
         self.waitset = WaitSet(dp)
         self.waitset.attach(ReadCondition(self.reader, SampleState.NotRead | ViewState.Any | InstanceState.Any))
         self._wait_for_stack()
@@ -225,7 +233,7 @@ class Ros2Agent:
 
     def _wait_for_stack(self) -> None:
         """Until the stack's command publisher (and a /clock subscriber, where /clock is published) are discovered,
-        and then the subscriptions on every topic gsim publishes (and the publishers of the gear and engage it
+        and then the subscriptions on every topic gsim publishes (and the publishers of the vehicle commands it
         reads) have stayed as they are for `SETTLE_S`: a stack's endpoints are discovered one by one, and a step
         published before its image subscription matched is lost to it (volatile), which a lockstep stack would wait
         for forever (at most until the deadline)."""
@@ -300,13 +308,15 @@ class Ros2Agent:
         return [m for m in reader.take(N=64) if isinstance(m, cls)]
 
     def _take_vehicle(self, k: int) -> None:
-        """The gear, engage, turn indicators and hazard lights the stack sent up to step ``k``'s command (the last
-        of each counts; an indicator or hazard command other than an ENABLE, NO_COMMAND too, switches it off, as
-        AWSIM takes them)."""
+        """The gear, engage, turn indicators, hazard lights and emergency the stack sent up to step ``k``'s command
+        (the last of each counts; an indicator or hazard command other than an ENABLE, NO_COMMAND too, switches it
+        off, as AWSIM takes them)."""
         for key, (reader, cls) in self.vehicle_readers.items():
             for m in self._take(reader, cls):
                 if key == "engage":
                     self.engaged = bool(m.engage)
+                elif key == "emergency_cmd":
+                    self.emergency = bool(m.emergency)
                 elif key == "turn_indicators_cmd":
                     self.turn = m.command if m.command in (TURN_LEFT, TURN_RIGHT) else TURN_DISABLE
                 elif key == "hazard_lights_cmd":
@@ -372,6 +382,8 @@ class Ros2Agent:
     def _vehicle(self, c: Controls, s) -> Controls:
         """The command's inputs ``c`` as the vehicle applies them in its gear and mode, the ego in state ``s`` (see
         the module's docstring)."""
+        if self.emergency:  # (AWSIM sets the command aside and brakes, the steering held where it is)
+            c = controls(s, self.info.params, self.info.step_s, s.steer_rad, accel_mps2=-EMERGENCY_DECEL_MPS2)
         if self.engaged and self.gear in DRIVE_GEARS:
             return c
         if self.engaged and self.gear == GEAR_NEUTRAL:

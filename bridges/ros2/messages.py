@@ -1,8 +1,8 @@
 """The ROS 2 messages gsim speaks over DDS, as cyclonedds IDL classes with ROS 2's DDS type names
 (``<package>::msg::dds_::<Name>_``, what rmw_cyclonedds and rmw_fastrtps register), made from the message
 definitions: rosbags' ROS 2 type store for the common packages, the ``.msg`` text below for ackermann_msgs and
-Autoware's autoware_control_msgs / autoware_vehicle_msgs (not in that store). `message` builds one from nested dicts
-of field names, as `gsim.ros2_bag.build` does for bags.
+Autoware's autoware_control_msgs / autoware_vehicle_msgs / tier4_vehicle_msgs (not in that store). `message` builds
+one from nested dicts of field names, as `gsim.ros2_bag.build` does for bags.
 
 cyclonedds packs a ``uint8[]`` (image and cloud data) one Python int a byte (about 0.2 s for a 6 MB image); gsim's
 classes move such fields as bytes (`_as_bytes`): the same CDR on the wire, the type still ``sequence<uint8>``.
@@ -38,6 +38,7 @@ EXTRA_MSG = {
     "autoware_vehicle_msgs/msg/TurnIndicatorsReport": "builtin_interfaces/Time stamp\nuint8 report\n",
     "autoware_vehicle_msgs/msg/HazardLightsCommand": "builtin_interfaces/Time stamp\nuint8 command\n",
     "autoware_vehicle_msgs/msg/HazardLightsReport": "builtin_interfaces/Time stamp\nuint8 report\n",
+    "tier4_vehicle_msgs/msg/VehicleEmergencyStamped": "builtin_interfaces/Time stamp\nbool emergency\n",
 }
 # autoware_vehicle_msgs' constants: GearCommand's (GearReport's are the same), ControlModeReport's,
 # TurnIndicatorsCommand's and HazardLightsCommand's (their reports' are the same, less NO_COMMAND)
