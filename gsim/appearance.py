@@ -59,10 +59,7 @@ class Sky:
         d = dirs_world if is_tensor(dirs_world) else torch.from_numpy(np.asarray(dirs_world, np.float32))
         d = d.to(env.dtype)
         shape = d.shape[:-1]
-        d = d.reshape(-1, 3)
-        n = torch.linalg.vector_norm(d, dim=-1).clamp_min(1e-12)
-        u = (torch.atan2(d[:, 1], d[:, 0]) / math.pi + 1) * 0.5  # [0,1] around the azimuth
-        v = torch.acos((d[:, 2] / n).clamp(-1, 1)) / math.pi  # 0 up, 1 down
+        u, v = lat_long(d.reshape(-1, 3))
         h, w = env.shape[:2]
         img = env.permute(2, 0, 1)[None]
         img = torch.cat([img[..., -1:], img, img[..., :1]], -1)  # wrap around the azimuth seam
@@ -71,6 +68,14 @@ class Sky:
         out = F.grid_sample(img, grid, mode="bilinear", padding_mode="border", align_corners=False)
         out = out[0, :, 0].T.reshape(*shape, 3)
         return out if is_tensor(dirs_world) or is_tensor(self.envmap) else out.numpy()
+
+
+def lat_long(d):
+    """(N,3) torch world directions (any length) -> (u, v) in [0,1]: u around the azimuth from -pi, v from straight
+    up (0) to straight down (1); texel (row, column) of an (H,W) map: (floor(v H), floor(u W))."""
+    import torch
+    n = torch.linalg.vector_norm(d, dim=-1).clamp_min(1e-12)
+    return (torch.atan2(d[:, 1], d[:, 0]) / math.pi + 1) * 0.5, torch.acos((d[:, 2] / n).clamp(-1, 1)) / math.pi
 
 
 @functools.lru_cache(maxsize=16)

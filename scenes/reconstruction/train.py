@@ -37,6 +37,7 @@ from ..log import load_log
 from .model import SKY_SHAPE, SceneModel
 from .movers import detect_movers, write_pictures
 from .ground import GroundField, GroundOptions, road_loss
+from .sky_fill import SkyFill
 from .sky_mask import SkyPixels, empty_directions, sky_masks
 from .optim import Adam, DensifyOptions, Densifier
 from .views import Ignored, View, lidar_reach, make_views, split_frames
@@ -90,6 +91,7 @@ class TrainConfig:
     robust_floor: float = 0.1  # ... and this (mean absolute RGB) are turned down in the photometric loss (transients)
     robust_from: int = 500  # iteration where the robust mask starts (the residuals mean something by then)
     sky_weight: float = 0.1  # the rendered alpha on the views' sky pixels (`sky_mask`; 0: no masks, sky seeded too)
+    sky_fill: bool = True  # the sky map's texels no sky-mask pixel looks along follow the others (`sky_fill`)
     road_weight: float = 1.0  # the lying surfels near the LiDAR's ground held at its height (`ground`; 0: off)
     multiview_weight: float = 0.0  # NCC of the neighbouring views' images warped through the depth (`multiview`)
     opacity_weight: float = 0.0  # the opacities' binary entropy (`losses.opacity_entropy`), from normal_from on
@@ -139,6 +141,7 @@ class TrainConfig:
         d.setdefault("lr_view_rot", 0.0)  # nor the views'
         d.setdefault("lr_view_trans", 0.0)
         d.setdefault("sky_weight", 0.0)  # nor kept surfels out of the sky
+        d.setdefault("sky_fill", False)  # nor filled the sky's unseen directions
         d.setdefault("road_weight", 0.0)  # nor held the road's surfels on its surface
         d.setdefault("lidar_free_weight", 0.0)  # nor cleared the empty LiDAR rays
         d.setdefault("multiview_weight", 0.0)  # nor asked the neighbouring views
@@ -198,6 +201,7 @@ class _Run:
         self.step = 0
         self.time_share = 0.0  # of cfg.max_train_s spent (the training loop sets it)
         self.ground: Optional[GroundField] = None  # the road's height field (`start` fits it when cfg.road_weight)
+        self.sky_fill: Optional[SkyFill] = None  # (`start`, with cfg.sky_fill and sky masks)
         self.reach: Optional[float] = None  # the LiDAR's range (`start` sets it): sky pixels hold nothing nearer
         self.neighbours: Dict[int, List[View]] = {}  # id(view) -> its neighbours (`start`, with cfg.multiview_weight)
         self._tensors: Dict[int, tuple] = {}  # id(view) -> (view, its arrays on the model's device)
@@ -453,6 +457,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     decay = 0.01 ** min(max(run.step / max(cfg.iterations, 1), run.time_share), 1.0)
     run.adam.step(params, {"means": decay, "view/rot": decay, "view/trans": decay,
                            **{f"pose/{i}": decay for i in model.pose_offsets}})
+    if run.sky_fill is not None:
+        run.sky_fill.apply(model.sky)
     if not sync:
         return loss.detach(), ((rgb.detach().clamp(0, 1) - target) ** 2).mean()
     return float(loss.detach()), losses.psnr(rgb.detach().clamp(0, 1), target)
@@ -562,6 +568,8 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
     if cfg.road_weight:
         run.ground = GroundField.fit(log, train_frames, ignored=ignored)
     run.reach = lidar_reach(log)
+    if cfg.sky_fill:
+        run.sky_fill = SkyFill.of(views, tuple(run.model.sky.shape[:2]))
     if cfg.multiview_weight:
         run.neighbours = {id(views[i]): [views[j] for j in nb] for i, nb in multiview.neighbours(views).items()}
     return Training(log, train_frames, views, sweeps, run, bool(found))
