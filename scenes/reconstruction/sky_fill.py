@@ -24,9 +24,9 @@ class SkyFill:
     weights: torch.Tensor  # (U,K) each unknown texel as a weighted sum of the known ones
 
     @staticmethod
-    def of(views: Sequence, shape) -> Optional["SkyFill"]:
-        """The fill of an (H,W) sky map from the views' sky masks (`views.View.sky`); None when no view has a
-        sky pixel or every texel has one (nothing to fill from, or nothing to fill)."""
+    def of(views: Sequence, shape, device="cpu") -> Optional["SkyFill"]:
+        """The fill of an (H,W) sky map from the views' sky masks (`views.View.sky`), on the map's ``device``;
+        None when no view has a sky pixel or every texel has one (nothing to fill from, or nothing to fill)."""
         from gsim.appearance import lat_long
         h, w = shape
         count = np.zeros(h * w, np.int64)
@@ -40,14 +40,13 @@ class SkyFill:
         known = count > 0
         if known.all() or not known.any():
             return None
-        return SkyFill(*(torch.from_numpy(x) for x in _membrane(known.reshape(h, w))))
+        return SkyFill(*(torch.from_numpy(x).to(device) for x in _membrane(known.reshape(h, w))))
 
     def apply(self, sky: torch.Tensor) -> None:
         """Sets ``sky``'s (H,W,3) unknown texels from its known ones, in place."""
         with torch.no_grad():
             flat = sky.view(-1, sky.shape[-1])
-            w = self.weights.to(flat.device, flat.dtype)
-            flat[self.unknown.to(flat.device)] = w @ flat[self.known.to(flat.device)]
+            flat[self.unknown] = self.weights.to(flat.dtype) @ flat[self.known]
 
 
 def _membrane(known: np.ndarray):

@@ -569,7 +569,7 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
         run.ground = GroundField.fit(log, train_frames, ignored=ignored)
     run.reach = lidar_reach(log)
     if cfg.sky_fill:
-        run.sky_fill = SkyFill.of(views, tuple(run.model.sky.shape[:2]))
+        run.sky_fill = SkyFill.of(views, tuple(run.model.sky.shape[:2]), run.model.device)
     if cfg.multiview_weight:
         run.neighbours = {id(views[i]): [views[j] for j in nb] for i, nb in multiview.neighbours(views).items()}
     return Training(log, train_frames, views, sweeps, run, bool(found))
