@@ -6,24 +6,27 @@ Ackermann (header stamped with the step's clock), Twist, or Autoware's Control (
 In the autoware preset it first (before its first command, acknowledged) shifts to DRIVE on gear_cmd and engages
 on /vehicle/engage (transient local, as Autoware's gate); in modes ``lights`` and ``emergency`` it also sends,
 before each step's command (acknowledged), that step's vehicle commands from SCHEDULES (turn indicators and hazard
-lights; emergency). Every message it takes goes
-to LOG as a JSON line (topic, type, stamp and sizes). ``--take clock`` (bench/bench_ros2_agent.py) subscribes to
+lights; emergency); in mode ``control_mode`` it calls the control mode service (a client on the DDS wire of
+rmw_cyclonedds, `Client`) before steps 1, 3 and 4's commands, each awaited (CONTROL_MODE_REQUESTS), and logs the
+replies. Every message it takes goes to LOG as a JSON line (topic, type, stamp and sizes). ``--take clock`` (bench/bench_ros2_agent.py) subscribes to
 the same topics but takes (decodes) only /clock and the odometry and answers on them: the sensors still cross DDS
 into this process, while the stack's Python decode of them (cyclonedds', about 6 ms for a full-HD image) is left out.
 
     python ros2_stack_fake.py LOG --preset gsim|autoware --command ackermann|twist|autoware --domain D
-                              [--mode ok|hang|die:K|nan:K|disengage|park|reverse|silent|lights|emergency]
+                              [--mode ok|hang|die:K|nan:K|disengage|park|reverse|silent|lights|emergency|control_mode]
                               [--take all|clock]
 
 ``hang``: answers nothing; ``die:K``: exits at step K (its DDS participant deleted); ``nan:K``: a NaN at step K;
 ``disengage``: sends engage false; ``park``, ``reverse``: shifts to PARK, REVERSE; ``silent``: sends neither gear
-nor engage; ``lights``, ``emergency``: as ``ok``, with their SCHEDULES.
+nor engage; ``lights``, ``emergency``: as ``ok``, with their SCHEDULES; ``control_mode``: as ``ok``, with the
+CONTROL_MODE_REQUESTS.
 """
 import argparse
 import gc
 import json
 import math
 import sys
+import time
 
 from cyclonedds.core import InstanceState, ReadCondition, SampleState, ViewState, WaitSet
 from cyclonedds.domain import DomainParticipant
@@ -33,8 +36,9 @@ from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 from cyclonedds.util import duration
 
-from gsim.bridges.ros2.agent import COMMANDS, VEHICLE_COMMANDS, Ros2Options
-from gsim.bridges.ros2.messages import idl_class, message
+from gsim.bridges.ros2.agent import COMMANDS, VEHICLE_COMMANDS, VEHICLE_SERVICES, Ros2Options
+from gsim.bridges.ros2.messages import endpoint_id, idl_class, message, service_class, service_message, user_data_key
+from gsim.ros2_bag import ros_time
 
 DELTA, STEER, DT, WHEELBASE = (-0.1, -0.2), 0.03, 0.1, 2.8
 GEARS = {"park": 22, "reverse": 20}  # the gear a mode shifts to (else DRIVE, 2)
@@ -44,6 +48,9 @@ GEARS = {"park": 22, "reverse": 20}  # the gear a mode shifts to (else DRIVE, 2)
 SCHEDULES = {"lights": {"turn_indicators_cmd": ("command", (2, 2, 0, 3)),
                         "hazard_lights_cmd": ("command", (2, 0, 1, 1))},
              "emergency": {"emergency_cmd": ("emergency", (False, False, True, True, True, False))}}
+# mode control_mode: {step: the ControlModeCommand request's mode before its command}: MANUAL (4), AUTONOMOUS (1),
+# AUTONOMOUS_STEER_ONLY (2)
+CONTROL_MODE_REQUESTS = {1: 4, 3: 1, 4: 2}
 DEFAULT = Qos(Policy.Reliability.Reliable(0), Policy.Durability.Volatile, Policy.History.KeepLast(10))
 
 
@@ -97,6 +104,8 @@ def main():
         vtyp = VEHICLE_COMMANDS[key]
         scheduled.append((DataWriter(dp, Topic(dp, "rt" + topics[key], idl_class(vtyp)), qos=latched), vtyp, field,
                           values))
+    client = (Client(dp, topics["control_mode_request"], VEHICLE_SERVICES["control_mode_request"])
+              if mode == "control_mode" else None)
     log = open(a.log, "w")
     seen = {}  # stamp (ns) -> {topic: message}
     t_static = topics["tf_static"]
@@ -128,9 +137,50 @@ def main():
             for w, _ in sends:
                 w.wait_for_acks(duration(seconds=5))  # (before the command: gsim reads them once it has that)
             shift = []
+            if client is not None and k in CONTROL_MODE_REQUESTS:  # (awaited: gsim answers while it waits)
+                request = {"stamp": ros_time(stamp), "mode": CONTROL_MODE_REQUESTS[k]}
+                reply = client.call(request)
+                log.write(json.dumps({"topic": client.reply_topic, "stamp_ns": stamp, "mode": request["mode"],
+                                      "success": reply.success, "sequence_number": reply.sequence_number}) + "\n")
+                log.flush()
             if mode != "hang":
                 writer.write(message(typ, _command(a.command, stamp, speed[stamp], k,
                                                    math.nan if mode == "nan" and k == int(at) else 0.0)))
+
+
+class Client:
+    """A ROS 2 service client on the DDS wire of rmw_cyclonedds (gsim.bridges.ros2.messages' docstring): a request
+    writer and a reply reader with ``clientid=ID;`` in their USER_DATA, ready once a request reader and a reply
+    writer of the same ``serviceid`` are matched (rmw_cyclonedds' ``service_server_is_available``); a request
+    carries its writer's instance handle and a sequence number, and its reply is the one that carries both back."""
+
+    def __init__(self, dp, name: str, srv: str):
+        qos = Qos(*DEFAULT, Policy.Userdata(f"clientid={endpoint_id(dp, 1)};".encode()))
+        self.srv, self.reply_topic = srv, f"rr{name}Reply"
+        self.writer = DataWriter(dp, Topic(dp, f"rq{name}Request", service_class(srv, "Request")), qos=qos)
+        self.reader = DataReader(dp, Topic(dp, self.reply_topic, service_class(srv, "Response")), qos=qos)
+        self.guid, self.seq = self.writer.get_instance_handle() % 2 ** 64, 0  # (a uint64; cyclonedds says int64)
+
+    def ready(self) -> bool:
+        ids = {user_data_key(self.writer.get_matched_subscription_data(h).qos, "serviceid")
+               for h in self.writer.get_matched_subscriptions()} - {None}
+        return any(user_data_key(self.reader.get_matched_publication_data(h).qos, "serviceid") in ids
+                   for h in self.reader.get_matched_publications())
+
+    def call(self, values: dict, timeout_s: float = 10.0):
+        end = time.monotonic() + timeout_s
+        while not self.ready():
+            if time.monotonic() > end:
+                raise TimeoutError(f"{self.srv}: no service")
+            time.sleep(0.01)
+        self.seq += 1
+        self.writer.write(service_message(self.srv, "Request", self.guid, self.seq, values))
+        while time.monotonic() < end:
+            for m in self.reader.take(N=16):
+                if getattr(m, "writer_guid", None) == self.guid and m.sequence_number == self.seq:
+                    return m
+            time.sleep(0.005)
+        raise TimeoutError(f"{self.srv}: no reply to request {self.seq}")
 
 
 def _stamp(m):
@@ -168,7 +218,7 @@ def _sizes(m) -> dict:
 
 def _command(kind: str, stamp: int, v: float, k: int, nan: float) -> dict:
     target = v + DELTA[k % 2] + nan
-    t = {"sec": stamp // 1_000_000_000, "nanosec": stamp % 1_000_000_000}
+    t = ros_time(stamp)
     if kind == "ackermann":
         return {"header": {"stamp": t}, "drive": {"speed": target, "steering_angle": STEER}}
     if kind == "twist":

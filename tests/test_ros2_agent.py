@@ -129,7 +129,8 @@ def test_the_autoware_preset_speaks_awsims_topics_and_autowares_control(loop_str
                      "command": "/control/command/control_cmd", "gear_cmd": "/control/command/gear_cmd",
                      "engage": "/vehicle/engage", "turn_indicators_cmd": "/control/command/turn_indicators_cmd",
                      "hazard_lights_cmd": "/control/command/hazard_lights_cmd",
-                     "emergency_cmd": "/control/command/emergency_cmd"}
+                     "emergency_cmd": "/control/command/emergency_cmd",
+                     "control_mode_request": "/control/control_mode_request"}
     assert STATUS["velocity_status"] == "autoware_vehicle_msgs/msg/VelocityReport"
     log = stack("autoware", "autoware", mode)
     m = drive(loop_street, tmp_path, mode, preset="autoware", topics=topics)
@@ -195,6 +196,28 @@ def test_an_autoware_stack_in_emergency_brakes_the_ego_as_awsim(loop_street, tmp
         expected = v[k - 1] - brake if k - 1 in (2, 3, 4) else v[k - 1] + DELTA[(k - 1) % 2]
         assert v[k] == pytest.approx(expected, abs=1e-4), k
     assert all(abs(r["ego"]["steer_rad"] - STEER) < 1e-6 for r in rows[1:])
+
+
+def test_an_autoware_stack_switches_the_control_mode_through_the_service(loop_street, tmp_path, stack):
+    """The stack calls /control/control_mode_request (ControlModeCommand, on rmw_cyclonedds' DDS wire) before steps
+    1, 3 and 4's commands, awaiting each reply (the stack's CONTROL_MODE_REQUESTS): MANUAL succeeds (the ego brakes
+    at its full deceleration from step 1, MANUAL reported from step 2), AUTONOMOUS succeeds (the commands drive again
+    from step 3), AUTONOMOUS_STEER_ONLY is not supported (failure; still AUTONOMOUS)."""
+    log = stack("autoware", "autoware", "control_mode")
+    m = drive(loop_street, tmp_path, "control_mode", steps_n=7, preset="autoware")
+    assert m["completed"] and m["steps"] == 7
+    rows = steps(tmp_path / "control_mode")
+    v = [r["ego"]["speed_mps"] for r in rows]
+    brake = VehicleParams().max_decel_mps2 * (rows[1]["t_us"] - rows[0]["t_us"]) / 1e6
+    assert v[1] > 2 * brake
+    for k in range(1, len(rows)):  # (step k's speed: step k - 1's command, or the brakes while MANUAL)
+        expected = v[k - 1] - brake if k - 1 in (1, 2) else v[k - 1] + DELTA[(k - 1) % 2]
+        assert v[k] == pytest.approx(expected, abs=1e-4), k
+    got = received(log)
+    replies = [(g["mode"], g["success"], g["sequence_number"]) for g in got
+               if g["topic"] == "rr/control/control_mode_requestReply"]
+    assert replies == [(4, True, 1), (1, True, 2), (2, False, 3)]
+    assert reported(got, "control_mode", "mode") == [1, 1, 4, 4, 1, 1, 1]
 
 
 @pytest.mark.parametrize("mode,match,kept", [
@@ -281,6 +304,33 @@ def test_the_idl_types_serialize_as_ros2s_cdr():
         assert bytes(message(typ, v).serialize(buffer=kept)) == cdr + bytes(-len(cdr) % 4), typ
     stamped = message("autoware_control_msgs/msg/Control", {"longitudinal": {"acceleration": -1.25}})
     assert math.isclose(type(stamped).deserialize(stamped.serialize()).longitudinal.acceleration, -1.25)
+
+
+def test_the_service_samples_are_rmw_cyclonedds_request_header_and_message():
+    """A ControlModeCommand request and reply as rmw_cyclonedds' serdata.cpp writes them: the CDR header, the request
+    header (the client's writer handle as uint64, the sequence number as int64; little-endian here, as the
+    encapsulation says) and then the message's CDR (rosbags', whose alignment the 16 bytes keep); the DDS type names
+    ``pkg::srv::dds_::Srv_Request_`` / ``_Response_``; the endpoints' ids as rmw_cyclonedds formats them."""
+    import re
+    import struct
+    from cyclonedds.domain import DomainParticipant
+    from gsim.bridges.ros2.agent import VEHICLE_SERVICES
+    from gsim.bridges.ros2.messages import endpoint_id, service_class, service_message, typestore
+    from gsim.ros2_bag import build
+    ts, srv = typestore(), VEHICLE_SERVICES["control_mode_request"]
+    assert srv == "autoware_vehicle_msgs/srv/ControlModeCommand"
+    guid, seq = 0xFEDCBA9876543210, 42  # (a handle with its top bit set: a uint64)
+    for part, v in (("Request", {"stamp": {"sec": 3, "nanosec": 7}, "mode": 4}), ("Response", {"success": True})):
+        name = f"ControlModeCommand_{part}"
+        assert service_class(srv, part).__idl_typename__ == f"autoware_vehicle_msgs::srv::dds_::{name}_"
+        typ = f"autoware_vehicle_msgs/msg/{name}"
+        cdr = bytes(ts.serialize_cdr(build(ts, typ, v), typ))
+        sample = service_message(srv, part, guid, seq, v)
+        assert cdr[:4] == b"\x00\x01\x00\x00"  # (CDR, little-endian)
+        assert sample.serialize() == cdr[:4] + struct.pack("<Qq", guid, seq) + cdr[4:]
+        back = type(sample).deserialize(sample.serialize())
+        assert (back.writer_guid, back.sequence_number) == (guid, seq)
+    assert re.fullmatch(r"[0-9a-f]{2}(\.[0-9a-f]{1,2}){15}", endpoint_id(DomainParticipant(DOMAIN), 3))
 
 
 def test_bad_ros2_options_are_refused_before_anything_starts():

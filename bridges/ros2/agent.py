@@ -32,6 +32,12 @@ It reads /control/command/emergency_cmd (tier4_vehicle_msgs VehicleEmergencyStam
 last one sent up to a step's command is true, the command is set aside and the ego brakes at AWSIM's emergency
 deceleration (`EMERGENCY_DECEL_MPS2`) to a stop, its steering held; false, the command drives again. The gear and
 mode still act on top (NEUTRAL brakes the same; PARK or disengaged, at the full deceleration).
+It serves /control/control_mode_request (autoware_vehicle_msgs ControlModeCommand, on rmw_cyclonedds' DDS wire:
+`messages.ServiceServer`) as a vehicle interface does: AUTONOMOUS engages and MANUAL disengages (as engage true and
+false: control_mode reports them, MANUAL brakes the ego to a stop), each replying success; other modes change
+nothing and reply failure (AWSIM replies success to every mode). The last request answered up to a step's command
+acts from that step on; requests are answered while gsim waits for the command too (a stack may await the reply
+before it commands).
 
 A stack that never starts, never answers, leaves (its command publisher gone) or commands a non-finite number is a
 `Ros2Error` naming the topic and the step; the runner keeps every completed step (as for egodriver).
@@ -78,7 +84,8 @@ PRESETS = {  # topic keys -> names; camera/NAME and lidar/NAME are per sensor (T
                  "command": "/control/command/control_cmd", "gear_cmd": "/control/command/gear_cmd",
                  "engage": "/vehicle/engage", "turn_indicators_cmd": "/control/command/turn_indicators_cmd",
                  "hazard_lights_cmd": "/control/command/hazard_lights_cmd",
-                 "emergency_cmd": "/control/command/emergency_cmd"},
+                 "emergency_cmd": "/control/command/emergency_cmd",
+                 "control_mode_request": "/control/control_mode_request"},
 }
 DEFAULT_COMMAND = {"gsim": "ackermann", "autoware": "autoware"}
 STATUS = {"velocity_status": "autoware_vehicle_msgs/msg/VelocityReport",
@@ -91,6 +98,7 @@ VEHICLE_COMMANDS = {"gear_cmd": "autoware_vehicle_msgs/msg/GearCommand", "engage
                     "turn_indicators_cmd": "autoware_vehicle_msgs/msg/TurnIndicatorsCommand",
                     "hazard_lights_cmd": "autoware_vehicle_msgs/msg/HazardLightsCommand",
                     "emergency_cmd": "tier4_vehicle_msgs/msg/VehicleEmergencyStamped"}
+VEHICLE_SERVICES = {"control_mode_request": "autoware_vehicle_msgs/srv/ControlModeCommand"}  # (served)
 EMERGENCY_DECEL_MPS2 = 3.0  # AWSIM's vehicle in an emergency (VehicleRos2Input's emergencyDeceleration)
 STANDSTILL_MPS = 0.1  # a Twist's yaw rate gives no steering angle below this speed
 SETTLE_S = 0.3  # the stack's subscriptions unchanged this long: all of them discovered
@@ -106,8 +114,8 @@ class Ros2Options:
     twist, autoware; None: the preset's), the DDS ``domain_id`` (None: ROS_DOMAIN_ID, else 0), each step's
     ``deadline_s`` for the command (and the start's for the stack to appear) and ``topics``: (KEY, NAME) overrides
     of the preset's names (keys: clock, tf, tf_static, odometry, command, camera/SENSOR, lidar/SENSOR and the
-    autoware preset's status topics and vehicle commands, `STATUS` and `VEHICLE_COMMANDS`; an empty NAME publishes,
-    or reads, nothing there)."""
+    autoware preset's status topics, vehicle commands and services, `STATUS`, `VEHICLE_COMMANDS` and
+    `VEHICLE_SERVICES`; an empty NAME publishes, reads or serves nothing there)."""
 
     preset: str = "gsim"
     command: Optional[str] = None
@@ -184,7 +192,7 @@ class Ros2Agent:
         from cyclonedds.qos import Policy, Qos
         from cyclonedds.sub import DataReader
         from cyclonedds.topic import Topic
-        from .messages import Writer, idl_class
+        from .messages import ServiceServer, Writer, idl_class
         o = self.options
         self.info, self.dt_us = info, int(round(info.step_s * 1e6))
         self.domain = o.domain_id if o.domain_id is not None else int(os.environ.get("ROS_DOMAIN_ID", "0") or 0)
@@ -223,8 +231,11 @@ class Ros2Agent:
                                       idl_class(typ)) for key, typ in VEHICLE_COMMANDS.items() if t.get(key)}
         self.engaged, self.gear = True, GEAR_PARK if t.get("gear_cmd") else GEAR_DRIVE
         self.turn, self.hazard, self.emergency = TURN_DISABLE, HAZARD_DISABLE, False
+        self.services = {key: ServiceServer(dp, t[key], srv, default, number=i + 1)
+                         for i, (key, srv) in enumerate(VEHICLE_SERVICES.items()) if t.get(key)}
         self.waitset = WaitSet(dp)
-        self.waitset.attach(ReadCondition(self.reader, SampleState.NotRead | ViewState.Any | InstanceState.Any))
+        for reader in (self.reader, *(s.reader for s in self.services.values())):  # (a request wakes it too)
+            self.waitset.attach(ReadCondition(reader, SampleState.NotRead | ViewState.Any | InstanceState.Any))
         self._wait_for_stack()
         if t["tf_static"]:
             mounts = [transform(BASE, frame, 0, T_vc) for _, T_vc, _, frame in self.cameras.values()]
@@ -234,9 +245,9 @@ class Ros2Agent:
     def _wait_for_stack(self) -> None:
         """Until the stack's command publisher (and a /clock subscriber, where /clock is published) are discovered,
         and then the subscriptions on every topic gsim publishes (and the publishers of the vehicle commands it
-        reads) have stayed as they are for `SETTLE_S`: a stack's endpoints are discovered one by one, and a step
-        published before its image subscription matched is lost to it (volatile), which a lockstep stack would wait
-        for forever (at most until the deadline)."""
+        reads, and the clients of its services) have stayed as they are for `SETTLE_S`: a stack's endpoints are
+        discovered one by one, and a step published before its image subscription matched is lost to it (volatile),
+        which a lockstep stack would wait for forever (at most until the deadline)."""
         clock = self.writers.get(self.topics["clock"])
         end = time.monotonic() + self.options.deadline_s
         seen, since = None, 0.0
@@ -245,7 +256,10 @@ class Ros2Agent:
             matched = (tuple(w.writer.get_publication_matched_status().current_count
                              for w, _ in self.writers.values())
                        + tuple(r.get_subscription_matched_status().current_count
-                               for r, _ in self.vehicle_readers.values()))
+                               for r in (*(r for r, _ in self.vehicle_readers.values()),
+                                         *(s.reader for s in self.services.values())))
+                       + tuple(s.writer.get_publication_matched_status().current_count
+                               for s in self.services.values()))
             if matched != seen:
                 seen, since = matched, now
             if (self.reader.get_subscription_matched_status().current_count > 0
@@ -261,7 +275,7 @@ class Ros2Agent:
 
     def close(self) -> None:
         """Leave the DDS domain (cyclonedds deletes the entities with their last reference)."""
-        self.participant = self.writers = self.reader = self.vehicle_readers = self.waitset = None
+        self.participant = self.writers = self.reader = self.vehicle_readers = self.services = self.waitset = None
 
     # ------------------------------------------------------------------ a step
     def act(self, obs) -> Controls:
@@ -310,7 +324,8 @@ class Ros2Agent:
     def _take_vehicle(self, k: int) -> None:
         """The gear, engage, turn indicators, hazard lights and emergency the stack sent up to step ``k``'s command
         (the last of each counts; an indicator or hazard command other than an ENABLE, NO_COMMAND too, switches it
-        off, as AWSIM takes them)."""
+        off, as AWSIM takes them), and the control mode requests (`_serve`)."""
+        self._serve()
         for key, (reader, cls) in self.vehicle_readers.items():
             for m in self._take(reader, cls):
                 if key == "engage":
@@ -333,6 +348,7 @@ class Ros2Agent:
         where = f"ros2: {self.command_topic} ({self.command_type}), step {k} (sim time {ns / 1e9:.3f} s)"
         end = time.monotonic() + self.options.deadline_s
         while True:
+            self._serve()  # (a stack may wait for its request's reply before it commands)
             for m in self._take(self.reader, self.command_class):
                 if self.command_type == COMMANDS["twist"]:
                     return m
@@ -349,6 +365,21 @@ class Ros2Agent:
             if left <= 0:
                 raise Ros2Error(f"{where}: no command within {self.options.deadline_s:g} s")
             self.waitset.wait(duration(seconds=min(left, 0.05)))
+
+    def _serve(self) -> None:
+        """Answers the requests waiting at the services gsim serves (`VEHICLE_SERVICES`)."""
+        handlers = {"control_mode_request": self._control_mode}
+        for key, service in self.services.items():
+            service.serve(handlers[key])
+
+    def _control_mode(self, request) -> dict:
+        """A control mode request (ControlModeCommand) as a vehicle interface takes it: AUTONOMOUS engages and
+        MANUAL disengages (as /vehicle/engage true and false), each replying success; other modes change nothing and
+        reply failure (AWSIM replies success to them too)."""
+        if request.mode not in (CONTROL_MODE_AUTONOMOUS, CONTROL_MODE_MANUAL):
+            return {"success": False}
+        self.engaged = request.mode == CONTROL_MODE_AUTONOMOUS
+        return {"success": True}
 
     def _controls(self, m, obs, k: int) -> Controls:
         """The command as the ego's inputs (`controls`)."""
