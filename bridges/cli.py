@@ -197,7 +197,8 @@ def _ros2_flags(p) -> None:
                    help="a topic name other than the preset's (repeat; keys: clock, tf, tf_static, odometry, command, "
                         "camera/SENSOR (the prefix of image_raw and camera_info), lidar/SENSOR, velocity_status, "
                         "steering_status, gear_status, control_mode, turn_indicators_status, hazard_lights_status, "
-                        "gear_cmd, engage, turn_indicators_cmd, hazard_lights_cmd; KEY= publishes or reads nothing "
+                        "gear_cmd, engage, turn_indicators_cmd, hazard_lights_cmd, emergency_cmd, "
+                        "control_mode_request (a service); KEY= publishes or reads nothing "
                         "there; gear_cmd=: the vehicle starts in DRIVE)")
     p.add_argument("--ros2-domain-id", type=int_at_least(0), default=None,
                    help="the DDS domain (default: ROS_DOMAIN_ID, else 0)")
