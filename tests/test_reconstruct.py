@@ -351,10 +351,10 @@ def test_a_time_budget_stops_training_and_decays_the_rates_by_time(log_dir, tmp_
 def test_cli_max_minutes(log_dir, tmp_path):
     from gsim.cli import main
     assert main(["reconstruct", str(log_dir), str(tmp_path / "r"), "--iterations", "2", "--max-minutes", "10",
-                 "--road-weight", "0", "--no-sky-fill"]) == 0
+                 "--road-weight", "0", "--sky-fill"]) == 0
     info = json.loads((tmp_path / "r" / "train.json").read_text())
     assert info["config"]["max_train_s"] == 600.0 and info["steps"] == 2 and not info["stopped_by_time_budget"]
-    assert info["config"]["road_weight"] == 0.0 and not info["config"]["sky_fill"]  # the defaults turned off
+    assert info["config"]["road_weight"] == 0.0 and info["config"]["sky_fill"]  # the defaults turned over
     for bad in ("0", "-1", "nan", "x"):
         with pytest.raises(SystemExit, match="2"):  # argparse's one-line error names the option
             main(["reconstruct", str(log_dir), str(tmp_path / "r2"), "--max-minutes", bad])

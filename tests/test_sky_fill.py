@@ -53,7 +53,7 @@ def test_the_fill_is_a_smooth_membrane_that_keeps_the_seen_texels():
 
 def test_training_keeps_the_unseen_sky_filled(tmp_path):
     log = synthesize(tmp_path / "log", seed=0, options=dataclasses.replace(OPTS, n_frames=9), progress=False)
-    t = train_mod.start(log, preset("cpu", backend="torch", iterations=10, lidar_every=100))
+    t = train_mod.start(log, preset("cpu", backend="torch", iterations=10, lidar_every=100, sky_fill=True))
     fill = t.run.sky_fill
     assert fill is not None and 0 < len(fill.known) < len(fill.known) + len(fill.unknown)
     for i in range(2):
@@ -63,5 +63,5 @@ def test_training_keeps_the_unseen_sky_filled(tmp_path):
     flat = sky.reshape(-1, 3)
     assert not torch.allclose(flat[fill.known], flat[fill.known][:1])  # the seen texels learnt
     assert torch.allclose(flat[fill.unknown], fill.weights @ flat[fill.known], atol=1e-5)
-    off = train_mod.start(log, preset("cpu", backend="torch", iterations=10, sky_fill=False))
+    off = train_mod.start(log, preset("cpu", backend="torch", iterations=10))  # off by default
     assert off.run.sky_fill is None

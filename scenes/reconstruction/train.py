@@ -91,7 +91,7 @@ class TrainConfig:
     robust_floor: float = 0.1  # ... and this (mean absolute RGB) are turned down in the photometric loss (transients)
     robust_from: int = 500  # iteration where the robust mask starts (the residuals mean something by then)
     sky_weight: float = 0.1  # the rendered alpha on the views' sky pixels (`sky_mask`; 0: no masks, sky seeded too)
-    sky_fill: bool = True  # the sky map's texels no sky-mask pixel looks along follow the others (`sky_fill`)
+    sky_fill: bool = False  # the sky map's texels no sky-mask pixel looks along follow the others (`sky_fill`)
     road_weight: float = 1.0  # the lying surfels near the LiDAR's ground held at its height (`ground`; 0: off)
     multiview_weight: float = 0.0  # NCC of the neighbouring views' images warped through the depth (`multiview`)
     opacity_weight: float = 0.0  # the opacities' binary entropy (`losses.opacity_entropy`), from normal_from on
