@@ -9,8 +9,10 @@ distance, the rendered depth over the exact one and how far nearer the rendered 
 the synthetic street's exact road (seed 0: surfels on a grid, coloured with the street's own shading from above)
 from the log's exact pose of one front-camera frame, pitched up and raised, against the log's image on the road
 pixels: the best pitch is what a reconstruction's view pose refinement learns to undo the bias (BENCHMARKS.md).
+--surfaces EPS: both parts again with coplanar surfels composited as one surface (`RenderOptions.surface_eps`,
+the torch backend: minutes at 5 cm spacing), where the road keeps its depth and asks for no pitch.
 
-    .venv/bin/python bench/bench_splat_bias.py [--log DIR] [--frame 16] [--spacing 0.025] [--out DIR]
+    .venv/bin/python bench/bench_splat_bias.py [--log DIR] [--frame 16] [--spacing 0.025] [--surfaces 0.01] [--out DIR]
 
 --log: the synthetic log of seed 0 (default: made under --out); --out: where the picture goes (render | best
 pitch | image, road pixels only).
@@ -26,6 +28,7 @@ import numpy as np
 
 from gsim.cameras import PinholeCamera
 from gsim.render import render_camera
+from gsim.render.common import RenderOptions
 from gsim.scenes.log import load_log
 from gsim.scenes.synth import _shade_kernel, build_street, reuse_or_synthesize
 from gsim.surfels import Surfels
@@ -40,18 +43,24 @@ def road(xy: np.ndarray, rgb: np.ndarray, sigma: float, opacity: float = 0.95) -
                    np.full((n, 2), sigma, np.float32), np.full(n, opacity, np.float32), rgb.astype(np.float32))
 
 
-def flat_road(spacing: float = 0.05, sigma: float = 0.04) -> dict:
+def flat_road(spacing: float = 0.05, sigma: float = 0.04, surfaces: float = 0.0) -> dict:
     """Part 1: {distance m: (rendered / exact depth, metres nearer the colour comes from)} at the image's centre
-    column, a 320x200 pinhole (f 228.5 px) 1.6 m above the road."""
+    column, a 320x200 pinhole (f 228.5 px) 1.6 m above the road; ``surfaces``: `RenderOptions.surface_eps`."""
     cam = PinholeCamera(320, 200, 228.5, 228.5, 160, 100)
     x, y = (a.ravel() for a in np.meshgrid(np.arange(1, 80, spacing), np.arange(-2, 2, spacing), indexing="ij"))
-    f = render_camera(road(np.c_[x, y], np.repeat((x / 80)[:, None], 3, 1), sigma), cam, T_FORWARD, backend="numba")
+    f = render_camera(road(np.c_[x, y], np.repeat((x / 80)[:, None], 3, 1), sigma), cam, T_FORWARD, **_backend(surfaces))
     rgb, alpha, depth = (np.asarray(a).reshape(200, 320, -1)[:, 155:165].mean(1) for a in (f.rgb, f.alpha, f.depth))
     out = {}
     for row in (190, 160, 130, 115, 108):
         exact = 1.6 * cam.fy / (row + 0.5 - cam.cy)
         out[round(exact, 1)] = (float(depth[row, 0] / exact), float(exact - rgb[row, 0] / alpha[row, 0] * 80))
     return out
+
+
+def _backend(surfaces: float) -> dict:
+    """render_camera's backend and options: numba, or the torch backend compositing surfaces."""
+    return ({"backend": "torch", "options": RenderOptions(surface_eps=surfaces)} if surfaces
+            else {"backend": "numba"})
 
 
 def pitched(T: np.ndarray, deg: float, rise_m: float) -> np.ndarray:
@@ -64,7 +73,7 @@ def pitched(T: np.ndarray, deg: float, rise_m: float) -> np.ndarray:
     return out
 
 
-def street_road(log_dir: Path, frame: int, spacing: float, pitches, rises):
+def street_road(log_dir: Path, frame: int, spacing: float, pitches, rises, surfaces: float = 0.0):
     """Part 2: ({rise cm: {pitch deg: road PSNR dB}}, the pictures at 0 and at the best, the image, the road mask)."""
     log = load_log(log_dir)
     st = build_street(0)
@@ -90,7 +99,7 @@ def street_road(log_dir: Path, frame: int, spacing: float, pitches, rises):
     table, renders = {}, {}
     for rise in rises:
         for deg in pitches:
-            img = np.asarray(render_camera(surfels, cam, pitched(T, deg, rise), backend="numba").rgb)
+            img = np.asarray(render_camera(surfels, cam, pitched(T, deg, rise), **_backend(surfaces)).rgb)
             img = img.reshape(cam.height, cam.width, 3)
             table.setdefault(round(rise * 100), {})[deg] = float(-10 * math.log10(((img - image) ** 2)[mask].mean()))
             renders[(rise, deg)] = img
@@ -103,14 +112,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--log", type=Path)
     ap.add_argument("--frame", type=int, default=16)
     ap.add_argument("--spacing", type=float, default=0.025)
+    ap.add_argument("--surfaces", type=float, default=0.0, metavar="EPS",
+                    help="composite coplanar surfels as one surface (the torch backend)")
     ap.add_argument("--out", type=Path, default=Path("out/bench/splat_bias"))
     a = ap.parse_args(argv)
-    result = {"flat_road": flat_road()}
+    result = {"surfaces": a.surfaces, "flat_road": flat_road(surfaces=a.surfaces)}
     for d, (ratio, nearer) in result["flat_road"].items():
         print(f"flat road at {d:5.1f} m: depth x{ratio:.3f}, colour from {nearer:+.2f} m nearer")
     log_dir = a.log or reuse_or_synthesize(a.out / "log", seed=0)
     table, best, pictures, mask = street_road(log_dir, a.frame, a.spacing, (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7),
-                                              (0.0, 0.01))
+                                              (0.0, 0.01), a.surfaces)
     result.update(street_road_psnr=table, best={"rise_cm": round(best[0] * 100), "pitch_deg": best[1]})
     for rise, row in table.items():
         print(f"street {log_dir.name} frame {a.frame}, road PSNR, raised {rise} cm: "

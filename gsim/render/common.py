@@ -37,18 +37,32 @@ N_RECORD = len(RECORD_FIELDS)
 @dataclass(frozen=True)
 class RenderOptions:
     """near/far (m) cull surfels by the camera z of their centre; background is RGB in [0,1];
-    distortion: also render the depth distortion (`CameraFrame.distortion`)."""
+    distortion: also render the depth distortion (`CameraFrame.distortion`); surface_eps > 0: surfels whose
+    ray-plane hits lie within this fraction of each other's depth composite as one surface (they share the
+    transmittance of what lies in front and split their coverage by alpha, as EWA surface splatting blends), where
+    0 composites every surfel front to back by its centre's depth (2DGS, gsplat). Splatting shows a surface seen
+    at a grazing angle from its near side otherwise (`bench/bench_splat_bias.py`); only the torch backend has it."""
 
     near: float = 0.01
     far: float = 1e10
     background: Tuple[float, float, float] = (0.0, 0.0, 0.0)
     distortion: bool = False
+    surface_eps: float = 0.0
 
     def __post_init__(self):
         if not (0 < self.near < self.far):
             raise InputError(f"RenderOptions: need 0 < near < far, got near={self.near}, far={self.far}")
+        if not (isinstance(self.surface_eps, (int, float)) and 0 <= self.surface_eps < 1):
+            raise InputError(f"RenderOptions.surface_eps: expected a fraction in [0, 1), got {self.surface_eps!r}")
         if len(self.background) != 3 or not all(np.isfinite(self.background)):
             raise InputError(f"RenderOptions.background: expected 3 finite values, got {self.background}")
+
+
+def centre_depth_only(options: RenderOptions, backend: str) -> None:
+    """Refuses `RenderOptions.surface_eps` in a backend that composites by the surfels' centre depth only."""
+    if options.surface_eps:
+        raise InputError(f"RenderOptions.surface_eps: the {backend} backend composites surfels by their centres' "
+                         f"depth only; the torch backend composites surfaces (backend='torch')")
 
 
 @dataclass(frozen=True, eq=False)

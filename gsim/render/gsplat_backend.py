@@ -22,7 +22,7 @@ from gsim.errors import InputError, Unavailable
 from ..cameras import Camera, PinholeCamera
 from ..surfels import Surfels
 from ..transforms import invert
-from .common import CameraFrame, RenderOptions, to_device
+from .common import CameraFrame, RenderOptions, centre_depth_only, to_device
 
 
 @functools.lru_cache(maxsize=1)
@@ -224,6 +224,7 @@ def render_batch(surfels: Surfels, cameras: Sequence[Camera], poses: Sequence[np
     """Several cameras of one surfel set: the cameras whose (pinhole, or pinhole cover) images share a size in one
     rasterization call (gsplat takes a batch of view matrices). Outputs stay on the GPU. ``rgb_only``: (rgb, alpha)
     pairs instead of frames, no depth or normals made (what a camera sensor gives: 3 channels composited, not 8)."""
+    centre_depth_only(options, "gsplat")
     if options.distortion:
         # gsplat's render_distort is another loss: L1 of centre depths in metres, not 2DGS's squared
         # form of the per-pixel hit depths that CameraFrame.distortion is (see common.CameraFrame)

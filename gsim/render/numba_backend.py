@@ -6,7 +6,7 @@ import numpy as np
 
 from ..cameras import Camera
 from ..surfels import Surfels
-from .common import CameraFrame, RenderOptions
+from .common import CameraFrame, RenderOptions, centre_depth_only
 from .numba_raster import rasterize
 
 
@@ -18,6 +18,7 @@ def _needs_grad(surfels: Surfels) -> bool:
 def render(surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
     """``surfels``: Surfels, or `Scene.placed` parts of numpy surfels (drawn without moving or copying
     them; not with the distortion output)."""
+    centre_depth_only(options, "numba")
     if isinstance(surfels, list):
         if options.distortion:
             raise ValueError("numba backend: the distortion output needs world-frame surfels (Scene.at), not parts")
