@@ -36,26 +36,33 @@ def test_a_road_renders_at_its_depth_and_its_own_colour_far_away():
     for r, d in exact.items():
         row_m = d * d / (1.6 * CAM.fy)  # the road one pixel row spans there
         assert z_s[r] == pytest.approx(d, rel=0.005), r  # the plane's hit depth
-        assert abs(x_s[r] - d) < 0.4 * row_m, r  # the colour of the road there, within the pixel
+        assert abs(x_s[r] - d) < 0.15 * row_m, r  # the colour of the road there, within the pixel
     # by centre depth the far rows show the road's near side, a pixel off and more (what surface_eps is for)
     assert z_c[57] < 0.9 * exact[57] and x_c[57] < exact[57] - exact[57] ** 2 / (1.6 * CAM.fy)
 
 
-def layers(order_front_first=True) -> Surfels:
-    """One wide surfel facing the camera 5 m ahead (half transparent, red) and one 10 m ahead (blue)."""
-    q = np.array([[0.5, 0.5, -0.5, 0.5]] * 2, np.float32)  # normal along -x: facing a camera looking along +x
+FACING = [np.sqrt(0.5), 0, -np.sqrt(0.5), 0]  # normal along -x: facing the camera
+LYING = [1.0, 0, 0, 0]  # normal up: at the camera's height, seen edge-on
+
+
+def layers(q=FACING) -> Surfels:
+    """One wide surfel 5 m ahead (half transparent, red) and one 10 m ahead (blue)."""
+    q = np.array([q] * 2, np.float32)
     means = np.array([[5.0, 0, 1.6], [10.0, 0, 1.6]], np.float32)
     return Surfels(means, q, np.full((2, 2), 3.0, np.float32), np.array([0.5, 0.9], np.float32),
                    np.array([[1.0, 0, 0], [0, 0, 1.0]], np.float32))
 
 
-def test_separate_surfaces_composite_front_to_back_as_before():
-    a = render_camera(layers(), CAM, T_FORWARD, backend="torch")
-    b = render_camera(layers(), CAM, T_FORWARD, backend="torch", options=RenderOptions(surface_eps=0.01))
-    for name in ("rgb", "alpha", "depth"):
+@pytest.mark.parametrize("q", [FACING, LYING])
+def test_separate_surfaces_composite_front_to_back_as_before(q):
+    a = render_camera(layers(q), CAM, T_FORWARD, backend="torch")
+    b = render_camera(layers(q), CAM, T_FORWARD, backend="torch", options=RenderOptions(surface_eps=0.01))
+    for name in ("rgb", "alpha"):
         np.testing.assert_allclose(np.asarray(getattr(b, name)), np.asarray(getattr(a, name)), atol=1e-5)
-    centre = np.asarray(a.rgb).reshape(CAM.height, CAM.width, 3)[50, 80]
-    assert centre[0] > 0.2 and centre[2] > 0.2  # both layers show
+    if q is FACING:  # (edge-on, the low-pass draws them at their centres' depth; surfaces at their planes')
+        np.testing.assert_allclose(np.asarray(b.depth), np.asarray(a.depth), atol=1e-4)
+        centre = np.asarray(a.rgb).reshape(CAM.height, CAM.width, 3)[50, 80]
+        assert centre[0] > 0.45 and centre[2] > 0.4  # both layers show: 0.5 red, 0.5 x 0.9 blue
 
 
 def test_gradients_reach_the_surfels():

@@ -39,7 +39,8 @@ class RenderOptions:
     """near/far (m) cull surfels by the camera z of their centre; background is RGB in [0,1];
     distortion: also render the depth distortion (`CameraFrame.distortion`); surface_eps > 0: surfels whose
     ray-plane hits lie within this fraction of each other's depth composite as one surface (they share the
-    transmittance of what lies in front and split their coverage by alpha, as EWA surface splatting blends), where
+    transmittance of what lies in front and split their coverage by what each covers, as EWA surface splatting
+    blends), where
     0 composites every surfel front to back by its centre's depth (2DGS, gsplat). Splatting shows a surface seen
     at a grazing angle from its near side otherwise (`bench/bench_splat_bias.py`); only the torch backend has it."""
 

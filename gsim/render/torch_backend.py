@@ -187,8 +187,12 @@ def _render_tiles(tab, tiles, mask, ids, records, camera, options):
     alpha = torch.where((alpha >= ALPHA_THRESHOLD) & used[:, None] & ok_pix[:, :, None], alpha,
                         torch.zeros_like(alpha))
     if options.surface_eps:
+        # a surfel the low-pass draws (smaller than a pixel) covers its area on screen, 2 sigma_u sigma_v px^2 (the
+        # low-pass alone: 1); det = s1 s2 (n . c), so sigma_u sigma_v = |det| fx fy / cz^3
+        area = torch.where(use3, torch.ones_like(qz),
+                           torch.clamp(2 * det.abs() * camera.fx * camera.fy / cz.clamp_min(1e-9) ** 3, 1e-6, 1.0))
         w, z = _surface_weights(alpha, torch.where(hit, det / torch.where(hit, qz, torch.ones_like(qz)),
-                                                   cz.expand_as(qz)), options.surface_eps)
+                                                   cz.expand_as(qz)), area.detach(), options.surface_eps)
     else:
         z = torch.where(use3, det / qz_safe, cz.expand_as(qz))
         trans_incl = torch.cumprod(1 - alpha, dim=2)
@@ -206,24 +210,26 @@ def _render_tiles(tab, tiles, mask, ids, records, camera, options):
     return torch.cat(vals, 2).reshape(len(keep), -1)[keep], pix.reshape(-1)[keep]
 
 
-def _surface_weights(alpha: torch.Tensor, z: torch.Tensor, eps: float):
-    """(weights, depths) of (...,K) contributions with alphas ``alpha`` and ray-plane hit depths ``z``, composited
-    as surfaces (`RenderOptions.surface_eps`): sorted by z, contribution i's surface is the contributions within
-    ``eps`` z_i of its depth; it takes the transmittance of everything nearer than that and alpha_i / (the
-    surface's alphas' sum) of the surface's coverage 1 - prod(1 - alpha). On one plane every hit has the same
-    depth, so the pixel shows the plane's surfels at the ray's hit, not its nearest ones."""
+def _surface_weights(alpha: torch.Tensor, z: torch.Tensor, area: torch.Tensor, eps: float):
+    """(weights, depths) of (...,K) contributions with alphas ``alpha``, ray-plane hit depths ``z`` and screen
+    areas ``area`` (relative), composited as surfaces (`RenderOptions.surface_eps`): sorted by z, contribution
+    i's surface is the contributions within ``eps`` z_i of its depth; it takes the transmittance of everything
+    nearer than that and alpha_i area_i / (the surface's sum of those) of the surface's coverage
+    1 - prod(1 - alpha). On one plane every hit has the same depth, so the pixel shows the plane's surfels at
+    the ray's hit, each as much as it covers, not its nearest ones."""
     key = torch.where(alpha > 0, z, torch.full_like(z, float("inf"))).detach()
     key, order = torch.sort(key, dim=-1, stable=True)
     a = torch.gather(alpha, -1, order)
+    share = a * torch.gather(area.expand_as(alpha), -1, order)
     log_t = torch.cumsum(torch.log1p(-a), -1)  # log transmittance after each (inclusive)
     log_t_before = log_t - torch.log1p(-a)
-    sum_a = torch.cumsum(a, -1)
+    sum_share = torch.cumsum(share, -1)
     last = key.shape[-1] - 1
     lo = torch.searchsorted(key.contiguous(), (key * (1 - eps)).contiguous()).clamp_max(last)  # first of i's surface
     hi = (torch.searchsorted(key.contiguous(), (key * (1 + eps)).contiguous(), right=True) - 1).clamp_min(0)  # last
     front = torch.gather(log_t_before, -1, lo)
     coverage = 1 - torch.exp(torch.gather(log_t, -1, hi) - front)
-    total = torch.gather(sum_a, -1, hi) - torch.gather(sum_a - a, -1, lo)
-    w = torch.where(a > 0, torch.exp(front) * a * coverage / total.clamp_min(1e-12), torch.zeros_like(a))
+    total = torch.gather(sum_share, -1, hi) - torch.gather(sum_share - share, -1, lo)
+    w = torch.where(a > 0, torch.exp(front) * share * coverage / total.clamp_min(1e-30), torch.zeros_like(a))
     back = torch.argsort(order, -1)
     return torch.gather(w, -1, back), z
