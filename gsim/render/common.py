@@ -40,9 +40,9 @@ class RenderOptions:
     distortion: also render the depth distortion (`CameraFrame.distortion`); surface_eps > 0: surfels whose
     ray-plane hits lie within this fraction of each other's depth composite as one surface (they share the
     transmittance of what lies in front and split their coverage by what each covers, as EWA surface splatting
-    blends), where
-    0 composites every surfel front to back by its centre's depth (2DGS, gsplat). Splatting shows a surface seen
-    at a grazing angle from its near side otherwise (`bench/bench_splat_bias.py`); only the torch backend has it."""
+    blends), where 0 composites every surfel front to back by its centre's depth (2DGS, gsplat), which shows a
+    surface seen at a grazing angle from its near side (`bench/bench_splat_bias.py`); only the torch backend
+    has it."""
 
     near: float = 0.01
     far: float = 1e10
