@@ -41,6 +41,13 @@ def test_a_road_renders_at_its_depth_and_its_own_colour_far_away():
     assert z_c[57] < 0.9 * exact[57] and x_c[57] < exact[57] - exact[57] ** 2 / (1.6 * CAM.fy)
 
 
+def test_surfaces_split_a_pixels_coverage_and_never_change_it():
+    a = render_camera(road(), CAM, T_FORWARD, backend="torch")
+    b = render_camera(road(), CAM, T_FORWARD, backend="torch", options=RenderOptions(surface_eps=0.01))
+    # (front to back stops where the transmittance would fall below 1e-4, a surface takes all its coverage)
+    np.testing.assert_allclose(np.asarray(b.alpha), np.asarray(a.alpha), atol=1e-3)
+
+
 FACING = [np.sqrt(0.5), 0, -np.sqrt(0.5), 0]  # normal along -x: facing the camera
 LYING = [1.0, 0, 0, 0]  # normal up: at the camera's height, seen edge-on
 

@@ -37,9 +37,9 @@ N_RECORD = len(RECORD_FIELDS)
 @dataclass(frozen=True)
 class RenderOptions:
     """near/far (m) cull surfels by the camera z of their centre; background is RGB in [0,1];
-    distortion: also render the depth distortion (`CameraFrame.distortion`); surface_eps > 0: surfels whose
-    ray-plane hits lie within this fraction of each other's depth composite as one surface (they share the
-    transmittance of what lies in front and split their coverage by what each covers, as EWA surface splatting
+    distortion: also render the depth distortion (`CameraFrame.distortion`); surface_eps > 0: a run of surfels
+    whose ray-plane hits each lie within this fraction of the one before composites as one surface (it takes the
+    transmittance of what lies in front and splits its coverage by what each covers, as EWA surface splatting
     blends), where 0 composites every surfel front to back by its centre's depth (2DGS, gsplat), which shows a
     surface seen at a grazing angle from its near side (`bench/bench_splat_bias.py`); only the torch backend
     has it."""

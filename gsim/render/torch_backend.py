@@ -212,24 +212,26 @@ def _render_tiles(tab, tiles, mask, ids, records, camera, options):
 
 def _surface_weights(alpha: torch.Tensor, z: torch.Tensor, area: torch.Tensor, eps: float):
     """(weights, depths) of (...,K) contributions with alphas ``alpha``, ray-plane hit depths ``z`` and screen
-    areas ``area`` (relative), composited as surfaces (`RenderOptions.surface_eps`): sorted by z, contribution
-    i's surface is the contributions within ``eps`` z_i of its depth; it takes the transmittance of everything
-    nearer than that and alpha_i area_i / (the surface's sum of those) of the surface's coverage
-    1 - prod(1 - alpha). On one plane every hit has the same depth, so the pixel shows the plane's surfels at
-    the ray's hit, each as much as it covers, not its nearest ones."""
+    areas ``area`` (relative), composited as surfaces (`RenderOptions.surface_eps`): sorted by z, a surface is a run
+    of hits each within ``eps`` of the one before (relative); it takes the transmittance of the surfaces in front
+    and splits its coverage 1 - prod(1 - alpha) by alpha_i area_i. The surfaces partition the contributions, so
+    the pixel's alpha is the same as front to back; on one plane every hit has the same depth, and the pixel shows
+    the plane's surfels at the ray's hit, each as much as it covers, not its nearest ones."""
     key = torch.where(alpha > 0, z, torch.full_like(z, float("inf"))).detach()
     key, order = torch.sort(key, dim=-1, stable=True)
     a = torch.gather(alpha, -1, order)
     share = a * torch.gather(area.expand_as(alpha), -1, order)
     log_t = torch.cumsum(torch.log1p(-a), -1)  # log transmittance after each (inclusive)
-    log_t_before = log_t - torch.log1p(-a)
     sum_share = torch.cumsum(share, -1)
-    last = key.shape[-1] - 1
-    lo = torch.searchsorted(key.contiguous(), (key * (1 - eps)).contiguous()).clamp_max(last)  # first of i's surface
-    hi = (torch.searchsorted(key.contiguous(), (key * (1 + eps)).contiguous(), right=True) - 1).clamp_min(0)  # last
-    front = torch.gather(log_t_before, -1, lo)
+    k = torch.arange(key.shape[-1], device=key.device).expand_as(key)
+    starts = torch.ones_like(key, dtype=torch.bool)
+    starts[..., 1:] = key[..., 1:] > key[..., :-1] * (1 + eps)
+    ends = torch.ones_like(starts)
+    ends[..., :-1] = starts[..., 1:]
+    lo = torch.cummax(torch.where(starts, k, torch.zeros_like(k)), -1).values  # each one's surface: first, last
+    hi = torch.cummin(torch.where(ends, k, torch.full_like(k, key.shape[-1])).flip(-1), -1).values.flip(-1)
+    front = torch.gather(log_t - torch.log1p(-a), -1, lo)
     coverage = 1 - torch.exp(torch.gather(log_t, -1, hi) - front)
     total = torch.gather(sum_share, -1, hi) - torch.gather(sum_share - share, -1, lo)
     w = torch.where(a > 0, torch.exp(front) * share * coverage / total.clamp_min(1e-30), torch.zeros_like(a))
-    back = torch.argsort(order, -1)
-    return torch.gather(w, -1, back), z
+    return torch.gather(w, -1, torch.argsort(order, -1)), z
