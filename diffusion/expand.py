@@ -399,6 +399,6 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
         raise ExpansionRefused(f"{out}: {refused}; the scene and its checkpoint were not written (expand.json says "
                                f"what each stage measured)")
     run.save(out)
-    dataclasses.replace(final, train_downscale=cfg.downscale).save(out / "scene")
+    dataclasses.replace(final, train_downscale=cfg.downscale, surface_eps=cfg.surface_eps).save(out / "scene")
     write_json(out / "expand.json", summary)
     return summary

@@ -11,7 +11,8 @@ one folder of ``.npy`` arrays per surfel set::
     pose_corrections/{timestamps_us,matrices}.npy  (optional) the log's refined poses, see Scene
 
 The manifest's ``appearance`` maps camera sensor names to (3,4) colour affines; ``train``
-(null or absent unless reconstructed) holds ``{"downscale": D}``, the training images' factor.
+(null or absent unless reconstructed) holds ``{"downscale": D}``, the training images' factor;
+``surface_eps`` (absent: 0) how its surfels composite (`Scene.surface_eps`).
 The directory is written next to its destination and renamed into place, so a
 reader never sees a half-written scene. Schema 1 (no sky, no appearance) is still read.
 """
@@ -159,7 +160,10 @@ class Scene:
 
     ``pose_corrections``: (times (K,) int64 us, (K,4,4) rigid C) for a scene reconstructed from a log whose
     poses training refined: the log's sensor pose T at time t is ``C(t) @ T`` in this scene (`log_pose`; C
-    blended between the times, held at the ends); None: the log's poses as they are."""
+    blended between the times, held at the ends); None: the log's poses as they are.
+
+    ``surface_eps`` > 0: the surfels were fitted composited as surfaces (`RenderOptions.surface_eps`), and
+    `render_camera` draws them so."""
 
     background: Surfels
     actors: tuple = field(default_factory=tuple)
@@ -168,8 +172,12 @@ class Scene:
     lidar_head: Optional[object] = None  # gsim.lidar.heads.LidarHead: decodes the surfels' features
     train_downscale: Optional[int] = None
     pose_corrections: Optional[tuple] = None
+    surface_eps: float = 0.0
 
     def __post_init__(self):
+        e = self.surface_eps
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 <= e < 1:
+            raise InputError(f"Scene.surface_eps: expected a fraction in [0, 1), got {e!r}")
         if self.pose_corrections is not None:
             times, C = (np.asarray(x) for x in self.pose_corrections)
             if (times.ndim != 1 or not np.issubdtype(times.dtype, np.integer) or len(times) == 0
@@ -317,7 +325,7 @@ def save_scene(scene: Scene, path) -> None:
                     "actors": actors, "sky": sky, "lidar_head": head,
                     "appearance": {k: A.tolist() for k, A in scene.appearance.items()},
                     "train": None if scene.train_downscale is None else {"downscale": int(scene.train_downscale)},
-                    "pose_corrections": corrections}
+                    "pose_corrections": corrections, "surface_eps": float(scene.surface_eps)}
         (tmp / "scene.json").write_text(json.dumps(manifest, indent=2))
 
 
@@ -374,7 +382,8 @@ def load_scene(path) -> Scene:
         try:
             appearance = {k: np.asarray(v, dtype=np.float64) for k, v in m.get("appearance", {}).items()}
             return Scene(background=bg, actors=tuple(actors), sky=sky, appearance=appearance, lidar_head=head,
-                         train_downscale=None if train is None else train["downscale"], pose_corrections=corrections)
+                         train_downscale=None if train is None else train["downscale"], pose_corrections=corrections,
+                         surface_eps=m.get("surface_eps", 0.0))  # absent in scenes written before it
         except ValueError as e:
             raise SceneFormatError(f"{mpath}: {e}") from None
     except (KeyError, TypeError, AttributeError) as e:

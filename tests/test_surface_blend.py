@@ -1,4 +1,7 @@
-"""Coplanar surfels composited as one surface (`RenderOptions.surface_eps`, the torch backend)."""
+"""Coplanar surfels composited as one surface (`RenderOptions.surface_eps`): the torch reference, the numba
+backend's forward and backward against it, a scene that carries it."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +10,10 @@ from gsim.cameras import PinholeCamera
 from gsim.errors import InputError
 from gsim.render import render_camera
 from gsim.render.common import RenderOptions
+from gsim.scene import Scene, load_scene
 from gsim.surfels import Surfels
+from support import PIN, random_scene
+from test_render_grad import LOOK, NEAR, PARAMS, assert_forward_close, hard_scene, linear_loss_weights, render_with_grad
 
 CAM = PinholeCamera(160, 100, 114.0, 114.0, 80, 50)  # 70 degrees wide
 T_FORWARD = np.array([[0.0, 0, 1, 0], [-1, 0, 0, 0], [0, -1, 0, 1.6], [0, 0, 0, 1]])  # 1.6 m up, along x
@@ -83,9 +89,80 @@ def test_gradients_reach_the_surfels():
         assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, name
 
 
-def test_backends_that_composite_by_centre_depth_refuse_it_and_bad_values_are_named():
-    with pytest.raises(InputError, match="numba backend composites surfels by their centres' depth only"):
-        render_camera(layers(), CAM, T_FORWARD, backend="numba", options=RenderOptions(surface_eps=0.01))
+NUMBA_CASES = {  # (surfels, camera, pose, options)
+    "road": (road(spacing=0.4, sigma=0.25), CAM, T_FORWARD, RenderOptions(surface_eps=0.01, background=(0.1, 0.5, 0.2))),
+    "layers": (layers(), CAM, T_FORWARD, RenderOptions(surface_eps=0.01, distortion=True)),
+    "random": (random_scene(200, seed=10, sh_degree=0), PIN, LOOK, RenderOptions(surface_eps=0.01, distortion=True)),
+    # near-plane crossings, alpha clamped at 0.999, opaque stacks
+    "hard": (hard_scene(0, 0), PIN, LOOK, RenderOptions(surface_eps=0.01, distortion=True, near=NEAR)),
+}
+
+
+@pytest.mark.parametrize("case", NUMBA_CASES)
+def test_numba_composites_the_same_surfaces(case):
+    s, cam, T, opts = NUMBA_CASES[case]
+    a, _ = render_with_grad(s, cam, T, "torch", opts)
+    b, _ = render_with_grad(s, cam, T, "numba", opts)
+    keys = ("rgb", "alpha", "depth", "normal") + (("distortion",) if opts.distortion else ())
+    if case == "road":  # a pixel stops at 1.25x the depth that hides it (numba_surfaces.BEYOND): far surfels the
+        # low-pass draws a pixel or two from their row no longer add their share (0.2% of the pixels, up to 0.007)
+        err = np.abs(b.rgb.detach().numpy() - a.rgb.detach().numpy())
+        assert err.max() < 0.01 and (err > 1e-3).mean() < 0.005
+        keys = keys[1:]
+    assert_forward_close(a, b, keys)
+    plain = render_camera(s, cam, T, backend="numba", options=opts)  # the forward-only path: the same image
+    for k in keys[:4]:
+        np.testing.assert_allclose(getattr(plain, k), getattr(b, k).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", NUMBA_CASES)
+def test_numba_surface_gradients_match_torch(case):
+    s, cam, T, opts = NUMBA_CASES[case]
+    a, _ = render_with_grad(s, cam, T, "torch", opts)
+    w = linear_loss_weights(a, seed=1, outputs=("rgb", "alpha", "depth", "normal")
+                            + (("distortion",) if opts.distortion else ()))
+    _, ga = render_with_grad(s, cam, T, "torch", opts, w)
+    _, gb = render_with_grad(s, cam, T, "numba", opts, w)
+    for k in PARAMS:
+        x, y = ga[k].flatten().double(), gb[k].flatten().double()
+        if case == "layers" and k == "scales":
+            continue  # (two surfels wider than the view: their scales barely move a pixel)
+        assert x.norm() > 0, k
+        rel = float((x - y).norm() / x.norm())
+        assert rel < (1e-2 if case == "road" else 1e-3), (k, rel)
+
+
+def test_a_pixel_keeps_at_most_NS_surfaces_and_the_next_joins_its_nearer_neighbour():
+    from gsim.render.numba_surfaces import NS
+    n = NS + 4  # facing layers 2% apart: each its own surface
+    q = np.array([FACING] * n, np.float32)
+    means = np.c_[5.0 * 1.02 ** np.arange(n), np.zeros(n), np.full(n, 1.6)].astype(np.float32)
+    s = Surfels(means, q, np.full((n, 2), 3.0, np.float32), np.full(n, 0.2, np.float32),
+                np.random.default_rng(0).uniform(0, 1, (n, 3)).astype(np.float32))
+    opts = RenderOptions(surface_eps=0.01)
+    a = render_camera(s, CAM, T_FORWARD, backend="torch", options=opts)
+    b = render_camera(s, CAM, T_FORWARD, backend="numba", options=opts)
+    np.testing.assert_allclose(b.alpha, np.asarray(a.alpha), atol=1e-5)  # the coverage is every surfel's
+    err = np.abs(b.rgb - np.asarray(a.rgb)).max()
+    assert 1e-4 < err < 0.05  # the last layers merged: close, not the same
+
+
+def test_a_scene_renders_as_it_was_fitted(tmp_path):
+    s = road()
+    scene = Scene(background=s, surface_eps=0.01)
+    scene.save(tmp_path / "scene")
+    back = load_scene(tmp_path / "scene")
+    assert back.surface_eps == 0.01
+    want = render_camera(s, CAM, T_FORWARD, backend="numba", options=RenderOptions(surface_eps=0.01))
+    got = render_camera(back, CAM, T_FORWARD, backend="numba")
+    np.testing.assert_array_equal(got.depth, want.depth)
+    plain = dataclasses.replace(back, surface_eps=0.0)
+    assert not np.array_equal(render_camera(plain, CAM, T_FORWARD, backend="numba").depth, want.depth)
+    with pytest.raises(InputError, match="Scene.surface_eps"):
+        Scene(background=s, surface_eps=1.5)
+
+
+def test_bad_values_are_named():
     for bad in (-0.1, 1.0, float("nan")):
         with pytest.raises(InputError, match="surface_eps"):
             RenderOptions(surface_eps=bad)

@@ -111,6 +111,8 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     T = check_pose(T_world_camera, "T_world_camera")
     options = resolve_options(options)
     if isinstance(scene_or_surfels, Scene):  # actors with a level of detail: as many surfels as this view needs
+        if scene_or_surfels.surface_eps:  # composited as it was fitted
+            options = replace(options, surface_eps=scene_or_surfels.surface_eps)
         parts = scene_or_surfels.placed(timestamp_us, eye=T[:3, 3], focal_px=float(camera.fx))
         surfels = parts[0].surfels
         b = pick_backend(backend, surfels)

@@ -41,8 +41,8 @@ class RenderOptions:
     whose ray-plane hits each lie within this fraction of the one before composites as one surface (it takes the
     transmittance of what lies in front and splits its coverage by what each covers, as EWA surface splatting
     blends), where 0 composites every surfel front to back by its centre's depth (2DGS, gsplat), which shows a
-    surface seen at a grazing angle from its near side (`bench/bench_splat_bias.py`); only the torch backend
-    has it."""
+    surface seen at a grazing angle from its near side (`bench/bench_splat_bias.py`); the torch and numba backends
+    have it, gsplat's kernels do not."""
 
     near: float = 0.01
     far: float = 1e10
@@ -63,7 +63,7 @@ def centre_depth_only(options: RenderOptions, backend: str) -> None:
     """Refuses `RenderOptions.surface_eps` in a backend that composites by the surfels' centre depth only."""
     if options.surface_eps:
         raise InputError(f"RenderOptions.surface_eps: the {backend} backend composites surfels by their centres' "
-                         f"depth only; the torch backend composites surfaces (backend='torch')")
+                         f"depth only; the torch and numba backends composite surfaces (backend='numba' or 'torch')")
 
 
 @dataclass(frozen=True, eq=False)

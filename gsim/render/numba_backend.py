@@ -6,7 +6,8 @@ import numpy as np
 
 from ..cameras import Camera
 from ..surfels import Surfels
-from .common import CameraFrame, RenderOptions, centre_depth_only
+from . import numba_surfaces
+from .common import CameraFrame, RenderOptions
 from .numba_raster import rasterize
 
 
@@ -18,7 +19,6 @@ def _needs_grad(surfels: Surfels) -> bool:
 def render(surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
     """``surfels``: Surfels, or `Scene.placed` parts of numpy surfels (drawn without moving or copying
     them; not with the distortion output)."""
-    centre_depth_only(options, "numba")
     if isinstance(surfels, list):
         if options.distortion:
             raise ValueError("numba backend: the distortion output needs world-frame surfels (Scene.at), not parts")
@@ -27,4 +27,6 @@ def render(surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderO
         return render_tracked(surfels, camera, T_world_camera, options)
     else:
         surfels = surfels.numpy()
+    if options.surface_eps:
+        return numba_surfaces.rasterize(surfels, camera, T_world_camera, options)
     return rasterize(surfels, camera, T_world_camera, options)

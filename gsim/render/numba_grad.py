@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from ..cameras import Camera
 from ..errors import InputError
 from ..surfels import Surfels
+from . import numba_surfaces
 from .common import N_RECORD, TILE_SIZE, CameraFrame, RenderOptions, tile_table, world_to_camera
 from .numba_raster import (A_MIN, D_SCALE, F_INV_SQ, LANES, MAX_A, N_PLANES_TRACKED, PA, PF, PL, PLANE, PM, PM2, PR,
                            PT, ROW, U_LANES, C0, _geometry, _make_compositor, _span, _splat, bin_surfels, f64)
@@ -314,35 +315,42 @@ class _Projection(torch.autograd.Function):
 
 
 class _PixelStage(torch.autograd.Function):
-    """records (N, N_RECORD) -> acc (P, 8), distortion (P,) on the numba tile lists of ``binning``."""
+    """records (N, N_RECORD) -> acc (P, 8), distortion (P,) on the numba tile lists of ``binning`` (composited
+    front to back, or as surfaces: numba_surfaces)."""
 
     @staticmethod
-    def forward(ctx, records, binning, camera, near):
+    def forward(ctx, records, binning, camera, near, surface_eps):
         rec, start, lst = binning
         rec[:, :N_RECORD] = records.detach().cpu().numpy()  # bounds (18-21) stay numba's
         tab = tile_table(camera)
         P = camera.height * camera.width
-        acc, dist, aux = np.empty((P, 8), np.float32), np.empty(P, np.float32), np.empty((P, 4), np.float32)
         args = (start, lst, rec, tab.ray_u, tab.ray_v, tab.pixel, tab.row_v, tab.col_u, np.float32(camera.fx),
                 np.float32(camera.fy), np.float32(near))
-        with small_chunks():
-            _rasterize_tracked(*args, acc, dist, aux)
-        ctx.saved = (args, acc, aux)
+        if surface_eps:
+            acc, dist, aux = numba_surfaces.composite(args, P, surface_eps, keep=True)
+        else:
+            acc, dist, aux = np.empty((P, 8), np.float32), np.empty(P, np.float32), np.empty((P, 4), np.float32)
+            with small_chunks():
+                _rasterize_tracked(*args, acc, dist, aux)
+        ctx.saved = (args, acc, aux, surface_eps)
         dt = records.dtype
         return torch.from_numpy(acc).to(dt), torch.from_numpy(dist).to(dt)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_acc, g_dist):
-        args, acc, aux = ctx.saved
+        args, acc, aux, surface_eps = ctx.saved
         f32 = lambda g: np.ascontiguousarray(g.detach().cpu().numpy(), np.float32)
         start, lst, rec = args[:3]
         grad = np.empty((len(lst), N_RECORD), np.float32)  # every entry is written
-        with small_chunks():
-            _backward(*args, acc, aux, f32(g_acc), f32(g_dist), grad)
+        if surface_eps:
+            numba_surfaces.backward(args, aux, f32(g_acc), f32(g_dist), grad)
+        else:
+            with small_chunks():
+                _backward(*args, acc, aux, f32(g_acc), f32(g_dist), grad)
         out = np.zeros((rec.shape[0], N_RECORD), np.float32)
         _sum_entries(lst, grad, out)
-        return torch.from_numpy(out).to(g_acc.dtype), None, None, None
+        return torch.from_numpy(out).to(g_acc.dtype), None, None, None, None
 
 
 def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options: RenderOptions) -> CameraFrame:
@@ -363,5 +371,5 @@ def render(surfels: Surfels, camera: Camera, T_world_camera: np.ndarray, options
         seen = Surfels.derived(**{k: v.index_select(0, idx) for k, v in s.arrays().items()})
         records = project(seen, T_world_camera, options.near).records
     binning = (rec.copy(), start, lst)  # kept for the backward: a copy of the binning's scratch records
-    acc, dist = _PixelStage.apply(records, binning, camera, options.near)
+    acc, dist = _PixelStage.apply(records, binning, camera, options.near, options.surface_eps)
     return finish(acc, dist if options.distortion else None, options.background, camera.height, camera.width)

@@ -70,6 +70,7 @@ class TrainConfig:
     normal_weight: float = 0.05
     normal_from: int = 500  # iteration where the normal and distortion losses start (2DGS waits for geometry)
     distortion_weight: float = 100.0  # 2DGS's depth distortion (its weight for unbounded scenes)
+    surface_eps: float = 0.0  # > 0: surfels composite as surfaces (`RenderOptions.surface_eps`), also in the scene
     lr_means: float = 1.6e-4  # x scene scale, decays x0.01 over the run
     lr_quats: float = 1e-3
     lr_scales: float = 5e-3
@@ -385,7 +386,7 @@ def view_loss(run: _Run, view: View) -> float:
     """The view's photometric loss as the run renders it now (no gradients, no LiDAR): what a fine-tuning's
     guard watches on real views (`gsim.diffusion.expand`)."""
     with torch.no_grad():
-        _, rgb = _render(run, view, RenderOptions())
+        _, rgb = _render(run, view, RenderOptions(surface_eps=run.cfg.surface_eps))
         vt = run.tensors(view)
         return float(losses.photometric(rgb, vt["image"], run.cfg.ssim_weight, vt["mask"]))
 
@@ -402,7 +403,8 @@ def train_step(run: _Run, view: View, sweeps: Dict[int, List[SweepRays]], log, r
     vt = run.tensors(view)
     params = {**model.params, **model.extra_params()}
     geometry = run.step >= cfg.normal_from
-    frame, rgb = _render(run, view, RenderOptions(distortion=bool(cfg.distortion_weight and geometry)))
+    frame, rgb = _render(run, view, RenderOptions(distortion=bool(cfg.distortion_weight and geometry),
+                                                  surface_eps=cfg.surface_eps))
     target, mask = vt["image"], vt["mask"]
     if robust and cfg.robust_k and run.step >= cfg.robust_from:
         # only where a sweep saw: above the LiDAR the residual is the seeds' guess being refined (dropping it
@@ -623,7 +625,8 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
             psnrs = psnrs[-50:]
             bar.set_postfix(psnr=f"{np.mean(psnrs):.2f}", surfels=len(run.model))
     bar.close()
-    dataclasses.replace(run.model.to_scene(lidar=bool(t.sweeps)), train_downscale=cfg.downscale).save(out / "scene")
+    dataclasses.replace(run.model.to_scene(lidar=bool(t.sweeps)), train_downscale=cfg.downscale,
+                        surface_eps=cfg.surface_eps).save(out / "scene")
     write_json(out / "train.json", {"log": str(Path(log_path).resolve()), "config": cfg.to_dict(),
                                     "iterations": cfg.iterations, "resumed_at_step": first_step, "steps": run.step,
                                     "stopped_by_time_budget": run.step < cfg.iterations,
