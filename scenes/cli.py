@@ -67,7 +67,8 @@ def cmd_compile(a) -> int:
 def cmd_reconstruct(a) -> int:
     from .reconstruction.train import preset, reconstruct
     overrides = {k: v for k, v in (("iterations", a.iterations), ("seed", a.seed), ("downscale", a.downscale),
-                                   ("road_weight", a.road_weight)) if v is not None}
+                                   ("road_weight", a.road_weight), ("surface_eps", a.surface_eps))
+                 if v is not None}
     if a.no_movers:
         overrides["movers"] = False
     if a.sky_fill:
@@ -221,6 +222,10 @@ def register(sub) -> None:
                     help="the sky map learns only the directions the sky masks saw, the others follow a smooth fill "
                          "of those (the sky 3 m off the driven lane +1.2 dB, the whole view not better on the "
                          "synthetic streets: off by default)")
+    rc.add_argument("--surface-eps", type=finite_float(0), default=None, metavar="EPS",
+                    help="composite surfels whose ray-plane hits lie within this fraction of each other as one "
+                         "surface (e.g. 0.01; a road seen at a grazing angle then renders at its depth, not from its "
+                         "near side; the cpu preset only, about twice the training time; default 0: off)")
     rc.set_defaults(fn=cmd_reconstruct)
 
     ev = sub.add_parser("eval", help="held-out metrics (PSNR, SSIM, LiDAR depth) and side-by-side images")

@@ -166,3 +166,11 @@ def test_bad_values_are_named():
     for bad in (-0.1, 1.0, float("nan")):
         with pytest.raises(InputError, match="surface_eps"):
             RenderOptions(surface_eps=bad)
+
+
+def test_training_with_surfaces_needs_a_backend_that_has_them(tmp_path):
+    from gsim.scenes.reconstruction.train import preset, start
+    with pytest.raises(InputError, match="gsplat composites surfels by their centres' depth only"):
+        start(tmp_path / "no-log", preset("cuda", surface_eps=0.01))
+    with pytest.raises(InputError, match="surface_eps"):
+        start(tmp_path / "no-log", preset("cpu", surface_eps=2.0))

@@ -530,6 +530,11 @@ def start(log_path, cfg: TrainConfig, state: Optional[dict] = None, progress: bo
           out: Optional[Path] = None) -> Training:
     """Load the log, find its movers (written to OUT/movers.json and OUT/movers/ when ``out`` is given),
     make the views and rays, and start a run (from ``state``, a checkpoint, when given)."""
+    if cfg.surface_eps:
+        RenderOptions(surface_eps=cfg.surface_eps)  # (a bad value is named)
+        if cfg.backend == "gsplat":
+            raise InputError("TrainConfig.surface_eps: gsplat composites surfels by their centres' depth only; "
+                             "train with the cpu preset (numba) to composite surfaces")
     if cfg.backend != "torch":  # (a resumed checkpoint's, too: one trained with gsplat on a CPU machine)
         reason = BACKENDS[cfg.backend].probe() if cfg.backend in BACKENDS else f"unknown backend {cfg.backend!r}"
         if reason is not None:
