@@ -245,6 +245,7 @@ def test_export_ply_of_a_scene_with_actors_asks_for_the_option(recon, tmp_path):
     (("eval", "scene", "log", "--out", "o", "--holdout-every", 1), "--holdout-every"),
     (("reconstruct", "log", "out", "--downscale", 0), "--downscale"),
     (("reconstruct", "log", "out", "--road-weight", -1), "--road-weight"),
+    (("reconstruct", "log", "out", "--surface-eps", -1), "--surface-eps"),
     (("render-lidar", "scene", "--spec", "velodyne-nope", "--trajectory", "t", "--out", "o"), "--spec"),
 ])
 def test_bad_options_are_named_as_typed(args, option):
