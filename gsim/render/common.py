@@ -17,6 +17,9 @@ from ..errors import InputError
 ALPHA_THRESHOLD = 1.0 / 255.0  # contributions below are skipped
 MAX_ALPHA = 0.999
 T_MIN = 1e-4  # a pixel is done once its transmittance would fall to this (exclusive)
+# Surface compositing (RenderOptions.surface_eps) takes a surfel's ray-plane hit depth within this factor of its
+# centre's depth: a surfel the low-pass draws edge-on has a plane that the ray meets anywhere, even at the camera.
+SURFACE_REACH = 1.25
 FILTER_INV_SQUARE = 2.0  # 2DGS object-space low-pass: rho_2d = 2 |pixel - centre|^2
 TILE_SIZE = 16
 # Depth distortion (2DGS): depths z are mapped to m = DISTORTION_SCALE / z, 2DGS's NDC-like

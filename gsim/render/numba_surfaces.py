@@ -8,8 +8,9 @@ keeps its surfaces as sums (the hit range, log prod(1 - alpha), the sum of the s
 features), sorted and apart by more than eps, joins each contribution to the surface its hit falls in or opens a
 new one, and merges two that a hit brings together. So the surfaces are exactly the torch reference's, and once
 the list is done they are composited front to back. Up to NS surfaces a pixel: the next joins the nearer of its
-neighbours (a pixel seen through many half-transparent layers; the torch reference has no cap). A pixel stops
-once the surfaces in front take its transmittance to T_MIN and the centres arriving lie far beyond them (BEYOND).
+neighbours (a pixel seen through many half-transparent layers; the torch reference has no cap). A hit counts
+within SURFACE_REACH of its surfel's centre depth, so a pixel stops, as exactly as front to back, once the surfaces
+in front take its transmittance to T_MIN and the centres arriving lie beyond their reach.
 
 Every output is linear in the surfaces' share-weighted feature sums (rgb, hit depth, normal, and m and m^2 of the
 distortion's mapped depth m = DISTORTION_SCALE / z), with coefficients set by the surfaces' alphas: a
@@ -24,7 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..cameras import Camera
-from .common import TILE_SIZE, CameraFrame, RenderOptions, tile_table
+from .common import SURFACE_REACH, TILE_SIZE, CameraFrame, RenderOptions, tile_table
 from .numba_raster import A_MIN, D_SCALE, F_INV_SQ, MAX_A, T_END, _geometry, _span, _splat, bin_surfels
 from .numba_tiles import FASTMATH, ONE, small_chunks
 
@@ -35,20 +36,27 @@ N_FEAT = 9  # r g b z nx ny nz m m^2
 NF = F0 + N_FEAT
 PIX = TILE_SIZE * TILE_SIZE
 TINY_AREA = np.float32(1e-6)
-# A surfel whose centre lies this many times deeper than the top of the surfaces that already hide a pixel cannot
-# reach in front of them (it would need to be a quarter of its depth across): the pixel's compositing stops there.
-BEYOND = np.float32(1.25)
+REACH, INV_REACH = np.float32(SURFACE_REACH), np.float32(1 / SURFACE_REACH)
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
 def _hit(geo, z3, use3, near, fx, fy):
-    """(hit depth, the ray meets the plane beyond the near plane, share per alpha): the plane's hit where the ray
-    meets it, else the centre's depth; a surfel the low-pass draws covers its screen area 2 sigma_u sigma_v px^2
-    (det = s_u s_v (n . c), so sigma_u sigma_v = |det| fx fy / cz^3), up to 1 (torch_backend's)."""
+    """(hit depth, d depth / d centre depth (0: the plane's hit), share per alpha): the plane's hit where the ray meets
+    it beyond the near plane, within SURFACE_REACH of the centre's depth, else the centre's depth; a surfel the
+    low-pass draws covers its screen area 2 sigma_u sigma_v px^2 (det = s_u s_v (n . c), so sigma_u sigma_v =
+    |det| fx fy / cz^3), up to 1 (torch_backend's)."""
     det, cz = geo[7], geo[11]
-    hit = np.isfinite(z3) & (z3 > near)
     area = min(max(np.float32(2) * abs(det) * fx * fy / (cz * cz * cz), TINY_AREA), ONE)
-    return (z3 if hit else cz), hit, (ONE if use3 else area)
+    lo, hi = cz * INV_REACH, cz * REACH
+    if not (np.isfinite(z3) and z3 > near):
+        z, dz = cz, ONE
+    elif z3 < lo:
+        z, dz = lo, INV_REACH
+    elif z3 > hi:
+        z, dz = hi, REACH
+    else:
+        z, dz = z3, np.float32(0)
+    return z, dz, (ONE if use3 else area)
 
 
 @njit(cache=True, inline="always")
@@ -103,14 +111,14 @@ def _add(sl, p, n, z, eps1, l1a, share, feat):
 
 
 @njit(cache=True, inline="always")
-def _reach(sl, n, p, log_end):
-    """How deep a later surfel's centre may lie and still count at pixel p: BEYOND times the top of the
-    surfaces in front that already take the transmittance to T_MIN (inf while they do not)."""
+def _reach(sl, n, p, eps1, log_end):
+    """How deep a later surfel's centre may lie and still count at pixel p: while the surfaces in front of one take
+    the transmittance to T_MIN, a hit must join that one or lie in front of it (inf until they do)."""
     lt = np.float32(0)
     for s in range(n):
         lt += sl[p, s, LOGP]
         if lt <= log_end:
-            return sl[p, s, HI] * BEYOND
+            return sl[p, s, HI] * eps1 * REACH
     return np.float32(np.inf)
 
 
@@ -156,7 +164,7 @@ def _gather_tile(t, start, lst, rec, ray_u, ray_v, row_v, col_u, fx, fy, near, e
                 feat[3], feat[7], feat[8] = z, m, m * m
                 n = _add(sl, p, int(px[p, 2]), z, eps1, math.log1p(-al), al * share, feat)
                 px[p, 2], px[p, 3] = n, n_done
-                px[p, 4] = _reach(sl, n, p, log_end)
+                px[p, 4] = _reach(sl, n, p, eps1, log_end)
 
 
 @njit(cache=True)
@@ -269,7 +277,7 @@ def _backward_tile(t, start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy
                 al, _, use3, gauss, du, dv, qa, qb, qz, rho3, z3 = _splat(u, v, geo, fx, fy, near)
                 if al < A_MIN:
                     continue
-                z, hit, area = _hit(geo, z3, use3, near, fx, fy)
+                z, dz, area = _hit(geo, z3, use3, near, fx, fy)
                 s = _surface_of(co, p, int(px[p, 2]), z)
                 c, a_coef, gf_mean = co[p, s, 1], co[p, s, 2], co[p, s, 3]
                 m = D_SCALE / z
@@ -294,11 +302,11 @@ def _backward_tile(t, start, lst, rec, ray_u, ray_v, pixel, row_v, col_u, fx, fy
                 else:  # the low-pass's
                     g_qa = g_qb = g_qz = zero
                     g_du, g_dv = g_rho * f_sq_x * du, g_rho * f_sq_y * dv
-                if hit:  # the depth is the plane's hit z3 = det / qz
+                if dz == 0:  # the depth is the plane's hit z3 = det / qz
                     g_qz -= g_zz * z3 * iq
                     gdet += g_zz * iq
-                else:
-                    gcz += g_zz
+                else:  # the centre's depth, or a multiple of it
+                    gcz += g_zz * dz
                 g00 += g_qa * du
                 g01 += g_qa * dv
                 g10 += g_qb * du

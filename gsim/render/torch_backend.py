@@ -25,8 +25,8 @@ import torch
 from ..cameras import Camera
 from ..sh import eval_sh
 from ..surfels import Surfels
-from .common import (ALPHA_THRESHOLD, DISTORTION_SCALE, FILTER_INV_SQUARE, MAX_ALPHA, T_MIN, CameraFrame,
-                     RenderOptions, opacity_cutoffs, tile_table, world_to_camera)
+from .common import (ALPHA_THRESHOLD, DISTORTION_SCALE, FILTER_INV_SQUARE, MAX_ALPHA, SURFACE_REACH, T_MIN,
+                     CameraFrame, RenderOptions, opacity_cutoffs, tile_table, world_to_camera)
 
 PAIR_BUDGET = 1 << 21  # pixel-surfel pairs evaluated per batch (bounds memory)
 
@@ -191,8 +191,10 @@ def _render_tiles(tab, tiles, mask, ids, records, camera, options):
         # low-pass alone: 1); det = s1 s2 (n . c), so sigma_u sigma_v = |det| fx fy / cz^3
         area = torch.where(use3, torch.ones_like(qz),
                            torch.clamp(2 * det.abs() * camera.fx * camera.fy / cz.clamp_min(1e-9) ** 3, 1e-6, 1.0))
-        w, z = _surface_weights(alpha, torch.where(hit, det / torch.where(hit, qz, torch.ones_like(qz)),
-                                                   cz.expand_as(qz)), area.detach(), options.surface_eps)
+        z_plane = det / torch.where(hit, qz, torch.ones_like(qz))
+        z_plane = torch.minimum(torch.maximum(z_plane, cz / SURFACE_REACH), cz * SURFACE_REACH)
+        w, z = _surface_weights(alpha, torch.where(hit, z_plane, cz.expand_as(qz)), area.detach(),
+                                options.surface_eps)
     else:
         z = torch.where(use3, det / qz_safe, cz.expand_as(qz))
         trans_incl = torch.cumprod(1 - alpha, dim=2)
