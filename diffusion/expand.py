@@ -303,7 +303,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     held = held_out_views(log_path, cfg)
     probe = t.views[::max(len(t.views) // PROBE_VIEWS, 1)][:PROBE_VIEWS]
     probe_loss = lambda: float(np.mean([view_loss(run, v) for v in probe]))  # noqa: E731  (of the current run)
-    recon = run.model.to_scene(lidar=lidar)
+    recon = run.model.to_scene(lidar, cfg.surface_eps)
     seen = sights(recon, t.views)  # what the log saw, as the reconstruction renders it: fills stay out
     summary = {"scene": str(Path(scene_path).resolve()), "log": str(Path(log_path).resolve()),
                "options": options.to_dict(), "first_step": first, "stages": [],
@@ -317,7 +317,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
     for shift, ahead in stages:
         good = snapshot(run)
         start_loss = probe_loss()
-        scene = run.model.to_scene(lidar=lidar)
+        scene = run.model.to_scene(lidar, cfg.surface_eps)
         pseudo: List = []
         added, changed, blocked, gated = 0, 0.0, 0, np.zeros(2)  # gated: pixels the repairs proposed, kept
         where = f"{shift:g} m beside" if shift else f"{ahead:g} m ahead"
@@ -386,7 +386,7 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
             break
         summary["stages"].append({**record, "surfels": len(run.model)})
     kept = sum(s["kept"] for s in summary["stages"])
-    final = run.model.to_scene(lidar=lidar)
+    final = run.model.to_scene(lidar, cfg.surface_eps)
     summary["held_out_psnr_after"] = held_out_psnr(final, held) if held else None
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     worse = (summary["held_out_psnr_before"] - summary["held_out_psnr_after"]) if held else 0.0
@@ -399,6 +399,6 @@ def expand(scene_path, log_path, repairer, out, options: ExpandOptions = ExpandO
         raise ExpansionRefused(f"{out}: {refused}; the scene and its checkpoint were not written (expand.json says "
                                f"what each stage measured)")
     run.save(out)
-    dataclasses.replace(final, train_downscale=cfg.downscale, surface_eps=cfg.surface_eps).save(out / "scene")
+    dataclasses.replace(final, train_downscale=cfg.downscale).save(out / "scene")
     write_json(out / "expand.json", summary)
     return summary

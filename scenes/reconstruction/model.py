@@ -269,9 +269,10 @@ class SceneModel:
         ends = np.cumsum([len(tr.timestamps_us) for tr in self.tracks])
         return [(tr.timestamps_us, tr.poses @ part) for tr, part in zip(self.tracks, np.split(D, ends[:-1]))]
 
-    def to_scene(self, lidar: bool = False) -> Scene:
+    def to_scene(self, lidar: bool = False, surface_eps: float = 0.0) -> Scene:
         """The trained scene (numpy): background, actors in their box frames, sky, affines; with ``lidar``
-        (the LiDAR losses trained them) the surfels' features and the LiDAR head."""
+        (the LiDAR losses trained them) the surfels' features and the LiDAR head; composited as it was trained
+        (``surface_eps``, `TrainConfig.surface_eps`)."""
         with torch.no_grad():
             s = self.activated().numpy()
         own = self.owner.cpu().numpy()
@@ -284,7 +285,7 @@ class SceneModel:
         return Scene(background=pick(own == -1), actors=actors, sky=Sky(host(self.sky.clamp(0, 1)).copy()),
                      appearance={c: host(a).astype(np.float64) for c, a in self.affine.items()},
                      lidar_head=LidarHead(*(host(self.head[k]) for k in WEIGHTS)) if lidar else None,
-                     pose_corrections=self.pose_corrections())
+                     pose_corrections=self.pose_corrections(), surface_eps=surface_eps)
 
     def state_dict(self) -> dict:
         """On the CPU, whatever the device: a checkpoint loads anywhere."""

@@ -630,8 +630,8 @@ def reconstruct(log_path, out, config: Optional[TrainConfig] = None, resume: boo
             psnrs = psnrs[-50:]
             bar.set_postfix(psnr=f"{np.mean(psnrs):.2f}", surfels=len(run.model))
     bar.close()
-    dataclasses.replace(run.model.to_scene(lidar=bool(t.sweeps)), train_downscale=cfg.downscale,
-                        surface_eps=cfg.surface_eps).save(out / "scene")
+    dataclasses.replace(run.model.to_scene(bool(t.sweeps), cfg.surface_eps), train_downscale=cfg.downscale).save(
+        out / "scene")
     write_json(out / "train.json", {"log": str(Path(log_path).resolve()), "config": cfg.to_dict(),
                                     "iterations": cfg.iterations, "resumed_at_step": first_step, "steps": run.step,
                                     "stopped_by_time_budget": run.step < cfg.iterations,
