@@ -23,8 +23,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import InputError
-from .render import BACKENDS, pick_backend, render_camera
-from .render.common import CameraFrame, RenderOptions, frame_to_numpy, resolve_options, to_device
+from .render import BACKENDS, pick_backend, render_camera, scene_options
+from .render.common import CameraFrame, RenderOptions, frame_to_numpy, to_device
 from .scene import Scene
 from .surfels import Surfels, move_rows
 from .transforms import check_pose, rotmat_to_quat
@@ -33,13 +33,15 @@ View = Tuple[object, np.ndarray, Optional[str]]  # (camera, T_world_camera, log 
 
 
 class Renderer:
-    """A scene resident on a device. backend: "auto" (gsplat where CUDA and gsplat work, else numba), "gsplat",
+    """A scene resident on a device. backend: "auto" (gsplat where CUDA and gsplat work and the scene is not
+    composited as surfaces, `Scene.surface_eps`; else numba), "gsplat",
     "numba" or "torch"; device: the torch device of the torch backend (gsplat: "cuda"; numba: the host)."""
 
     def __init__(self, scene: Scene, backend: str = "auto", device: Optional[str] = None):
         if not isinstance(scene, Scene):
             raise TypeError(f"Renderer: expected a Scene, got {type(scene).__name__}")
-        self.backend = pick_backend(backend, scene.background).name  # (an unknown or unavailable one: its error)
+        # (an unknown or unavailable one: its error; "auto" for a scene of surfaces: not gsplat, which refuses them)
+        self.backend = pick_backend(backend, scene.background, bool(scene.surface_eps)).name
         self.device = "cpu"
         if self.backend != "numba":
             import torch
@@ -125,7 +127,7 @@ class Renderer:
         views = _checked(views)
         if self.backend == "numba":
             return [render_camera(self.scene, c, T, "numba", timestamp_us, options, n) for c, T, n in views]
-        options = resolve_options(options)
+        options = scene_options(self.scene, options)
         s = self.surfels_at(timestamp_us)
         if self.backend == "gsplat":
             from .render.gsplat_backend import render_batch
@@ -148,7 +150,7 @@ class Renderer:
         from .render.gsplat_backend import render_batch
         views = _checked(views)
         pairs = render_batch(self.surfels_at(timestamp_us), [c for c, _, _ in views], [T for _, T, _ in views],
-                             resolve_options(options), rgb_only=True)
+                             scene_options(self.scene, options), rgb_only=True)
         rgb = [self._composed(x, a, c, T, n) for (x, a), (c, T, n) in zip(pairs, views)]
         out: List[Optional[np.ndarray]] = [None] * len(rgb)
         for shape in dict.fromkeys(x.shape for x in rgb):

@@ -187,3 +187,18 @@ def test_training_with_surfaces_needs_a_backend_that_has_them(tmp_path):
         start(tmp_path / "no-log", preset("cuda", surface_eps=0.01))
     with pytest.raises(InputError, match="surface_eps"):
         start(tmp_path / "no-log", preset("cpu", surface_eps=2.0))
+
+
+def test_a_scene_of_surfaces_is_drawn_so_by_every_path_and_auto_never_picks_gsplat(monkeypatch):
+    import gsim.render as render
+    from gsim.resident import Renderer
+    scene = Scene(background=road(spacing=0.4, sigma=0.25), surface_eps=0.01)
+    want = render_camera(scene.background, CAM, T_DOWN, backend="numba", options=RenderOptions(surface_eps=0.01))
+    for backend in ("auto", "torch"):  # the host path (numba) and the device path (the torch backend)
+        got = Renderer(scene, backend).camera(CAM, T_DOWN, numpy=True)
+        np.testing.assert_allclose(got.depth, want.depth, rtol=1e-4)
+    gsplat = dataclasses.replace(render.BACKENDS["gsplat"], probe=lambda: None)  # as if gsplat ran here
+    monkeypatch.setitem(render.BACKENDS, "gsplat", gsplat)
+    assert render.pick_backend("auto", scene.background).name == "gsplat"
+    assert render.pick_backend("auto", scene.background, surfaces=True).name == "numba"
+    assert Renderer(scene).backend == "numba"

@@ -65,11 +65,12 @@ def available_backends() -> List[str]:
     return [name for name, b in BACKENDS.items() if b.probe() is None]
 
 
-def pick_backend(backend: str, surfels: Surfels) -> Backend:
+def pick_backend(backend: str, surfels: Surfels, surfaces: bool = False) -> Backend:
     """The backend that renders ``surfels``: the one named (Unavailable where its probe fails), or for "auto"
-    gsplat where it runs, else numba (the torch reference for tensors that need gradients off the CPU)."""
+    gsplat where it runs, else numba (the torch reference for tensors that need gradients off the CPU); with
+    ``surfaces`` (`RenderOptions.surface_eps`), which gsplat does not composite, not gsplat."""
     if backend == "auto":
-        if BACKENDS["gsplat"].probe() is None:
+        if not surfaces and BACKENDS["gsplat"].probe() is None:
             return BACKENDS["gsplat"]
         needs_grad = surfels.is_torch and any(getattr(x, "requires_grad", False) for x in surfels.arrays().values())
         # numba's backward runs on the CPU; tensors elsewhere take the torch reference
@@ -81,6 +82,12 @@ def pick_backend(backend: str, surfels: Surfels) -> Backend:
     if reason is not None:
         raise Unavailable(f"backend {backend!r} is not available: {reason}")
     return b
+
+def scene_options(scene: Scene, options: Optional[RenderOptions]) -> RenderOptions:
+    """``options`` for drawing ``scene``: its surfels composited as they were fitted (`Scene.surface_eps`)."""
+    options = resolve_options(options)
+    return replace(options, surface_eps=scene.surface_eps) if scene.surface_eps else options
+
 
 ROLLING_SHUTTER_BANDS = 16  # bands of rows of a rolling-shutter image, each rendered at its own pose and time
 
@@ -111,11 +118,10 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
     T = check_pose(T_world_camera, "T_world_camera")
     options = resolve_options(options)
     if isinstance(scene_or_surfels, Scene):  # actors with a level of detail: as many surfels as this view needs
-        if scene_or_surfels.surface_eps:  # composited as it was fitted
-            options = replace(options, surface_eps=scene_or_surfels.surface_eps)
+        options = scene_options(scene_or_surfels, options)
         parts = scene_or_surfels.placed(timestamp_us, eye=T[:3, 3], focal_px=float(camera.fx))
         surfels = parts[0].surfels
-        b = pick_backend(backend, surfels)
+        b = pick_backend(backend, surfels, bool(options.surface_eps))
         if len(parts) == 1:
             what = surfels
         elif b.takes_parts and not options.distortion:
@@ -124,7 +130,7 @@ def render_camera(scene_or_surfels: Union[Scene, Surfels],
             what = surfels = world_surfels(parts)
     elif isinstance(scene_or_surfels, Surfels):
         what = surfels = scene_or_surfels
-        b = pick_backend(backend, surfels)
+        b = pick_backend(backend, surfels, bool(options.surface_eps))
     else:
         raise TypeError(f"render_camera: expected a Scene or Surfels, got {type(scene_or_surfels).__name__}")
     frame = b.render(what, camera, T, options)
