@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,11 +44,18 @@ def ray_session(address: Optional[str] = None, num_cpus: Optional[int] = None):
     if ray.is_initialized():
         yield ray
         return
-    try:
-        ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
-    except ConnectionError as e:
-        raise InputError(f"--address {address}: no Ray cluster there ({e})") from None
+    for attempt in (1, 2):
+        try:
+            ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+            break
+        except ConnectionError as e:
+            raise InputError(f"--address {address}: no Ray cluster there ({e})") from None
+        except Exception as e:  # Ray waits a fixed 30 s for a local raylet, which a loaded 2-core machine can miss
+            if address or attempt == 2 or "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
+            print(f"gsim batch: the local Ray did not start ({e}); starting it once more", file=sys.stderr)
     try:
         yield ray
     finally:
