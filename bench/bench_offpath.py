@@ -3,13 +3,14 @@
 split and the depth-wrong share of the error, for BENCHMARKS.md.
 
 Usage: python bench/bench_offpath.py OUT [--seeds 0,1,2,3,7] [--iterations 1500] [--shifts 1,2,3]
-       [--set JSON] [--logs DIR] [--evaluate-only]
+       [--set JSON] [--synth JSON] [--logs DIR] [--evaluate-only]
 OUT/seedN/recon and OUT/seedN/eval per seed; OUT/offpath.json and OUT/offpath.md the table (PSNR held out and at each
 shift; at 3 m the PSNR of the sky, far (beyond 40 m), road and near pixels, of the lane markings and the objects'
 edges and their shares of the error, the depth-wrong pixels' share of the error and the share of surface pixels within 5% of their depth, the LiDAR's Chamfer distance against the exact
 sweep; the views left out; training seconds). --logs: where the
 synthetic logs are kept (default OUT/logs; made when missing, reused when they are the seed's). --set overrides
-TrainConfig fields (nested ones as dicts), e.g. '{"sky_weight": 0}'. --evaluate-only: evaluate the reconstructions
+TrainConfig fields (nested ones as dicts), e.g. '{"sky_weight": 0}'; --synth the streets' SynthOptions fields, e.g.
+'{"lidar_beams": 128}' (a log of other options is made anew where one of the seed is kept). --evaluate-only: evaluate the reconstructions
 already in OUT.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from gsim.io import write_bytes, write_json
 from gsim.scenes.demo import DEMO_ITERATIONS
 from gsim.scenes.evaluation.evaluate import evaluate
 from gsim.scenes.reconstruction.train import preset, reconstruct
-from gsim.scenes.synth import reuse_or_synthesize
+from gsim.scenes.synth import SynthOptions, reuse_or_synthesize
 
 
 def _row(seed, m: dict, train_s) -> dict:
@@ -48,14 +49,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--iterations", type=int, default=DEMO_ITERATIONS)
     ap.add_argument("--shifts", default="1,2,3")
     ap.add_argument("--set", type=json.loads, default={}, metavar="JSON", help="TrainConfig fields to override")
+    ap.add_argument("--synth", type=json.loads, default={}, metavar="JSON", help="SynthOptions fields to override")
     ap.add_argument("--logs", help="where the synthetic logs are kept (default OUT/logs)")
     ap.add_argument("--evaluate-only", action="store_true")
     args = ap.parse_args(argv)
     out, shifts = Path(args.out), [float(s) for s in args.shifts.split(",")]
     logs = Path(args.logs) if args.logs else out / "logs"
-    rows = []
+    rows, options = [], SynthOptions(**args.synth)
     for seed in (int(s) for s in args.seeds.split(",")):
-        log, here = reuse_or_synthesize(logs / f"seed{seed}", seed)[0], out / f"seed{seed}"
+        log, here = reuse_or_synthesize(logs / f"seed{seed}", seed, options)[0], out / f"seed{seed}"
         train_s = None
         if not args.evaluate_only:
             cfg = preset("cpu", seed=seed, iterations=args.iterations).with_overrides(args.set)
@@ -74,7 +76,8 @@ def main(argv=None) -> dict:
     fmt = lambda x: "-" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)  # noqa: E731
     table = ["| seed | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
     table += ["| " + " | ".join(fmt(r.get(k)) for k in ["seed"] + keys) + " |" for r in rows + [mean]]
-    write_json(out / "offpath.json", {"set": args.set, "iterations": args.iterations, "rows": rows, "mean": mean})
+    write_json(out / "offpath.json", {"set": args.set, "synth": args.synth, "iterations": args.iterations,
+                                      "rows": rows, "mean": mean})
     write_bytes(out / "offpath.md", ("\n".join(table) + "\n").encode())
     print("\n".join(table))
     return mean
