@@ -5,8 +5,8 @@ split and the depth-wrong share of the error, for BENCHMARKS.md.
 Usage: python bench/bench_offpath.py OUT [--seeds 0,1,2,3,7] [--iterations 1500] [--shifts 1,2,3]
        [--set JSON] [--synth JSON] [--logs DIR] [--evaluate-only]
 OUT/seedN/recon and OUT/seedN/eval per seed; OUT/offpath.json and OUT/offpath.md the table (PSNR held out and at each
-shift; at 3 m the PSNR of the sky, far (beyond 40 m), road and near pixels, of the lane markings and the objects'
-edges and their shares of the error, the depth-wrong pixels' share of the error and the share of surface pixels within 5% of their depth, the LiDAR's Chamfer distance against the exact
+shift; at 3 m the PSNR of the sky, far (beyond 40 m), road and near pixels, of the lane markings, the objects'
+edges and what the training views saw only coarser (`error_split.DETAIL`) and their shares of the error, the depth-wrong pixels' share of the error and the share of surface pixels within 5% of their depth, the LiDAR's Chamfer distance against the exact
 sweep; the views left out; training seconds). --logs: where the
 synthetic logs are kept (default OUT/logs; made when missing, reused when they are the seed's). --set overrides
 TrainConfig fields (nested ones as dicts), e.g. '{"sky_weight": 0}'; --synth the streets' SynthOptions fields, e.g.
@@ -24,6 +24,7 @@ import numpy as np
 
 from gsim.io import write_bytes, write_json
 from gsim.scenes.demo import DEMO_ITERATIONS
+from gsim.scenes.evaluation.error_split import DETAIL
 from gsim.scenes.evaluation.evaluate import evaluate
 from gsim.scenes.reconstruction.train import preset, reconstruct
 from gsim.scenes.synth import SynthOptions, reuse_or_synthesize
@@ -35,8 +36,8 @@ def _row(seed, m: dict, train_s) -> dict:
     return {"seed": seed, "held_out": m["psnr"], **{f"{d:g}m": r["psnr"] for d, r in at.items()},
             "left_out": sum(r["views_left_out"] for r in at.values()),
             **{f"3m_{k}": at3["regions"][k]["psnr"] for k in ("sky", "far", "road", "near") if "regions" in at3},
-            **{f"3m_{k}": at3["detail"][k]["psnr"] for k in ("marking", "edge") if "detail" in at3},
-            **{f"3m_{k}_err": at3["detail"][k]["error_share"] for k in ("marking", "edge") if "detail" in at3},
+            **{f"3m_{k}": at3["detail"][k]["psnr"] for k in DETAIL if "detail" in at3},
+            **{f"3m_{k}_err": at3["detail"][k]["error_share"] for k in DETAIL if "detail" in at3},
             "3m_wrong_err": at3.get("geometry", {}).get("wrong", {}).get("error_share"),
             "3m_within_5pct": at3.get("depth_within_5pct"),
             "3m_lidar_chamfer": at3.get("lidar", {}).get("chamfer_m"), "train_s": train_s}

@@ -1,5 +1,7 @@
 """Off-path error split against the synthetic street's exact geometry: which points are inside solids, which
 shifted views a vehicle could have, which surfaces a training camera saw, and the per-class error table."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -57,16 +59,25 @@ def test_coverage_sees_training_views_and_not_what_lies_behind_the_start(log_dir
     obs = train[2].cameras["front"]
     own = synth.camera_hits(st, cam, log.T_world_camera(obs), obs.timestamp_us)
     surface = own.prim >= 0
-    assert cov.seen(own)[surface].mean() > 0.99 and not cov.seen(own)[~surface].any()
+    ratio = cov.coarseness(own, cam, log.T_world_camera(obs), obs.timestamp_us)
+    assert np.isfinite(ratio[surface]).mean() > 0.99 and not np.isfinite(ratio[~surface]).any()
+    # a training view itself: no coarser than its own pixels (a later, nearer frame sees much of it sharper)
+    assert np.quantile(ratio[surface], 0.99) <= 1.0 + 1e-6 and np.median(ratio[surface]) < 1.0
     back = log.T_world_camera(log.frames[0].cameras["front"]).copy()
     back[:3, :3] = back[:3, :3] @ np.diag([-1.0, 1.0, -1.0])  # turned around at the start: the street behind
-    behind = synth.camera_hits(st, cam, back, log.frames[0].timestamp_us)
-    assert cov.seen(behind)[behind.prim >= 0].mean() < 0.2
+    t0 = log.frames[0].timestamp_us
+    behind = synth.camera_hits(st, cam, back, t0)
+    assert np.isfinite(cov.coarseness(behind, cam, back, t0)[behind.prim >= 0]).mean() < 0.2
+    # the same points seen with twice the focal length: its pixels half the side, the training views' twice as
+    # coarse
+    near = dataclasses.replace(cam, fx=2 * cam.fx, fy=2 * cam.fy)
+    r2 = cov.coarseness(own, near, log.T_world_camera(obs), obs.timestamp_us)
+    np.testing.assert_allclose(r2[surface], 2 * ratio[surface])
 
 
 @pytest.fixture(scope="module")
 def view(log_dir):
-    """(truth image, exact hits, sky mask, exact depth, alpha, seen) of frame 1's front camera, as an exact render."""
+    """(truth image, exact hits, sky mask, exact depth, alpha, coarseness) of frame 1's front camera, as an exact render."""
     log = load_log(log_dir)
     st = synth.build_street(3, SMALL)
     cam = log.cameras["front"].camera
@@ -75,7 +86,7 @@ def view(log_dir):
     truth = log.image(obs).astype(np.float64)
     sky = (hits.prim < 0).reshape(cam.height, cam.width)
     depth = np.where(sky, 0.0, hits.t.reshape(sky.shape))
-    return truth, hits, sky, depth, (~sky).astype(np.float32), np.ones(len(hits.prim), bool)
+    return truth, hits, sky, depth, (~sky).astype(np.float32), np.ones(len(hits.prim))
 
 
 def test_split_puts_each_error_in_its_class(view):
@@ -103,8 +114,12 @@ def test_split_puts_each_error_in_its_class(view):
     cover.add(truth, np.ones_like(alpha), depth, truth, hits, seen)
     assert cover.summary()["geometry"]["wrong"]["pixel_share"] == pytest.approx(sky.mean())
     blind = Split()
-    blind.add(truth, alpha, depth, truth, hits, np.zeros_like(seen))
+    blind.add(truth, alpha, depth, truth, hits, np.full_like(seen, np.inf))
     assert blind.summary()["geometry"]["unseen"]["pixel_share"] == pytest.approx(1 - sky.mean())
+    # what the training views saw only at 3x the view's footprint is "coarse", and nothing else
+    blur = Split()
+    blur.add(truth, alpha, depth, truth, hits, np.where(road.reshape(-1), 3.0, 1.0))
+    assert blur.summary()["detail"]["coarse"]["pixel_share"] == pytest.approx(road.mean())
 
 
 def test_details_find_the_lane_markings_and_the_edges(view):

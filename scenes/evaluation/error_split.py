@@ -6,17 +6,18 @@ Pixels by what the street puts there (`REGIONS`): ``sky``, ``far`` (a surface be
 ground and the sidewalks nearer than that), ``near`` (everything else); the far field is the sky and ``far``. By the rendered geometry (`GEOMETRY`):
 ``unseen`` (a surface that no training view saw: outside every training image, or hidden there behind a nearer
 surface), ``wrong`` (a seen surface rendered transparent or more than `DEPTH_TOL` off its depth; the sky covered
-by an opaque render), ``right`` (the rest). Two details that cut across them (`DETAIL`): ``marking`` (the lane
+by an opaque render), ``right`` (the rest). Details that cut across them (`DETAIL`): ``marking`` (the lane
 markings and the pixels next to them, where a marking drawn a few centimetres off shows) and ``edge`` (a surface
 pixel whose 3x3 neighbourhood holds another surface, or the sky, more than `EDGE_RATIO` times nearer or farther:
-an object's silhouette).
+an object's silhouette) and ``coarse`` (a seen surface that even the sharpest training view saw at more than
+`COARSE` times the view's own pixel footprint: detail the images from the path hold only blurred).
 A `Split` sums pixel counts and squared errors per class over views, so that a table gives each class's share of
 the pixels, its share of the error and its own PSNR.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -29,8 +30,10 @@ SEEN_TOL = 0.05  # a point hidden by more than this (relative) behind a training
 OPAQUE = 0.5  # rendered alpha from which a pixel counts as covered by surfels
 REGIONS = ("sky", "far", "road", "near")
 GEOMETRY = ("right", "wrong", "unseen")
-DETAIL = ("marking", "edge")
+DETAIL = ("marking", "edge", "coarse")
 EDGE_RATIO = 1.3
+COARSE = 2.0  # a seen surface is "coarse" where its sharpest training view's pixel covers this many times the side
+# of the view's own pixel there
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,27 +59,46 @@ class Coverage:
                               maximum_filter(d, 3, mode="nearest")))
         return Coverage(street, views)
 
-    def seen(self, hits: "synth.Hits") -> np.ndarray:
-        """(N,) bool: whether any training view saw the surface point of each hit (sky hits: False). A car's
-        point moves with the car: it is placed by the car's pose at each view's time."""
+    def coarseness(self, hits: "synth.Hits", camera, T_world_camera: np.ndarray, timestamp_us: int) -> np.ndarray:
+        """(N,) for each of a view's hits (`synth.camera_hits` of ``camera`` at ``T_world_camera`` and
+        ``timestamp_us``): the side of the pixel footprint on its surface in the sharpest training view that saw it,
+        over the view's own (`footprint`); inf where no training view saw it, and for the sky. A car's point moves
+        with the car (cars drive straight: its normal is the same at every time)."""
         st = self.street
         surface = hits.prim >= 0
         car = np.where(hits.prim >= len(st.kinds), (hits.prim - len(st.kinds)) // 2, -1)
-        out = np.zeros(len(hits.prim), bool)
         static = np.nonzero(surface & (car < 0))[0]
         moving = np.nonzero(car >= 0)[0]
+        idx = np.concatenate([static, moving])
+        normal = hits.normal[idx]
+
+        def placed(t):  # the points at time t, in idx's order
+            if not len(moving):
+                return hits.local[static]
+            Twc = st.car_poses([t])[0][car[moving]]  # (M,4,4) each point's car at that time
+            return np.concatenate([hits.local[static],
+                                   np.einsum("mij,mj->mi", Twc[:, :3, :3], hits.local[moving]) + Twc[:, :3, 3]])
+        sharpest = np.full(len(idx), np.inf)
         for cam, T, t, depth in self.views:
-            pts = [hits.local[static]]
-            if len(moving):
-                Twc = st.car_poses([t])[0][car[moving]]  # (M,4,4) each point's car at the view's time
-                pts.append(np.einsum("mij,mj->mi", Twc[:, :3, :3], hits.local[moving]) + Twc[:, :3, 3])
-            idx = np.concatenate([static, moving])
-            todo = ~out[idx]
-            idx, pw = idx[todo], np.concatenate(pts)[todo]
+            pw = placed(t)
             uv, ok, pc = in_image(cam, T, pw)
             u, v = uv[ok, 0].astype(np.int64), uv[ok, 1].astype(np.int64)
-            out[idx[ok]] = pc[ok, 2] <= depth[v, u] * (1 + SEEN_TOL)
+            sees = np.zeros(len(idx), bool)
+            sees[ok] = pc[ok, 2] <= depth[v, u] * (1 + SEEN_TOL)
+            sharpest[sees] = np.minimum(sharpest[sees], footprint(cam, T, pw[sees], normal[sees]))
+        out = np.full(len(hits.prim), np.inf)
+        out[idx] = sharpest / footprint(camera, T_world_camera, placed(timestamp_us), normal)
         return out
+
+
+def footprint(camera, T_world_camera: np.ndarray, world: np.ndarray, normal: np.ndarray) -> np.ndarray:
+    """(N,) the side (m) of one pixel's footprint on the surface at each world point (unit normals): range over
+    focal length, stretched by 1 / sqrt(cos) of the incidence (a pixel's area on a surface seen at a grazing angle
+    grows as 1 / cos)."""
+    ray = world - T_world_camera[:3, 3]
+    r = np.linalg.norm(ray, axis=1)
+    cos = np.abs(np.einsum("ij,ij->i", ray, normal)) / np.maximum(r, 1e-9)
+    return r / (np.sqrt(camera.fx * camera.fy) * np.sqrt(np.maximum(cos, 1e-3)))
 
 
 @dataclass
@@ -90,9 +112,10 @@ class Split:
     within: list = field(default_factory=list)
 
     def add(self, rgb: np.ndarray, alpha: np.ndarray, depth: np.ndarray, truth: np.ndarray, hits: "synth.Hits",
-            seen: np.ndarray) -> None:
+            coarseness: np.ndarray) -> None:
         """One view: the render (rgb (H,W,3), alpha, depth (H,W) camera z), the exact image and the street's
-        pixel-centre hits there (`synth.camera_hits`), and which of them a training view saw."""
+        pixel-centre hits there (`synth.camera_hits`), and how sharply a training view saw them
+        (`Coverage.coarseness`; inf: none did)."""
         err = ((rgb.astype(np.float64) - truth) ** 2).mean(-1).reshape(-1)
         a, d = alpha.reshape(-1), depth.reshape(-1).astype(np.float64)
         sky = hits.prim < 0
@@ -102,9 +125,11 @@ class Split:
         region = {"sky": sky, "far": far & ~sky, "road": road & ~far, "near": ~road & ~far}
         rel = np.where(sky, 0.0, np.abs(d - z) / z)
         off = np.where(sky, a >= OPAQUE, (a < OPAQUE) | (rel > DEPTH_TOL))
+        seen = np.isfinite(coarseness)
         unseen = ~sky & ~seen
         geometry = {"right": ~off & ~unseen, "wrong": off & ~unseen, "unseen": unseen}
-        for k, m in {**region, **geometry, **_details(hits, truth.shape[:2])}.items():
+        details = {**_details(hits, truth.shape[:2]), "coarse": seen & (coarseness > COARSE)}
+        for k, m in {**region, **geometry, **details}.items():
             self.pixels[k] += int(m.sum())
             self.sse[k] += float(err[m].sum())
         if (~sky).any():
@@ -138,5 +163,6 @@ def _mean(x: Sequence[float]) -> float:
     return float(np.mean(x)) if len(x) else float("nan")
 
 
-def _psnr(sse: float, n: int) -> float:
-    return float(10 * np.log10(n / sse)) if n and sse > 0 else float("nan")
+def _psnr(sse: float, n: int) -> Optional[float]:
+    """None for a class without pixels (JSON has no NaN that equals itself); inf for an exact one."""
+    return None if not n else float(10 * np.log10(n / sse)) if sse > 0 else float("inf")

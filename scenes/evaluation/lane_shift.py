@@ -136,7 +136,7 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
     - ``depth_absrel`` and ``depth_within_5pct``: the rendered depth against the exact depth on surface pixels;
     - ``regions`` and ``geometry``: each pixel class's share of the pixels and of the squared error, and its PSNR
       (`error_split`: sky / far / road / near; depth right / wrong / never seen by a training camera; the lane
-      markings and the objects' edges across them);
+      markings, the objects' edges and what the training views saw only coarser across them);
     - ``lidar`` (not ahead): the scene's sweeps from the moved LiDAR against the street's exact ones
       (`shifted_sweeps`).
 
@@ -183,7 +183,8 @@ def evaluate_offsets(scene, log, views, shifts: Sequence[float], ahead: Sequence
             shown.append(fixed)
         rows.setdefault((kind, dist), []).append(m)
         if ok:
-            splits.setdefault((kind, dist), Split()).add(rgb, alpha, depth, gt, hits, coverage.seen(hits))
+            splits.setdefault((kind, dist), Split()).add(
+                rgb, alpha, depth, gt, hits, coverage.coarseness(hits, v.camera, T, v.timestamp_us))
         if write_images:
             name = f"{kind}_{dx:+.1f}_{dy:+.1f}_{v.frame:06d}_{v.sensor}{'' if ok else '_blocked'}.png"
             write_png(out / "offsets" / name,
@@ -227,8 +228,9 @@ def offpath_table(metrics: dict) -> str:
             + " | ".join(f"{k}: px / err / dB" for _, k in classes) + " | LiDAR range median / Chamfer m, drop acc. |")
     out = [head, "|" + "---|" * (8 + len(classes))]
     for name, r in rows:
-        cells = [f"{r[g][k]['pixel_share']:.0%} / {r[g][k]['error_share']:.0%} / {r[g][k]['psnr']:.1f}"
-                 if g in r else "-" for g, k in classes]
+        cells = [f"{r[g][k]['pixel_share']:.0%} / {r[g][k]['error_share']:.0%} / "
+                 + ("-" if r[g][k]["psnr"] is None else f"{r[g][k]['psnr']:.1f}") if g in r else "-"
+                 for g, k in classes]
         depth = (f"{r['depth_absrel']:.3f} | {r['depth_within_5pct']:.0%}" if "depth_absrel" in r else "- | -")
         li = r.get("lidar")
         sweep = (f"{li['range_median_abs_m']:.3f} / {li['chamfer_m']:.3f}, {li['ray_drop_accuracy']:.3f} "
