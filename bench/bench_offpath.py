@@ -5,12 +5,13 @@ split and the depth-wrong share of the error, for BENCHMARKS.md.
 Usage: python bench/bench_offpath.py OUT [--seeds 0,1,2,3,7] [--iterations 1500] [--shifts 1,2,3]
        [--set JSON] [--synth JSON] [--logs DIR] [--evaluate-only]
 OUT/seedN/recon and OUT/seedN/eval per seed; OUT/offpath.json and OUT/offpath.md the table (PSNR held out and at each
-shift; at 3 m the PSNR of the sky, far (beyond 40 m), road and near pixels, of the lane markings, the objects'
-edges and what the training views saw only coarser (`error_split.DETAIL`) and their shares of the error, the depth-wrong pixels' share of the error and the share of surface pixels within 5% of their depth, the LiDAR's Chamfer distance against the exact
-sweep; the views left out; training seconds). --logs: where the
-synthetic logs are kept (default OUT/logs; made when missing, reused when they are the seed's). --set overrides
-TrainConfig fields (nested ones as dicts), e.g. '{"sky_weight": 0}'; --synth the streets' SynthOptions fields, e.g.
-'{"lidar_beams": 128}' (a log of other options is made anew where one of the seed is kept). --evaluate-only: evaluate the reconstructions
+shift; at 3 m the PSNR of the sky, far (beyond 40 m), road and near pixels, of the lane markings, the objects' edges
+and what the training views saw only coarser (`error_split.DETAIL`) and their shares of the error, the depth-wrong
+pixels' share of the error and the share of surface pixels within 5% of their depth, the LiDAR's Chamfer distance
+against the exact sweep; the views left out; training seconds). --logs: where the synthetic logs are kept (default
+OUT/logs; made when missing, reused when they are the seed's). --set overrides TrainConfig fields (nested ones as
+dicts), e.g. '{"sky_weight": 0}'; --synth the streets' SynthOptions fields, e.g. '{"lidar_beams": 128}' (a log of
+other options is made anew where one of the seed is kept). --evaluate-only: evaluate the reconstructions
 already in OUT.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gsim.errors import InputError
 from gsim.io import write_bytes, write_json
 from gsim.scenes.demo import DEMO_ITERATIONS
 from gsim.scenes.evaluation.error_split import DETAIL
@@ -56,7 +58,11 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     out, shifts = Path(args.out), [float(s) for s in args.shifts.split(",")]
     logs = Path(args.logs) if args.logs else out / "logs"
-    rows, options = [], SynthOptions(**args.synth)
+    try:
+        options = SynthOptions(**args.synth)
+    except (TypeError, InputError) as e:  # a field SynthOptions does not have, or a bad value
+        ap.error(f"--synth: {e}")
+    rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         log, here = reuse_or_synthesize(logs / f"seed{seed}", seed, options)[0], out / f"seed{seed}"
         train_s = None

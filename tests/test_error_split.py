@@ -77,7 +77,8 @@ def test_coverage_sees_training_views_and_not_what_lies_behind_the_start(log_dir
 
 @pytest.fixture(scope="module")
 def view(log_dir):
-    """(truth image, exact hits, sky mask, exact depth, alpha, coarseness) of frame 1's front camera, as an exact render."""
+    """(truth image, exact hits, sky mask, exact depth, alpha, coarseness) of frame 1's front camera, as an exact
+    render."""
     log = load_log(log_dir)
     st = synth.build_street(3, SMALL)
     cam = log.cameras["front"].camera

@@ -83,6 +83,7 @@ def pick_backend(backend: str, surfels: Surfels, surfaces: bool = False) -> Back
         raise Unavailable(f"backend {backend!r} is not available: {reason}")
     return b
 
+
 def scene_options(scene: Scene, options: Optional[RenderOptions]) -> RenderOptions:
     """``options`` for drawing ``scene``: its surfels composited as they were fitted (`Scene.surface_eps`)."""
     options = resolve_options(options)

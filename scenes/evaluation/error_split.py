@@ -70,14 +70,13 @@ class Coverage:
         static = np.nonzero(surface & (car < 0))[0]
         moving = np.nonzero(car >= 0)[0]
         idx = np.concatenate([static, moving])
-        normal = hits.normal[idx]
+        normal, fixed, local = hits.normal[idx], hits.local[static], hits.local[moving]
 
         def placed(t):  # the points at time t, in idx's order
             if not len(moving):
-                return hits.local[static]
+                return fixed
             Twc = st.car_poses([t])[0][car[moving]]  # (M,4,4) each point's car at that time
-            return np.concatenate([hits.local[static],
-                                   np.einsum("mij,mj->mi", Twc[:, :3, :3], hits.local[moving]) + Twc[:, :3, 3]])
+            return np.concatenate([fixed, np.einsum("mij,mj->mi", Twc[:, :3, :3], local) + Twc[:, :3, 3]])
         sharpest = np.full(len(idx), np.inf)
         for cam, T, t, depth in self.views:
             pw = placed(t)
