@@ -240,3 +240,33 @@ def test_an_openscenario_file_is_an_episode_of_a_batch(loop_street, local_ray, t
     last = json.loads(steps.read_text().splitlines()[-1])
     car = next(a for a in last["actors"] if a["id"] == "braker")
     assert np.hypot(*car["velocity"]) == pytest.approx(6.0 - 4.0 * (2.0 - 1.1), abs=0.05)
+
+
+
+@pytest.mark.parametrize("message", batch.RAY_START_TIMEOUTS)
+def test_a_local_ray_that_misses_its_start_up_wait_is_started_once_more(monkeypatch, capsys, message):
+    """Ray's fixed start-up waits (the raylet's, the GCS server's) can run out on a loaded 2-core machine: the
+    local Ray is started once more, and the reason goes to stderr; a second miss, or another error, is raised."""
+    calls = []
+
+    def fake_init(*errors):  # ray.init raising errors[i] on its i-th call (None: starts)
+        def init(**kwargs):
+            calls.append(kwargs)
+            if errors[len(calls) - 1] is not None:
+                raise RuntimeError(errors[len(calls) - 1])
+        return init
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    for errors, raised in (((message, None), None), ((message, message), message),
+                           (("another failure",), "another failure")):
+        calls.clear()
+        monkeypatch.setattr(ray, "init", fake_init(*errors))
+        if raised is None:
+            with batch.ray_session(num_cpus=1):
+                pass
+            assert "starting it once more" in capsys.readouterr().err
+        else:
+            with pytest.raises(RuntimeError, match=raised):
+                with batch.ray_session(num_cpus=1):
+                    pass
+        assert len(calls) == len(errors)

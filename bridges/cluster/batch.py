@@ -34,6 +34,7 @@ RESULTS = "results.parquet"
 RESULTS_MD = "results.md"
 AGGREGATES = "aggregates.json"
 BOOTSTRAP_SAMPLES = 2000
+RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")  # a local Ray's start-up waits
 
 
 @contextmanager
@@ -51,8 +52,9 @@ def ray_session(address: Optional[str] = None, num_cpus: Optional[int] = None):
             break
         except ConnectionError as e:
             raise InputError(f"--address {address}: no Ray cluster there ({e})") from None
-        except Exception as e:  # Ray waits a fixed 30 s for a local raylet, which a loaded 2-core machine can miss
-            if address or attempt == 2 or "timed out during startup" not in str(e):
+        except Exception as e:  # Ray waits a fixed time for a local node's processes, which a loaded 2-core machine
+            # can miss (the raylet: "timed out during startup"; the GCS server: "Timed out waiting for file")
+            if address or attempt == 2 or not any(m in str(e) for m in RAY_START_TIMEOUTS):
                 raise
             ray.shutdown()
             print(f"gsim batch: the local Ray did not start ({e}); starting it once more", file=sys.stderr)
